@@ -1,0 +1,135 @@
+use crate::error::shape_err;
+use crate::{ops, DType, Error, Result, Tensor};
+
+/// The self-attention K/V of one layer for a streaming session: at most `window_frames` latent
+/// frames, the first `sink_frames` ever written kept for good, the rest a rolling window.
+///
+/// Keys are stored as given (already rotated, at their absolute positions) and never moved in
+/// position space: eviction shifts rows left over the oldest non-sink frames, as upstream does.
+/// Rewriting frames that are already held (the next denoising step of the same chunk, or its
+/// clean-context refresh) overwrites them in place.
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    tokens_per_frame: usize,
+    window_frames: usize,
+    sink_frames: usize,
+    /// Absolute latent-frame indices held, oldest first.
+    frames: Vec<u64>,
+    k: Tensor,
+    v: Tensor,
+}
+
+impl KvCache {
+    pub fn new(
+        window_frames: usize,
+        sink_frames: usize,
+        tokens_per_frame: usize,
+        heads: usize,
+        head_dim: usize,
+        dtype: DType,
+    ) -> Result<Self> {
+        if window_frames == 0 || sink_frames >= window_frames || tokens_per_frame == 0 {
+            return Err(Error::Invalid {
+                op: "KvCache::new",
+                msg: format!(
+                    "window {window_frames} frames with {sink_frames} sink frames and {tokens_per_frame} tokens per frame"
+                ),
+            });
+        }
+        let shape = [window_frames * tokens_per_frame, heads, head_dim];
+        Ok(KvCache {
+            tokens_per_frame,
+            window_frames,
+            sink_frames,
+            frames: Vec::with_capacity(window_frames),
+            k: Tensor::zeros(&shape, dtype)?,
+            v: Tensor::zeros(&shape, dtype)?,
+        })
+    }
+
+    /// Writes the K/V of consecutive frames starting at absolute frame `first_frame`.
+    pub fn write(&mut self, first_frame: u64, k: &Tensor, v: &Tensor) -> Result<()> {
+        let tpf = self.tokens_per_frame;
+        if k.shape() != v.shape() || k.rank() != 3 || k.dim(0) % tpf != 0 || k.dim(0) == 0 {
+            return Err(shape_err(
+                "KvCache::write",
+                format!(
+                    "k {:?} v {:?} with {tpf} tokens per frame",
+                    k.shape(),
+                    v.shape()
+                ),
+            ));
+        }
+        let n = k.dim(0) / tpf;
+        if let Some(pos) = self.frames.iter().position(|&f| f == first_frame) {
+            let held = &self.frames[pos..];
+            if held.len() < n || (0..n).any(|i| held[i] != first_frame + i as u64) {
+                return Err(Error::Invalid {
+                    op: "KvCache::write",
+                    msg: format!(
+                        "frames {first_frame}..+{n} only partly held ({:?})",
+                        self.frames
+                    ),
+                });
+            }
+            ops::write_rows(&mut self.k, pos * tpf, k)?;
+            ops::write_rows(&mut self.v, pos * tpf, v)?;
+            return Ok(());
+        }
+        if let Some(&last) = self.frames.last() {
+            if first_frame <= last {
+                return Err(Error::Invalid {
+                    op: "KvCache::write",
+                    msg: format!("frame {first_frame} is older than the newest held frame {last}"),
+                });
+            }
+        }
+        let len = self.frames.len();
+        let evict = (len + n).saturating_sub(self.window_frames);
+        if evict > len.saturating_sub(self.sink_frames) {
+            return Err(Error::Invalid {
+                op: "KvCache::write",
+                msg: format!(
+                    "a chunk of {n} frames does not fit a window of {} with {} sink frames",
+                    self.window_frames, self.sink_frames
+                ),
+            });
+        }
+        if evict > 0 {
+            let (from, keep) = (self.sink_frames + evict, len - self.sink_frames - evict);
+            ops::move_rows(&mut self.k, from * tpf, self.sink_frames * tpf, keep * tpf)?;
+            ops::move_rows(&mut self.v, from * tpf, self.sink_frames * tpf, keep * tpf)?;
+            self.frames
+                .drain(self.sink_frames..self.sink_frames + evict);
+        }
+        let at = self.frames.len() * tpf;
+        ops::write_rows(&mut self.k, at, k)?;
+        ops::write_rows(&mut self.v, at, v)?;
+        self.frames.extend((0..n as u64).map(|i| first_frame + i));
+        Ok(())
+    }
+
+    /// Absolute indices of the frames held, oldest first.
+    pub fn frames(&self) -> &[u64] {
+        &self.frames
+    }
+
+    /// Rows of `keys()`/`values()` that hold data.
+    pub fn len_tokens(&self) -> usize {
+        self.frames.len() * self.tokens_per_frame
+    }
+
+    /// Key storage `[window_frames · tokens_per_frame, heads, head_dim]`; only the first
+    /// `len_tokens()` rows are valid.
+    pub fn keys(&self) -> &Tensor {
+        &self.k
+    }
+
+    pub fn values(&self) -> &Tensor {
+        &self.v
+    }
+
+    pub fn clear(&mut self) {
+        self.frames.clear();
+    }
+}

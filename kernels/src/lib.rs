@@ -1,0 +1,21 @@
+//! Worldline's tensor layer: [`Device`], [`Tensor`], [`DType`], and the op set a Wan/LingBot DiT
+//! needs, with the CPU reference backend. Every GPU backend implements the same ops and is
+//! tested against this one.
+
+mod cpu;
+mod device;
+mod dtype;
+mod error;
+pub mod fp8;
+mod kv_cache;
+pub mod ops;
+mod rope;
+mod tensor;
+
+pub use device::Device;
+pub use dtype::{DType, Fp8Scale, ScaleKind};
+pub use error::{Error, Result};
+pub use kv_cache::KvCache;
+pub use ops::AttnMask;
+pub use rope::RopeTable;
+pub use tensor::{CpuStorage, Storage, Tensor};

@@ -1,0 +1,496 @@
+//! The op set. Each op checks shapes and dtypes once, then runs on the tensors' backend: a new
+//! backend is one more arm in each `match`, and the CPU arm is the reference it is tested against.
+//!
+//! Tensors are 2-D `[rows, cols]` for row-wise ops (any leading dims are folded into rows).
+//! Outputs keep the dtype of the main input (fp8 inputs produce bf16, as GPU fp8 GEMMs do).
+
+use crate::error::shape_err;
+use crate::tensor::CpuStorage;
+use crate::{cpu, fp8, DType, Error, Fp8Scale, Result, RopeTable, ScaleKind, Storage, Tensor};
+
+/// Which keys each query may see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnMask {
+    /// Every query sees all `kv_len` keys.
+    None,
+    /// Queries and keys are the same token sequence cut into blocks of `block_tokens`; a query
+    /// sees every key of its own block and of the blocks before it (chunk-causal streaming as one
+    /// pass).
+    BlockCausal { block_tokens: usize },
+}
+
+fn rows_cols(t: &Tensor) -> (usize, usize) {
+    let c = t.cols();
+    (t.elem_count() / c, c)
+}
+
+/// The dtype an op writes, given its main input.
+fn out_dtype(x: &Tensor) -> DType {
+    match x.dtype() {
+        DType::F8E4M3 => DType::BF16,
+        d => d,
+    }
+}
+
+fn no_fp8(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype() == DType::F8E4M3 {
+        return Err(Error::DType {
+            op,
+            got: DType::F8E4M3,
+            msg: "only linear takes fp8 inputs",
+        });
+    }
+    Ok(())
+}
+
+fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch {
+            op,
+            a: a.device().to_string(),
+            b: b.device().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// A per-row parameter: `[cols]` (broadcast to every row) or exactly `[rows, cols]`.
+fn check_rowparam(op: &'static str, x: &Tensor, p: &Tensor) -> Result<()> {
+    let (rows, cols) = rows_cols(x);
+    let n = p.elem_count();
+    if p.cols() != cols || (n != cols && n != rows * cols) {
+        return Err(shape_err(
+            op,
+            format!("{:?} against input {:?}", p.shape(), x.shape()),
+        ));
+    }
+    same_device(op, x, p)
+}
+
+fn finish(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    Tensor::from_f32(data, shape, dtype)
+}
+
+/// `y = x · wᵀ + b` with `x: [.., in]`, `w: [out, in]`, `b: [out]`. f32 accumulation; fp8 operands
+/// are dequantized with their scales (the reference for scaled fp8 GEMMs).
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let (m, k) = rows_cols(x);
+    if w.rank() != 2 || w.dim(1) != k {
+        return Err(shape_err(
+            "linear",
+            format!("input {:?} with weight {:?}", x.shape(), w.shape()),
+        ));
+    }
+    let n = w.dim(0);
+    if let Some(b) = b {
+        if b.elem_count() != n {
+            return Err(shape_err(
+                "linear",
+                format!("bias {:?} for {n} outputs", b.shape()),
+            ));
+        }
+        no_fp8("linear bias", b)?;
+    }
+    same_device("linear", x, w)?;
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("linear input has a last dim") = n;
+    match (x.storage(), w.storage()) {
+        (Storage::Cpu(_), Storage::Cpu(_)) => {
+            let bias = b.map(|b| b.cpu_f32());
+            let out = cpu::linear::linear(&x.cpu_f32(), &w.cpu_f32(), bias.as_deref(), m, k, n);
+            finish(out, &shape, out_dtype(x))
+        }
+    }
+}
+
+/// LayerNorm over the last dim, with optional affine weight and bias.
+pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
+    no_fp8("layer_norm", x)?;
+    let (_, cols) = rows_cols(x);
+    for p in [w, b].into_iter().flatten() {
+        if p.elem_count() != cols {
+            return Err(shape_err(
+                "layer_norm",
+                format!("{:?} for dim {cols}", p.shape()),
+            ));
+        }
+    }
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let (w, b) = (w.map(|t| t.cpu_f32()), b.map(|t| t.cpu_f32()));
+            let out = cpu::norm::layer_norm(&x.cpu_f32(), cols, w.as_deref(), b.as_deref(), eps);
+            finish(out, x.shape(), x.dtype())
+        }
+    }
+}
+
+/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · w`.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    no_fp8("rms_norm", x)?;
+    let (_, cols) = rows_cols(x);
+    if w.elem_count() != cols {
+        return Err(shape_err(
+            "rms_norm",
+            format!("weight {:?} for dim {cols}", w.shape()),
+        ));
+    }
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let out = cpu::norm::rms_norm(&x.cpu_f32(), cols, &w.cpu_f32(), eps);
+            finish(out, x.shape(), x.dtype())
+        }
+    }
+}
+
+/// Applies `f(x, a, b)` element-wise where `a`, `b` are per-row parameters.
+fn rowwise3(
+    op: &'static str,
+    x: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32, f32) -> f32 + Sync,
+) -> Result<Tensor> {
+    no_fp8(op, x)?;
+    check_rowparam(op, x, a)?;
+    check_rowparam(op, x, b)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let (xs, av, bv) = (x.cpu_f32(), a.cpu_f32(), b.cpu_f32());
+            let (na, nb) = (av.len(), bv.len());
+            let out = xs
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| f(v, av[i % na], bv[i % nb]))
+                .collect();
+            finish(out, x.shape(), x.dtype())
+        }
+    }
+}
+
+/// `x · (1 + scale) + shift` (adaLN modulation, and LingBot's per-token camera FiLM). `shift` and
+/// `scale` are `[dim]` or one row per token.
+pub fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    rowwise3("modulate", x, shift, scale, |x, sh, sc| x * (1.0 + sc) + sh)
+}
+
+/// `x + y · gate` (gated residual); `gate` is `[dim]` or one row per token.
+pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    if x.shape() != y.shape() {
+        return Err(shape_err(
+            "gated_residual",
+            format!("{:?} + {:?}", x.shape(), y.shape()),
+        ));
+    }
+    no_fp8("gated_residual", x)?;
+    no_fp8("gated_residual", y)?;
+    same_device("gated_residual", x, y)?;
+    check_rowparam("gated_residual", x, gate)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let (xs, ys, g) = (x.cpu_f32(), y.cpu_f32(), gate.cpu_f32());
+            let ng = g.len();
+            let out = xs
+                .iter()
+                .zip(ys.iter())
+                .enumerate()
+                .map(|(i, (a, b))| a + b * g[i % ng]);
+            finish(out.collect(), x.shape(), x.dtype())
+        }
+    }
+}
+
+/// `a + b`, same shape, or `b` a row broadcast over `a`'s rows.
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    no_fp8("add", a)?;
+    no_fp8("add", b)?;
+    check_rowparam("add", a, b)?;
+    match a.storage() {
+        Storage::Cpu(_) => {
+            let (xs, ys) = (a.cpu_f32(), b.cpu_f32());
+            let n = ys.len();
+            let out = xs.iter().enumerate().map(|(i, x)| x + ys[i % n]).collect();
+            finish(out, a.shape(), a.dtype())
+        }
+    }
+}
+
+/// `alpha · x + beta · y`, computed in f64 and rounded once (the sampler's `x − σ·v` and
+/// re-noising; upstream computes the first in f64).
+pub fn axpby(alpha: f64, x: &Tensor, beta: f64, y: &Tensor) -> Result<Tensor> {
+    no_fp8("axpby", x)?;
+    no_fp8("axpby", y)?;
+    if x.shape() != y.shape() {
+        return Err(shape_err(
+            "axpby",
+            format!("{:?} and {:?}", x.shape(), y.shape()),
+        ));
+    }
+    same_device("axpby", x, y)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let (xs, ys) = (x.cpu_f32(), y.cpu_f32());
+            let out = xs
+                .iter()
+                .zip(ys.iter())
+                .map(|(&a, &b)| (alpha * a as f64 + beta * b as f64) as f32)
+                .collect();
+            finish(out, x.shape(), x.dtype())
+        }
+    }
+}
+
+fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32) -> Result<Tensor> {
+    no_fp8(op, x)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let out = x.cpu_f32().iter().map(|&v| f(v)).collect();
+            finish(out, x.shape(), x.dtype())
+        }
+    }
+}
+
+/// GELU with the tanh approximation (PyTorch `approximate="tanh"`).
+pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    unary("gelu_tanh", x, gelu_tanh_f32)
+}
+
+pub fn gelu_tanh_f32(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// SiLU: `x · sigmoid(x)`.
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    unary("silu", x, |v| v / (1.0 + (-v).exp()))
+}
+
+/// Wan's 3-D RoPE on `x: [L, heads, head_dim]`, tokens on a `(f, h, w)` grid; time positions
+/// start at `t_offset` (the absolute latent-frame index of the first frame).
+pub fn rope_3d(x: &Tensor, grid: [usize; 3], t_offset: usize, table: &RopeTable) -> Result<Tensor> {
+    no_fp8("rope_3d", x)?;
+    if x.rank() != 3 || x.dim(2) != table.head_dim() || x.dim(0) != grid.iter().product() {
+        return Err(shape_err(
+            "rope_3d",
+            format!(
+                "{:?} on grid {grid:?} with head_dim {}",
+                x.shape(),
+                table.head_dim()
+            ),
+        ));
+    }
+    let limits = [t_offset + grid[0], grid[1], grid[2]];
+    if limits.iter().any(|&l| l > table.max_positions()) {
+        return Err(Error::Invalid {
+            op: "rope_3d",
+            msg: format!(
+                "positions up to {limits:?} exceed the table's {} per axis (re-base the time offset)",
+                table.max_positions()
+            ),
+        });
+    }
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let out = cpu::rope::rope_3d(&x.cpu_f32(), x.dim(1), grid, t_offset, table);
+            finish(out, x.shape(), x.dtype())
+        }
+    }
+}
+
+/// Attention of `q: [lq, heads, d]` over the first `kv_len` rows of `k`, `v: [cap, heads, d]`
+/// (a KV cache's storage may be longer than what it holds), scaled by `1/sqrt(d)`.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    mask: AttnMask,
+) -> Result<Tensor> {
+    for t in [q, k, v] {
+        no_fp8("attention", t)?;
+        same_device("attention", q, t)?;
+    }
+    let ok = q.rank() == 3
+        && k.rank() == 3
+        && k.shape() == v.shape()
+        && q.dim(1) == k.dim(1)
+        && q.dim(2) == k.dim(2)
+        && kv_len >= 1
+        && kv_len <= k.dim(0);
+    if !ok {
+        return Err(shape_err(
+            "attention",
+            format!(
+                "q {:?} k {:?} v {:?} kv_len {kv_len}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
+    if let AttnMask::BlockCausal { block_tokens } = mask {
+        if block_tokens == 0 || lq != kv_len {
+            return Err(shape_err(
+                "attention",
+                "block-causal needs lq == kv_len and blocks > 0",
+            ));
+        }
+    }
+    let limit = move |i: usize| match mask {
+        AttnMask::None => kv_len,
+        AttnMask::BlockCausal { block_tokens } => (i / block_tokens + 1) * block_tokens,
+    };
+    match q.storage() {
+        Storage::Cpu(_) => {
+            let (qs, ks, vs) = (q.cpu_f32(), k.cpu_f32(), v.cpu_f32());
+            let out = cpu::attention::attention(&qs, &ks, &vs, lq, kv_len, heads, d, limit);
+            finish(out, q.shape(), q.dtype())
+        }
+    }
+}
+
+/// Patch embedding (a Conv3d with kernel = stride = patch): `x: [c, f, h, w]`,
+/// `w: [dim, c, pt, ph, pw]` → `[tokens, dim]`, tokens in `(f, h, w)` order of the patch grid.
+pub fn patch_embed(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    if w.rank() != 5 || x.rank() != 4 || w.dim(1) != x.dim(0) {
+        return Err(shape_err(
+            "patch_embed",
+            format!("input {:?} weight {:?}", x.shape(), w.shape()),
+        ));
+    }
+    let patch = [w.dim(2), w.dim(3), w.dim(4)];
+    let cols = patchify(x, patch)?;
+    let wf = w.reshape(&[w.dim(0), w.elem_count() / w.dim(0)])?;
+    linear(&cols, &wf, b)
+}
+
+/// `[c, f, h, w]` → `[tokens, c·pt·ph·pw]`: each token's patch flattened as `(c, a, q, r)`.
+pub fn patchify(x: &Tensor, patch: [usize; 3]) -> Result<Tensor> {
+    no_fp8("patchify", x)?;
+    let [c, f, h, w] = [x.dim(0), x.dim(1), x.dim(2), x.dim(3)];
+    let [pt, ph, pw] = patch;
+    if pt == 0 || ph == 0 || pw == 0 || f % pt != 0 || h % ph != 0 || w % pw != 0 {
+        return Err(shape_err(
+            "patchify",
+            format!("{:?} by patch {patch:?}", x.shape()),
+        ));
+    }
+    let g = [f / pt, h / ph, w / pw];
+    // [c, g0, pt, g1, ph, g2, pw] → [g0, g1, g2, c, pt, ph, pw]
+    let t = x
+        .reshape(&[c, g[0], pt, g[1], ph, g[2], pw])?
+        .permute(&[1, 3, 5, 0, 2, 4, 6])?;
+    t.reshape(&[g[0] * g[1] * g[2], c * pt * ph * pw])
+}
+
+/// Inverse of the head's layout: `[tokens, pt·ph·pw·c]` (channel fastest) on `grid` →
+/// `[c, f·pt, h·ph, w·pw]`.
+pub fn unpatchify(x: &Tensor, grid: [usize; 3], patch: [usize; 3]) -> Result<Tensor> {
+    let [pt, ph, pw] = patch;
+    let n: usize = grid.iter().product();
+    let p = pt * ph * pw;
+    if x.rank() != 2 || x.dim(0) != n || p == 0 || x.dim(1) % p != 0 {
+        return Err(shape_err(
+            "unpatchify",
+            format!("{:?} on grid {grid:?}", x.shape()),
+        ));
+    }
+    let c = x.dim(1) / p;
+    // [g0, g1, g2, pt, ph, pw, c] → [c, g0, pt, g1, ph, g2, pw]
+    let t = x
+        .reshape(&[grid[0], grid[1], grid[2], pt, ph, pw, c])?
+        .permute(&[6, 0, 3, 1, 4, 2, 5])?;
+    t.reshape(&[c, grid[0] * pt, grid[1] * ph, grid[2] * pw])
+}
+
+/// Quantizes to fp8 e4m3fn with `scale = max(amax / 448, MIN_SCALE)` over the whole tensor or
+/// per row (last dim).
+pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
+    no_fp8("quantize_fp8", x)?;
+    let (_, cols) = rows_cols(x);
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let xs = x.cpu_f32();
+            let mut codes = vec![0u8; xs.len()];
+            let scale = match kind {
+                ScaleKind::Tensorwise => {
+                    let s = fp8::scale_for_amax(fp8::amax(&xs));
+                    fp8::quantize_into(&xs, s, &mut codes);
+                    Fp8Scale::Tensor(s)
+                }
+                ScaleKind::Rowwise => {
+                    let mut scales = Vec::with_capacity(xs.len() / cols);
+                    for (r, c) in xs.chunks(cols).zip(codes.chunks_mut(cols)) {
+                        let s = fp8::scale_for_amax(fp8::amax(r));
+                        fp8::quantize_into(r, s, c);
+                        scales.push(s);
+                    }
+                    Fp8Scale::Rows(scales)
+                }
+            };
+            Tensor::from_cpu_storage(CpuStorage::F8E4M3 { codes, scale }, x.shape())
+        }
+    }
+}
+
+/// Copies `src` into rows `[row, row + src.dim(0))` of `dst` (dim 0 is the row axis; the other
+/// dims must match). Used by KV caches.
+pub fn write_rows(dst: &mut Tensor, row: usize, src: &Tensor) -> Result<()> {
+    let inner: usize = dst.shape()[1..].iter().product();
+    if src.shape()[1..] != dst.shape()[1..] || row + src.dim(0) > dst.dim(0) {
+        return Err(shape_err(
+            "write_rows",
+            format!("{:?} at row {row} of {:?}", src.shape(), dst.shape()),
+        ));
+    }
+    if src.dtype() != dst.dtype() {
+        return Err(Error::DType {
+            op: "write_rows",
+            got: src.dtype(),
+            msg: "dtype must match",
+        });
+    }
+    let n = src.elem_count();
+    let at = row * inner;
+    match (dst.storage_mut(), src.storage()) {
+        (Storage::Cpu(d), Storage::Cpu(s)) => match (d, s) {
+            (CpuStorage::F32(d), CpuStorage::F32(s)) => d[at..at + n].copy_from_slice(s),
+            (CpuStorage::BF16(d), CpuStorage::BF16(s)) => d[at..at + n].copy_from_slice(s),
+            (CpuStorage::F16(d), CpuStorage::F16(s)) => d[at..at + n].copy_from_slice(s),
+            _ => {
+                return Err(Error::DType {
+                    op: "write_rows",
+                    got: src.dtype(),
+                    msg: "f32, bf16 or f16",
+                })
+            }
+        },
+    }
+    Ok(())
+}
+
+/// Moves rows `[from, from + n)` of `t` to start at row `to` (overlap allowed, like `memmove`).
+pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()> {
+    let rows = t.dim(0);
+    if from + n > rows || to + n > rows {
+        return Err(shape_err(
+            "move_rows",
+            format!("{n} rows {from}→{to} of {:?}", t.shape()),
+        ));
+    }
+    let inner: usize = t.shape()[1..].iter().product();
+    let (src, dst, len) = (from * inner, to * inner, n * inner);
+    match t.storage_mut() {
+        Storage::Cpu(CpuStorage::F32(d)) => d.copy_within(src..src + len, dst),
+        Storage::Cpu(CpuStorage::BF16(d)) => d.copy_within(src..src + len, dst),
+        Storage::Cpu(CpuStorage::F16(d)) => d.copy_within(src..src + len, dst),
+        Storage::Cpu(CpuStorage::F8E4M3 { .. }) => {
+            return Err(Error::DType {
+                op: "move_rows",
+                got: DType::F8E4M3,
+                msg: "f32, bf16 or f16",
+            })
+        }
+    }
+    Ok(())
+}
