@@ -50,7 +50,13 @@ impl KvCache {
     /// Writes the K/V of consecutive frames starting at absolute frame `first_frame`.
     pub fn write(&mut self, first_frame: u64, k: &Tensor, v: &Tensor) -> Result<()> {
         let tpf = self.tokens_per_frame;
-        if k.shape() != v.shape() || k.rank() != 3 || k.dim(0) % tpf != 0 || k.dim(0) == 0 {
+        // Everything `write_rows` would refuse is checked here, before eviction moves any row.
+        if k.shape() != v.shape()
+            || k.rank() != 3
+            || k.shape()[1..] != self.k.shape()[1..]
+            || k.dim(0) % tpf != 0
+            || k.dim(0) == 0
+        {
             return Err(shape_err(
                 "KvCache::write",
                 format!(
@@ -59,6 +65,13 @@ impl KvCache {
                     v.shape()
                 ),
             ));
+        }
+        if k.dtype() != self.k.dtype() || v.dtype() != self.v.dtype() {
+            return Err(Error::DType {
+                op: "KvCache::write",
+                got: k.dtype(),
+                msg: "k and v must have the cache's dtype",
+            });
         }
         let n = k.dim(0) / tpf;
         if let Some(pos) = self.frames.iter().position(|&f| f == first_frame) {

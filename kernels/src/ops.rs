@@ -75,7 +75,7 @@ fn finish(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
 /// are dequantized with their scales (the reference for scaled fp8 GEMMs).
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let (m, k) = rows_cols(x);
-    if w.rank() != 2 || w.dim(1) != k {
+    if x.rank() == 0 || w.rank() != 2 || w.dim(1) != k {
         return Err(shape_err(
             "linear",
             format!("input {:?} with weight {:?}", x.shape(), w.shape()),
@@ -367,6 +367,12 @@ pub fn patch_embed(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor>
 /// `[c, f, h, w]` → `[tokens, c·pt·ph·pw]`: each token's patch flattened as `(c, a, q, r)`.
 pub fn patchify(x: &Tensor, patch: [usize; 3]) -> Result<Tensor> {
     no_fp8("patchify", x)?;
+    if x.rank() != 4 {
+        return Err(shape_err(
+            "patchify",
+            format!("{:?} is not [c, f, h, w]", x.shape()),
+        ));
+    }
     let [c, f, h, w] = [x.dim(0), x.dim(1), x.dim(2), x.dim(3)];
     let [pt, ph, pw] = patch;
     if pt == 0 || ph == 0 || pw == 0 || f % pt != 0 || h % ph != 0 || w % pw != 0 {

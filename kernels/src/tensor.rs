@@ -244,6 +244,13 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
+        if dtype == DType::F8E4M3 {
+            return Err(Error::DType {
+                op: "to_dtype",
+                got: dtype,
+                msg: "fp8 needs a scale: use ops::quantize_fp8",
+            });
+        }
         Tensor::from_f32(self.to_vec_f32(), &self.shape, dtype)
     }
 

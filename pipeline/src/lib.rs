@@ -1,1 +1,15 @@
+//! Worldline's models and the streaming chunk engine: the Wan/LingBot DiT with a Rust tree that
+//! mirrors the checkpoint names, weight loading, the few-step flow-matching sampler, camera
+//! conditioning from controls, and [`Engine`], which turns inputs into latents chunk by chunk.
+//! No sockets, no async: the worker drives it from its own threads.
 
+pub mod config;
+mod error;
+pub mod model;
+pub mod rng;
+pub mod weights;
+
+pub use config::ModelConfig;
+pub use error::{Error, Result};
+pub use model::WanModel;
+pub use weights::WeightStore;

@@ -1,0 +1,290 @@
+//! `KvCache` against a model that keeps one vector per frame and evicts by list removal.
+
+mod common;
+
+use common::{assert_bits_eq, randn, tensor, Rng};
+use kernels::{ops, AttnMask, DType, Device, KvCache, Result, Tensor};
+
+/// The cache's contract without the row arithmetic: held frames with their K/V rows, oldest
+/// first; the first `sink` frames ever written stay, the oldest others go when full.
+struct Model {
+    window: usize,
+    sink: usize,
+    frames: Vec<(u64, Vec<f32>, Vec<f32>)>,
+}
+
+impl Model {
+    /// Applies a write of `k`/`v` (split per frame) at `first`; false where the cache must refuse.
+    fn write(&mut self, first: u64, k: &[Vec<f32>], v: &[Vec<f32>]) -> bool {
+        let n = k.len();
+        if let Some(pos) = self.frames.iter().position(|f| f.0 == first) {
+            let held = &mut self.frames[pos..];
+            let whole = held.len() >= n && (0..n).all(|i| held[i].0 == first + i as u64);
+            if !whole {
+                return false;
+            }
+            for (i, f) in held.iter_mut().take(n).enumerate() {
+                f.1.clone_from(&k[i]);
+                f.2.clone_from(&v[i]);
+            }
+            return true;
+        }
+        if self.frames.last().is_some_and(|f| f.0 >= first) {
+            return false;
+        }
+        let old = self.frames.len();
+        if old + n > self.window && old + n - self.window > old - self.sink.min(old) {
+            return false;
+        }
+        for i in 0..n {
+            self.frames
+                .push((first + i as u64, k[i].clone(), v[i].clone()));
+        }
+        while self.frames.len() > self.window {
+            self.frames.remove(self.sink);
+        }
+        true
+    }
+
+    fn ids(&self) -> Vec<u64> {
+        self.frames.iter().map(|f| f.0).collect()
+    }
+}
+
+struct Setup {
+    window: usize,
+    sink: usize,
+    tpf: usize,
+    heads: usize,
+    hd: usize,
+}
+
+impl Setup {
+    fn frame_len(&self) -> usize {
+        self.tpf * self.heads * self.hd
+    }
+
+    /// A chunk of `n` frames as tensors, and the same values split per frame for the model.
+    fn chunk(
+        &self,
+        dev: Device,
+        rng: &mut Rng,
+        n: usize,
+    ) -> Result<(Tensor, Tensor, Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+        let shape = [n * self.tpf, self.heads, self.hd];
+        let (k, v) = (randn(dev, rng, &shape)?, randn(dev, rng, &shape)?);
+        let split = |t: &Tensor| {
+            t.to_vec_f32()
+                .chunks(self.frame_len())
+                .map(<[f32]>::to_vec)
+                .collect()
+        };
+        let (ks, vs) = (split(&k), split(&v));
+        Ok((k, v, ks, vs))
+    }
+}
+
+#[track_caller]
+fn assert_matches(s: &Setup, cache: &KvCache, model: &Model, what: &str) -> Result<()> {
+    assert_eq!(cache.frames(), &model.ids()[..], "{what}: frames");
+    assert_eq!(
+        cache.len_tokens(),
+        model.frames.len() * s.tpf,
+        "{what}: len_tokens"
+    );
+    assert_eq!(
+        cache.keys().shape(),
+        &[s.window * s.tpf, s.heads, s.hd],
+        "{what}: storage"
+    );
+    let held = cache.len_tokens();
+    let k: Vec<f32> = model.frames.iter().flat_map(|f| f.1.clone()).collect();
+    let v: Vec<f32> = model.frames.iter().flat_map(|f| f.2.clone()).collect();
+    assert_bits_eq(
+        &format!("{what}: keys"),
+        &cache.keys().narrow(0, 0, held)?.to_vec_f32(),
+        &k,
+    );
+    assert_bits_eq(
+        &format!("{what}: values"),
+        &cache.values().narrow(0, 0, held)?.to_vec_f32(),
+        &v,
+    );
+    Ok(())
+}
+
+fn kv_cache_scripted(dev: Device) -> Result<()> {
+    dev.ensure_available()?;
+    let s = Setup {
+        window: 5,
+        sink: 1,
+        tpf: 2,
+        heads: 2,
+        hd: 4,
+    };
+    let mut rng = Rng::new(40);
+    let mut cache = KvCache::new(s.window, s.sink, s.tpf, s.heads, s.hd, DType::F32)?;
+    let mut model = Model {
+        window: s.window,
+        sink: s.sink,
+        frames: Vec::new(),
+    };
+    // (first frame, frames, accepted): appends, a denoising-step rewrite in place, eviction past
+    // the sink, a rewrite of a suffix and of one frame, then the refusals.
+    let script: [(u64, usize, bool); 12] = [
+        (0, 2, true),
+        (2, 2, true),
+        (2, 2, true), // rewrite in place
+        (4, 2, true), // evicts frame 1, keeps sink frame 0
+        (6, 3, true), // evicts 2, 3, 4
+        (6, 2, true), // rewrite part of the held range
+        (8, 1, true),
+        (9, 1, true),   // evicts 5
+        (10, 5, false), // 5 new frames cannot fit beside a sink frame
+        (3, 1, false),  // older than the newest held frame and not held
+        (8, 3, false),  // 8, 9 held but 10 is not
+        (12, 4, true),  // a gap is fine; evicts every non-sink frame
+    ];
+    for (i, &(first, n, ok)) in script.iter().enumerate() {
+        let (k, v, ks, vs) = s.chunk(dev, &mut rng, n)?;
+        let before = cache.frames().to_vec();
+        let got = cache.write(first, &k, &v);
+        assert_eq!(
+            model.write(first, &ks, &vs),
+            ok,
+            "model disagrees with the script at {i}"
+        );
+        match (got, ok) {
+            (Ok(()), true) => {}
+            (Err(e), false) => {
+                assert!(e.to_string().contains("KvCache::write"), "step {i}: {e}");
+                assert_eq!(
+                    cache.frames(),
+                    &before[..],
+                    "step {i}: a refused write changed the cache"
+                );
+            }
+            (r, _) => panic!("step {i} ({first}, {n}): expected ok={ok}, got {r:?}"),
+        }
+        assert_matches(&s, &cache, &model, &format!("step {i}"))?;
+    }
+    assert_eq!(cache.frames(), &[0, 12, 13, 14, 15]);
+
+    // Attention over the cache reads only what it holds and equals attention over those rows.
+    let q = randn(dev, &mut rng, &[3, s.heads, s.hd])?;
+    let held = cache.len_tokens();
+    let a = ops::attention(&q, cache.keys(), cache.values(), held, AttnMask::None)?;
+    let (k, v) = (
+        cache.keys().narrow(0, 0, held)?,
+        cache.values().narrow(0, 0, held)?,
+    );
+    let b = ops::attention(&q, &k, &v, held, AttnMask::None)?;
+    assert_bits_eq("attention over the cache", &a.to_vec_f32(), &b.to_vec_f32());
+
+    cache.clear();
+    assert_eq!((cache.frames(), cache.len_tokens()), (&[][..], 0));
+    Ok(())
+}
+test_device!(kv_cache_scripted, kv_cache_scripted_cpu);
+
+/// Random appends, gaps and rewrites (some partly held, some stale) against the model.
+fn kv_cache_random(dev: Device) -> Result<()> {
+    dev.ensure_available()?;
+    for (seed, s) in [
+        (
+            41,
+            Setup {
+                window: 6,
+                sink: 2,
+                tpf: 3,
+                heads: 1,
+                hd: 2,
+            },
+        ),
+        (
+            42,
+            Setup {
+                window: 4,
+                sink: 0,
+                tpf: 1,
+                heads: 2,
+                hd: 3,
+            },
+        ),
+    ] {
+        let mut rng = Rng::new(seed);
+        let mut cache = KvCache::new(s.window, s.sink, s.tpf, s.heads, s.hd, DType::F32)?;
+        let mut model = Model {
+            window: s.window,
+            sink: s.sink,
+            frames: Vec::new(),
+        };
+        let mut next = 0u64;
+        for step in 0..200 {
+            let n = 1 + rng.below(s.window);
+            let held = model.ids();
+            let first = match rng.below(4) {
+                0 if !held.is_empty() => held[rng.below(held.len())],
+                1 if next > 0 => rng.below(next as usize) as u64,
+                _ => next + rng.below(2) as u64,
+            };
+            let (k, v, ks, vs) = s.chunk(dev, &mut rng, n)?;
+            let want = model.write(first, &ks, &vs);
+            let got = cache.write(first, &k, &v);
+            assert_eq!(
+                got.is_ok(),
+                want,
+                "seed {seed} step {step}: write({first}, {n}) gave {got:?}"
+            );
+            if want {
+                next = next.max(first + n as u64);
+            }
+            assert_matches(&s, &cache, &model, &format!("seed {seed} step {step}"))?;
+        }
+    }
+    Ok(())
+}
+test_device!(kv_cache_random, kv_cache_random_cpu);
+
+fn kv_cache_errors(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(43);
+    assert!(KvCache::new(4, 4, 2, 1, 2, DType::F32).is_err());
+    assert!(KvCache::new(0, 0, 2, 1, 2, DType::F32).is_err());
+    assert!(KvCache::new(4, 1, 0, 1, 2, DType::F32).is_err());
+    let mut cache = KvCache::new(3, 1, 2, 2, 4, DType::F32)?;
+    let k = randn(dev, &mut rng, &[6, 2, 4])?;
+    cache.write(0, &k, &k)?;
+    let snapshot = cache.keys().to_vec_f32();
+    // Each of these would need an eviction first: refusing must leave the cache as it was.
+    let odd = randn(dev, &mut rng, &[3, 2, 4])?;
+    let heads = randn(dev, &mut rng, &[2, 3, 4])?;
+    let k2 = randn(dev, &mut rng, &[2, 2, 4])?;
+    let bf = k2.to_dtype(DType::BF16)?;
+    let cases: [(&str, &Tensor, &Tensor); 4] = [
+        ("tokens not a whole frame", &odd, &odd),
+        ("head count", &heads, &heads),
+        ("k/v shapes", &k2, &odd),
+        ("dtype", &bf, &bf),
+    ];
+    for (what, k, v) in cases {
+        let r = cache.write(3, k, v);
+        assert!(r.is_err(), "{what}: accepted");
+        assert_eq!(
+            cache.frames(),
+            &[0, 1, 2],
+            "{what}: frames changed by a refused write"
+        );
+        assert_bits_eq(what, &cache.keys().to_vec_f32(), &snapshot);
+    }
+    // A held tensor keeps its values when the cache writes over the storage it shares.
+    let held = cache.keys().clone();
+    let copy = cache.clone();
+    let k3 = tensor(dev, rng.normals(16, 1.0), &[2, 2, 4])?;
+    cache.write(3, &k3, &k3)?;
+    assert_bits_eq("held keys", &held.to_vec_f32(), &snapshot);
+    assert_eq!(copy.frames(), &[0, 1, 2]);
+    assert_bits_eq("cloned cache", &copy.keys().to_vec_f32(), &snapshot);
+    assert_eq!(cache.frames(), &[0, 2, 3]);
+    Ok(())
+}
+test_device!(kv_cache_errors, kv_cache_errors_cpu);

@@ -1,0 +1,162 @@
+use kernels::{ops, AttnMask, KvCache, RopeTable, Tensor};
+
+use super::layers::{Linear, RmsNorm};
+use crate::weights::Vb;
+use crate::Result;
+
+/// How self-attention finds its keys.
+#[derive(Debug)]
+pub enum KvMode<'a> {
+    /// Bidirectional over the tokens of this forward.
+    Full,
+    /// This forward's tokens, cut into chunks of `block_tokens`, each seeing itself and earlier
+    /// chunks: the whole stream in one pass.
+    BlockCausal { block_tokens: usize },
+    /// Write this forward's K/V into the layer's cache at `first_frame`, then attend to
+    /// everything the cache holds.
+    Cache {
+        cache: &'a mut KvCache,
+        first_frame: u64,
+    },
+}
+
+/// Wan self-attention: `q, k, v, o` with bias, RMSNorm on q and k over the full dim, 3-D RoPE.
+#[derive(Clone, Debug)]
+pub struct SelfAttention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub norm_q: RmsNorm,
+    pub norm_k: RmsNorm,
+    pub heads: usize,
+}
+
+impl SelfAttention {
+    pub fn load(vb: &Vb, dim: usize, heads: usize, eps: f32) -> Result<Self> {
+        Ok(SelfAttention {
+            q: Linear::load(&vb.pp("q"), dim, dim)?,
+            k: Linear::load(&vb.pp("k"), dim, dim)?,
+            v: Linear::load(&vb.pp("v"), dim, dim)?,
+            o: Linear::load(&vb.pp("o"), dim, dim)?,
+            norm_q: RmsNorm::load(&vb.pp("norm_q"), dim, eps)?,
+            norm_k: RmsNorm::load(&vb.pp("norm_k"), dim, eps)?,
+            heads,
+        })
+    }
+
+    fn heads_view(&self, t: &Tensor) -> Result<Tensor> {
+        let (l, dim) = (t.dim(0), t.dim(1));
+        Ok(t.reshape(&[l, self.heads, dim / self.heads])?)
+    }
+
+    /// Rotated keys and plain values of `x: [L, dim]` as `[L, heads, head_dim]`.
+    pub fn keys_values(
+        &self,
+        x: &Tensor,
+        grid: [usize; 3],
+        t_offset: usize,
+        rope: &RopeTable,
+    ) -> Result<(Tensor, Tensor)> {
+        let k = self.heads_view(&self.norm_k.forward(&self.k.forward(x)?)?)?;
+        let k = ops::rope_3d(&k, grid, t_offset, rope)?;
+        let v = self.heads_view(&self.v.forward(x)?)?;
+        Ok((k, v))
+    }
+
+    /// `x: [L, dim]` on `grid` (frames, rows, cols of patches); `t_offset` is the absolute
+    /// latent-frame index of the first frame. Returns `None` when only the cache write was
+    /// asked for (`kv_only`).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        grid: [usize; 3],
+        t_offset: usize,
+        rope: &RopeTable,
+        mode: KvMode,
+        kv_only: bool,
+    ) -> Result<Option<Tensor>> {
+        let (k, v) = self.keys_values(x, grid, t_offset, rope)?;
+        let l = x.dim(0);
+        let (keys, values, kv_len, mask) = match mode {
+            KvMode::Full => (k, v, l, AttnMask::None),
+            KvMode::BlockCausal { block_tokens } => {
+                (k, v, l, AttnMask::BlockCausal { block_tokens })
+            }
+            KvMode::Cache { cache, first_frame } => {
+                cache.write(first_frame, &k, &v)?;
+                if kv_only {
+                    return Ok(None);
+                }
+                (
+                    cache.keys().clone(),
+                    cache.values().clone(),
+                    cache.len_tokens(),
+                    AttnMask::None,
+                )
+            }
+        };
+        let q = self.heads_view(&self.norm_q.forward(&self.q.forward(x)?)?)?;
+        let q = ops::rope_3d(&q, grid, t_offset, rope)?;
+        let out = ops::attention(&q, &keys, &values, kv_len, mask)?;
+        let out = out.reshape(&[l, x.dim(1)])?;
+        Ok(Some(self.o.forward(&out)?))
+    }
+}
+
+/// Cross-attention keys and values of one block for one prompt: `[text_len, heads, head_dim]`.
+#[derive(Clone, Debug)]
+pub struct TextKv {
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+/// Wan text cross-attention: q from the video tokens, k/v from the text (cached per prompt);
+/// RMSNorm on q and k, no RoPE, no mask (padding rows are attended, as upstream).
+#[derive(Clone, Debug)]
+pub struct CrossAttention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub norm_q: RmsNorm,
+    pub norm_k: RmsNorm,
+    pub heads: usize,
+}
+
+impl CrossAttention {
+    pub fn load(vb: &Vb, dim: usize, heads: usize, eps: f32) -> Result<Self> {
+        Ok(CrossAttention {
+            q: Linear::load(&vb.pp("q"), dim, dim)?,
+            k: Linear::load(&vb.pp("k"), dim, dim)?,
+            v: Linear::load(&vb.pp("v"), dim, dim)?,
+            o: Linear::load(&vb.pp("o"), dim, dim)?,
+            norm_q: RmsNorm::load(&vb.pp("norm_q"), dim, eps)?,
+            norm_k: RmsNorm::load(&vb.pp("norm_k"), dim, eps)?,
+            heads,
+        })
+    }
+
+    /// K/V of the embedded text `[text_len, dim]`.
+    pub fn text_kv(&self, text: &Tensor) -> Result<TextKv> {
+        let (n, dim) = (text.dim(0), text.dim(1));
+        let shape = [n, self.heads, dim / self.heads];
+        let k = self
+            .norm_k
+            .forward(&self.k.forward(text)?)?
+            .reshape(&shape)?;
+        let v = self.v.forward(text)?.reshape(&shape)?;
+        Ok(TextKv { k, v })
+    }
+
+    pub fn forward(&self, x: &Tensor, kv: &TextKv) -> Result<Tensor> {
+        let (l, dim) = (x.dim(0), x.dim(1));
+        let q = self.norm_q.forward(&self.q.forward(x)?)?.reshape(&[
+            l,
+            self.heads,
+            dim / self.heads,
+        ])?;
+        let out = ops::attention(&q, &kv.k, &kv.v, kv.k.dim(0), AttnMask::None)?;
+        self.o.forward(&out.reshape(&[l, dim])?)
+    }
+}

@@ -1,0 +1,121 @@
+use kernels::{ops, RopeTable, Tensor};
+
+use super::attention::{CrossAttention, KvMode, SelfAttention, TextKv};
+use super::layers::{row, Activation, LayerNorm, Linear, Mlp};
+use crate::config::ModelConfig;
+use crate::weights::Vb;
+use crate::Result;
+
+/// LingBot's per-block camera injection: from the shared camera condition, a per-token scale and
+/// shift applied to the residual stream after self-attention.
+#[derive(Clone, Debug)]
+pub struct CamInjector {
+    pub cam_injector_layer1: Linear,
+    pub cam_injector_layer2: Linear,
+    pub cam_scale_layer: Linear,
+    pub cam_shift_layer: Linear,
+}
+
+impl CamInjector {
+    fn load(vb: &Vb, dim: usize) -> Result<Self> {
+        Ok(CamInjector {
+            cam_injector_layer1: Linear::load(&vb.pp("cam_injector_layer1"), dim, dim)?,
+            cam_injector_layer2: Linear::load(&vb.pp("cam_injector_layer2"), dim, dim)?,
+            cam_scale_layer: Linear::load(&vb.pp("cam_scale_layer"), dim, dim)?,
+            cam_shift_layer: Linear::load(&vb.pp("cam_shift_layer"), dim, dim)?,
+        })
+    }
+
+    /// `(scale, shift)`, each `[L, dim]`, for the condition `cond: [L, dim]`. Depends only on the
+    /// camera, so the engine computes it once per chunk for all its forwards.
+    pub fn scale_shift(&self, cond: &Tensor) -> Result<CameraMod> {
+        let h = self.cam_injector_layer1.forward(cond)?;
+        let h = self.cam_injector_layer2.forward(&ops::silu(&h)?)?;
+        let h = ops::add(&h, cond)?;
+        Ok(CameraMod {
+            scale: self.cam_scale_layer.forward(&h)?,
+            shift: self.cam_shift_layer.forward(&h)?,
+        })
+    }
+}
+
+/// One block's camera scale and shift for the tokens of a chunk.
+#[derive(Clone, Debug)]
+pub struct CameraMod {
+    pub scale: Tensor,
+    pub shift: Tensor,
+}
+
+/// What a block needs besides its input, shared by all blocks of one forward.
+#[derive(Debug)]
+pub struct BlockInputs<'a> {
+    /// `time_projection` output `[6, dim]` (f32).
+    pub e0: &'a Tensor,
+    pub grid: [usize; 3],
+    pub t_offset: usize,
+    pub rope: &'a RopeTable,
+}
+
+/// A Wan DiT block (`blocks.N`), with LingBot's camera layers when the model has them.
+#[derive(Clone, Debug)]
+pub struct WanBlock {
+    pub modulation: Tensor,
+    pub self_attn: SelfAttention,
+    pub norm3: LayerNorm,
+    pub cross_attn: CrossAttention,
+    pub ffn: Mlp,
+    pub camera: Option<CamInjector>,
+    pub eps: f32,
+}
+
+impl WanBlock {
+    pub fn load(vb: &Vb, cfg: &ModelConfig) -> Result<Self> {
+        let (dim, heads, eps) = (cfg.dim, cfg.num_heads, cfg.eps);
+        Ok(WanBlock {
+            modulation: vb.get_f32(&[1, 6, dim], "modulation")?,
+            self_attn: SelfAttention::load(&vb.pp("self_attn"), dim, heads, eps)?,
+            norm3: LayerNorm::load(&vb.pp("norm3"), dim, eps)?,
+            cross_attn: CrossAttention::load(&vb.pp("cross_attn"), dim, heads, eps)?,
+            ffn: Mlp::load(&vb.pp("ffn"), [dim, cfg.ffn_dim, dim], Activation::GeluTanh)?,
+            camera: match cfg.control_dim {
+                Some(_) => Some(CamInjector::load(vb, dim)?),
+                None => None,
+            },
+            eps,
+        })
+    }
+
+    /// `x: [L, dim]` → `[L, dim]`; `None` when `kv_only` (the refresh pass needs only this
+    /// block's cache write, and nothing after it in the last block).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        inp: &BlockInputs,
+        text: &TextKv,
+        camera: Option<&CameraMod>,
+        mode: KvMode,
+        kv_only: bool,
+    ) -> Result<Option<Tensor>> {
+        // Rows: shift, scale, gate for self-attention, then for the FFN.
+        let m = ops::add(&self.modulation.reshape(&[6, x.dim(1)])?, inp.e0)?;
+        let e = |i| row(&m, i);
+        let h = ops::layer_norm(x, None, None, self.eps)?;
+        let h = ops::modulate(&h, &e(0)?, &e(1)?)?;
+        let Some(y) =
+            self.self_attn
+                .forward(&h, inp.grid, inp.t_offset, inp.rope, mode, kv_only)?
+        else {
+            return Ok(None);
+        };
+        let mut x = ops::gated_residual(x, &y, &e(2)?)?;
+        if let Some(c) = camera {
+            x = ops::modulate(&x, &c.shift, &c.scale)?;
+        }
+        let y = self.cross_attn.forward(&self.norm3.forward(&x)?, text)?;
+        let x = ops::add(&x, &y)?;
+        let h = ops::layer_norm(&x, None, None, self.eps)?;
+        let h = ops::modulate(&h, &e(3)?, &e(4)?)?;
+        let y = self.ffn.forward(&h)?;
+        Ok(Some(ops::gated_residual(&x, &y, &e(5)?)?))
+    }
+}

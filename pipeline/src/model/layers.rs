@@ -1,0 +1,115 @@
+use kernels::{ops, Tensor};
+
+use crate::weights::Vb;
+use crate::Result;
+
+/// A PyTorch `Linear`: `weight [out, in]`, `bias [out]`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn load(vb: &Vb, in_dim: usize, out_dim: usize) -> Result<Self> {
+        Ok(Linear {
+            weight: vb.get(&[out_dim, in_dim], "weight")?,
+            bias: Some(vb.get(&[out_dim], "bias")?),
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(ops::linear(x, &self.weight, self.bias.as_ref())?)
+    }
+}
+
+/// Wan's RMSNorm with a gain, over the full last dim.
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(vb: &Vb, dim: usize, eps: f32) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: vb.get(&[dim], "weight")?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(ops::rms_norm(x, &self.weight, self.eps)?)
+    }
+}
+
+/// LayerNorm with an affine gain and bias (Wan's `norm3`).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    pub fn load(vb: &Vb, dim: usize, eps: f32) -> Result<Self> {
+        Ok(LayerNorm {
+            weight: vb.get(&[dim], "weight")?,
+            bias: vb.get(&[dim], "bias")?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(ops::layer_norm(
+            x,
+            Some(&self.weight),
+            Some(&self.bias),
+            self.eps,
+        )?)
+    }
+}
+
+/// `Sequential(Linear, act, Linear)` stored as `.0` and `.2`.
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    pub fc0: Linear,
+    pub fc2: Linear,
+    pub act: Activation,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+impl Activation {
+    pub fn apply(self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Activation::Silu => ops::silu(x)?,
+            Activation::GeluTanh => ops::gelu_tanh(x)?,
+        })
+    }
+}
+
+impl Mlp {
+    pub fn load(vb: &Vb, dims: [usize; 3], act: Activation) -> Result<Self> {
+        Ok(Mlp {
+            fc0: Linear::load(&vb.pp(0), dims[0], dims[1])?,
+            fc2: Linear::load(&vb.pp(2), dims[1], dims[2])?,
+            act,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.fc2.forward(&self.act.apply(&self.fc0.forward(x)?)?)
+    }
+}
+
+/// Row `i` of a `[n, dim]` (or `[1, n, dim]`) table as a `[dim]` tensor.
+pub fn row(t: &Tensor, i: usize) -> Result<Tensor> {
+    let dim = t.dim(-1);
+    let flat = t.reshape(&[t.elem_count() / dim, dim])?;
+    Ok(flat.narrow(0, i, 1)?.reshape(&[dim])?)
+}
