@@ -51,6 +51,9 @@ impl Model {
     }
 }
 
+/// A chunk as the cache takes it (`k`, `v`) and as the model keeps it (one vector per frame).
+type Chunk = (Tensor, Tensor, Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 struct Setup {
     window: usize,
     sink: usize,
@@ -64,13 +67,8 @@ impl Setup {
         self.tpf * self.heads * self.hd
     }
 
-    /// A chunk of `n` frames as tensors, and the same values split per frame for the model.
-    fn chunk(
-        &self,
-        dev: Device,
-        rng: &mut Rng,
-        n: usize,
-    ) -> Result<(Tensor, Tensor, Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    /// A random chunk of `n` frames.
+    fn chunk(&self, dev: Device, rng: &mut Rng, n: usize) -> Result<Chunk> {
         let shape = [n * self.tpf, self.heads, self.hd];
         let (k, v) = (randn(dev, rng, &shape)?, randn(dev, rng, &shape)?);
         let split = |t: &Tensor| {

@@ -347,9 +347,9 @@ fn quantize_fp8(dev: Device) -> Result<()> {
         let deq = fp8_values(&q);
         for (i, (&v, d)) in xd.iter().zip(&deq).enumerate() {
             let s = scales[i / cols] as f64;
-            // Slack for the f32 reciprocal of the scale used when encoding.
+            // The step is the subnormal one where a tensorwise scale pushes the small rows down;
+            // the slack covers the f32 reciprocal of the scale used when encoding.
             let bound = fp8_half_step(v as f64 / s) * s + v.abs() as f64 * 1e-6;
-            // Tensorwise scales flush the smallest rows into the subnormal/zero range.
             assert!(
                 (d - v as f64).abs() <= bound,
                 "{kind:?} element {i}: {v} -> {d}"
@@ -447,8 +447,8 @@ fn patch_embed(dev: Device) -> Result<()> {
     for gf in 0..f / pt {
         for gh in 0..h / ph {
             for gw in 0..w / pw {
-                for o in 0..dim {
-                    let mut acc = bv[o] as f64;
+                for (o, &bias) in bv.iter().enumerate() {
+                    let mut acc = bias as f64;
                     for ci in 0..c {
                         for a in 0..pt {
                             for q in 0..ph {
@@ -501,7 +501,7 @@ fn shape_errors(dev: Device) -> Result<()> {
     // A latent without its channel axis: a rank error, not an index panic.
     let v3 = randn(dev, &mut rng, &[4, 6, 8])?;
     assert_err_names(ops::patchify(&v3, [1, 2, 2]), "patchify");
-    assert_err_names(ops::unpatchify(&x, [1, 2, 2], [1, 1, 1]), "unpatchify");
+    assert_err_names(ops::unpatchify(&x, [1, 2, 3], [1, 1, 1]), "unpatchify");
     let pw = randn(dev, &mut rng, &[5, 3, 1, 2, 2])?;
     assert_err_names(ops::patch_embed(&v, &pw, None), "patch_embed");
     Ok(())

@@ -3,13 +3,17 @@
 //! conditioning from controls, and [`Engine`], which turns inputs into latents chunk by chunk.
 //! No sockets, no async: the worker drives it from its own threads.
 
+pub mod camera;
 pub mod config;
+pub mod engine;
 mod error;
 pub mod model;
 pub mod rng;
+pub mod sampler;
 pub mod weights;
 
 pub use config::ModelConfig;
+pub use engine::{Chunk, ChunkInputs, Engine, EngineConfig};
 pub use error::{Error, Result};
 pub use model::WanModel;
 pub use weights::WeightStore;

@@ -1,0 +1,383 @@
+//! The streaming chunk engine (MODELS.md §5): per chunk of latent frames, a few flow-matching
+//! steps with re-noising between them, then a pass at t = 0 that rewrites the chunk's K/V with
+//! clean context. Caches: self-attention K/V (sink + rolling window), text K/V per prompt, camera
+//! scale/shift per chunk.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kernels::{ops, DType, KvCache, Tensor};
+use tracing::{debug, info_span};
+
+use crate::camera::{fold_rays, ray_map, relative_poses, CameraConfig, CameraRig, Controls, Pose};
+use crate::config::{LATENT_CHANNELS, MASK_CHANNELS, VAE_STRIDE, VAE_TIME_STRIDE};
+use crate::model::{Attn, TextContext, WanModel, ROPE_POSITIONS};
+use crate::rng::NormalRng;
+use crate::sampler::FlowSchedule;
+use crate::{Error, Result};
+
+/// Session settings of the engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Output size in pixels (multiples of 16).
+    pub height: usize,
+    pub width: usize,
+    /// Latent frames per chunk (LingBot v1 Fast: 3).
+    pub chunk_frames: usize,
+    /// Latent frames the self-attention cache keeps, sink frames included.
+    pub window_frames: usize,
+    pub sink_frames: usize,
+    /// Indices into the schedule table (LingBot v2: `[0, 250, 500, 750]`).
+    pub step_indices: Vec<usize>,
+    pub shift: f64,
+    pub num_train_steps: usize,
+    /// Seed of the session's noise.
+    pub seed: u64,
+    pub camera: CameraConfig,
+}
+
+impl EngineConfig {
+    /// LingBot's streaming settings at 480×832: chunks of 3, a window of 18 with 6 sink frames,
+    /// the v2 step list, shift 10.
+    pub fn lingbot(seed: u64) -> Self {
+        EngineConfig {
+            height: 480,
+            width: 832,
+            chunk_frames: 3,
+            window_frames: 18,
+            sink_frames: 6,
+            step_indices: vec![0, 250, 500, 750],
+            shift: 10.0,
+            num_train_steps: 1000,
+            seed,
+            camera: CameraConfig::default(),
+        }
+    }
+
+    /// The same loop at 128×128 for the `tiny` model.
+    pub fn tiny(seed: u64) -> Self {
+        EngineConfig {
+            height: 128,
+            width: 128,
+            ..Self::lingbot(seed)
+        }
+    }
+
+    pub fn latent_hw(&self) -> (usize, usize) {
+        (self.height / VAE_STRIDE, self.width / VAE_STRIDE)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.height == 0 || self.width == 0 || self.height % 16 != 0 || self.width % 16 != 0 {
+            return bad(format!(
+                "resolution {}×{} must be non-zero multiples of 16",
+                self.height, self.width
+            ));
+        }
+        if self.chunk_frames == 0 {
+            return bad("chunk_frames must be at least 1".into());
+        }
+        if self.window_frames < self.sink_frames + self.chunk_frames {
+            return bad(format!(
+                "a window of {} frames cannot hold {} sink frames and a chunk of {}",
+                self.window_frames, self.sink_frames, self.chunk_frames
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What arrived for one chunk.
+#[derive(Clone, Debug, Default)]
+pub struct ChunkInputs {
+    pub controls: Controls,
+}
+
+/// Wall time of the stages of one chunk.
+#[derive(Clone, Debug, Default)]
+pub struct ChunkTimings {
+    pub camera: Duration,
+    pub steps: Vec<Duration>,
+    pub refresh: Duration,
+}
+
+/// One generated chunk.
+#[derive(Clone, Debug)]
+pub struct Chunk {
+    pub index: u64,
+    /// Absolute index of the chunk's first latent frame.
+    pub first_frame: u64,
+    /// Clean latents `[16, chunk_frames, H/8, W/8]` for the decoder.
+    pub latents: Tensor,
+    /// Absolute camera pose of each latent frame.
+    pub poses: Vec<Pose>,
+    pub timings: ChunkTimings,
+}
+
+/// A streaming session on one model.
+#[derive(Debug)]
+pub struct Engine {
+    model: Arc<WanModel>,
+    cfg: EngineConfig,
+    schedule: FlowSchedule,
+    steps: Vec<i64>,
+    caches: Vec<KvCache>,
+    text: TextContext,
+    first_latent: Option<Tensor>,
+    rng: NormalRng,
+    rig: CameraRig,
+    last_pose: Option<Pose>,
+    next_frame: u64,
+    next_chunk: u64,
+}
+
+impl Engine {
+    pub fn new(model: Arc<WanModel>, cfg: EngineConfig) -> Result<Self> {
+        cfg.validate()?;
+        let mc = &model.cfg;
+        let schedule = FlowSchedule::new(cfg.num_train_steps, cfg.shift)?;
+        let steps = schedule.steps(&cfg.step_indices)?;
+        let (h, w) = cfg.latent_hw();
+        let tokens_per_frame = (h / mc.patch[1]) * (w / mc.patch[2]);
+        let caches = (0..mc.num_layers)
+            .map(|_| {
+                KvCache::new(
+                    cfg.window_frames,
+                    cfg.sink_frames,
+                    tokens_per_frame,
+                    mc.num_heads,
+                    mc.head_dim(),
+                    DType::F32,
+                )
+            })
+            .collect::<kernels::Result<Vec<_>>>()?;
+        // Until a prompt arrives the context is all padding (what an empty prompt pads to).
+        let text = model.encode_text(&Tensor::zeros(&[0, mc.text_dim], DType::F32)?, None)?;
+        Ok(Engine {
+            rng: NormalRng::for_name(cfg.seed, "noise"),
+            rig: CameraRig::new(cfg.camera.clone()),
+            model,
+            schedule,
+            steps,
+            caches,
+            text,
+            first_latent: None,
+            last_pose: None,
+            next_frame: 0,
+            next_chunk: 0,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The timesteps each chunk is denoised at.
+    pub fn timesteps(&self) -> &[i64] {
+        &self.steps
+    }
+
+    /// Sets the prompt from text-encoder output `[n ≤ text_len, text_dim]`; takes effect at the
+    /// next chunk. Its cross-attention K/V are computed once here.
+    pub fn set_prompt(&mut self, context: &Tensor) -> Result<()> {
+        self.text = self.model.encode_text(context, None)?;
+        Ok(())
+    }
+
+    /// Sets the first-frame latent `[16, H/8, W/8]` (I2V conditioning of latent frame 0). Only
+    /// before the first chunk: later frames see it through the cache, not through their input.
+    pub fn set_first_frame(&mut self, latent: &Tensor) -> Result<()> {
+        let (h, w) = self.cfg.latent_hw();
+        if latent.shape() != [LATENT_CHANNELS, h, w] {
+            return Err(Error::Input(format!(
+                "first-frame latent {:?}: expected [{LATENT_CHANNELS}, {h}, {w}]",
+                latent.shape()
+            )));
+        }
+        if !self.model.cfg.is_i2v() {
+            return Err(Error::Input(format!(
+                "model '{}' takes no first frame",
+                self.model.cfg.name
+            )));
+        }
+        if self.next_frame != 0 {
+            return Err(Error::Input(
+                "the first frame can only be set before the first chunk (reset first)".into(),
+            ));
+        }
+        self.first_latent = Some(latent.reshape(&[LATENT_CHANNELS, 1, h, w])?);
+        Ok(())
+    }
+
+    /// Starts the stream over: empty caches, camera at the origin, noise from the seed again.
+    pub fn reset(&mut self) {
+        self.caches.iter_mut().for_each(KvCache::clear);
+        self.rng = NormalRng::for_name(self.cfg.seed, "noise");
+        self.rig = CameraRig::new(self.cfg.camera.clone());
+        self.first_latent = None;
+        self.last_pose = None;
+        self.next_frame = 0;
+        self.next_chunk = 0;
+    }
+
+    /// Standard normal noise `[16, frames, H/8, W/8]` from the session stream. The draw order
+    /// (per chunk: the initial noise, then one draw per re-noise) is part of the contract: any
+    /// backend or card count reproduces it.
+    pub fn noise_shape(&self) -> [usize; 4] {
+        let (h, w) = self.cfg.latent_hw();
+        [LATENT_CHANNELS, self.cfg.chunk_frames, h, w]
+    }
+
+    fn draw_noise(&mut self) -> Result<Tensor> {
+        let shape = self.noise_shape();
+        Ok(Tensor::from_vec(
+            self.rng.normals(shape.iter().product()),
+            &shape,
+        )?)
+    }
+
+    /// The camera condition of the chunk's frames: integrates the controls, one pose per latent
+    /// frame (the first frame of a session is the starting pose; each later one is four video
+    /// frames on).
+    fn camera_poses(&mut self, c: &Controls) -> Vec<Pose> {
+        let n = self.cfg.chunk_frames;
+        let spread = n * VAE_TIME_STRIDE;
+        (0..n)
+            .map(|i| {
+                if self.next_frame + i as u64 > 0 {
+                    self.rig.advance(c, VAE_TIME_STRIDE, spread);
+                }
+                self.rig.pose()
+            })
+            .collect()
+    }
+
+    /// First-frame conditioning of the chunk: 4 mask channels (1 on absolute latent frame 0) and
+    /// the first-frame latent on that frame, zeros elsewhere.
+    fn conditioning(&self) -> Result<Tensor> {
+        let [_, f, h, w] = self.noise_shape();
+        let plane = h * w;
+        let mut y = vec![0f32; (MASK_CHANNELS + LATENT_CHANNELS) * f * plane];
+        if let (0, Some(first)) = (self.next_frame, &self.first_latent) {
+            for c in 0..MASK_CHANNELS {
+                y[c * f * plane..][..plane].fill(1.0);
+            }
+            let lat = first.to_vec_f32();
+            for c in 0..LATENT_CHANNELS {
+                y[(MASK_CHANNELS + c) * f * plane..][..plane]
+                    .copy_from_slice(&lat[c * plane..][..plane]);
+            }
+        }
+        Ok(Tensor::from_vec(
+            y,
+            &[MASK_CHANNELS + LATENT_CHANNELS, f, h, w],
+        )?)
+    }
+
+    /// Generates the next chunk.
+    pub fn next_chunk(&mut self, inputs: &ChunkInputs) -> Result<Chunk> {
+        let index = self.next_chunk;
+        let first_frame = self.next_frame;
+        let span = info_span!("chunk", index, first_frame);
+        let _enter = span.enter();
+        let n = self.cfg.chunk_frames;
+        if first_frame as usize + n > ROPE_POSITIONS {
+            return Err(Error::Input(format!(
+                "the session reached latent frame {first_frame}: RoPE positions end at {ROPE_POSITIONS}; reset the session"
+            )));
+        }
+        let model = self.model.clone();
+        let mc = &model.cfg;
+        let mut timings = ChunkTimings::default();
+
+        let started = Instant::now();
+        let poses = self.camera_poses(&inputs.controls);
+        let camera = match mc.control_dim {
+            Some(channels) => {
+                let rel = relative_poses(self.last_pose.as_ref(), &poses, self.rig.step_length());
+                let wasd = vec![inputs.controls.wasd(); n];
+                let (h, w) = (self.cfg.height, self.cfg.width);
+                let map = ray_map(
+                    &rel,
+                    &wasd,
+                    h,
+                    w,
+                    self.cfg.camera.intrinsics_832x480,
+                    channels,
+                )?;
+                Some(model.camera_context(&fold_rays(&map, n, h, w, channels)?)?)
+            }
+            None => None,
+        };
+        timings.camera = started.elapsed();
+
+        let y = if mc.is_i2v() {
+            Some(self.conditioning()?)
+        } else {
+            None
+        };
+        let with_y = |x: &Tensor| -> Result<Tensor> {
+            Ok(match &y {
+                Some(y) => Tensor::cat(&[x, y], 0)?,
+                None => x.clone(),
+            })
+        };
+        let mut x = self.draw_noise()?;
+        let mut x0 = x.clone();
+        let steps = self.steps.clone();
+        for (s, &t) in steps.iter().enumerate() {
+            let started = Instant::now();
+            let attn = Attn::Cache {
+                caches: &mut self.caches,
+                kv_only: false,
+            };
+            let v = model
+                .forward(
+                    &with_y(&x)?,
+                    t as f64,
+                    first_frame,
+                    &self.text,
+                    camera.as_ref(),
+                    attn,
+                    None,
+                )?
+                .ok_or_else(|| Error::Config("forward returned no output".into()))?;
+            x0 = ops::axpby(1.0, &x, -self.schedule.sigma_first(t)?, &v)?;
+            if let Some(&next) = steps.get(s + 1) {
+                let sigma = self.schedule.sigma_second(next)?;
+                let noise = self.draw_noise()?;
+                x = ops::axpby(1.0 - sigma, &x0, sigma, &noise)?;
+            }
+            timings.steps.push(started.elapsed());
+            debug!(step = s, t, "denoised");
+        }
+        let started = Instant::now();
+        let attn = Attn::Cache {
+            caches: &mut self.caches,
+            kv_only: true,
+        };
+        model.forward(
+            &with_y(&x0)?,
+            0.0,
+            first_frame,
+            &self.text,
+            camera.as_ref(),
+            attn,
+            None,
+        )?;
+        timings.refresh = started.elapsed();
+
+        self.last_pose = poses.last().copied();
+        self.next_frame += n as u64;
+        self.next_chunk += 1;
+        Ok(Chunk {
+            index,
+            first_frame,
+            latents: x0,
+            poses,
+            timings,
+        })
+    }
+}
