@@ -413,7 +413,11 @@ mod tests {
         }
         // Straight ahead at full speed (turning would make the chord shorter than the path).
         let mut straight = CameraRig::new(CameraConfig::default());
-        let w = Controls { w: true, i: true, ..Default::default() };
+        let w = Controls {
+            w: true,
+            i: true,
+            ..Default::default()
+        };
         let poses: Vec<Pose> = (0..3)
             .map(|_| {
                 straight.advance(&w, 4, 4);

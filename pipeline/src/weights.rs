@@ -5,7 +5,7 @@
 //! Loading converts each tensor straight from the mapped file into the run dtype: the only
 //! resident copy is the converted one (the mapping is page cache the kernel can drop).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -39,7 +39,8 @@ enum Source {
 pub struct WeightStore {
     source: Source,
     run_dtype: DType,
-    used: Mutex<BTreeSet<String>>,
+    /// Keys the model asked for, with the shape and dtype it asked for.
+    used: Mutex<BTreeMap<String, (Vec<usize>, DType)>>,
 }
 
 impl std::fmt::Debug for WeightStore {
@@ -207,7 +208,7 @@ impl WeightStore {
             .map_err(|_| Error::Config("weight store poisoned".into()))?;
         let mut keys: Vec<String> = index
             .keys()
-            .filter(|k| !used.contains(*k))
+            .filter(|k| !used.contains_key(*k))
             .cloned()
             .collect();
         if keys.is_empty() {
@@ -217,9 +218,21 @@ impl WeightStore {
         Err(Error::UnexpectedKeys { keys })
     }
 
+    /// Every tensor the model has loaded, by checkpoint name, as loaded (read again from the
+    /// source): what a checkpoint of this model holds. Used to export random or converted weights.
+    pub fn loaded_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let used: Vec<(String, (Vec<usize>, DType))> = match self.used.lock() {
+            Ok(u) => u.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            Err(_) => return Err(Error::Config("weight store poisoned".into())),
+        };
+        used.into_iter()
+            .map(|(k, (shape, dtype))| Ok((k.clone(), self.load(&k, &shape, dtype)?)))
+            .collect()
+    }
+
     fn load(&self, key: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
         if let Ok(mut used) = self.used.lock() {
-            used.insert(key.to_string());
+            used.insert(key.to_string(), (shape.to_vec(), dtype));
         }
         match &self.source {
             Source::Random { seed } => Ok(random_tensor(*seed, key, shape, dtype)?),
