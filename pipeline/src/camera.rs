@@ -186,6 +186,21 @@ impl CameraRig {
         }
     }
 
+    /// One pose per latent frame for `n` frames starting at absolute latent frame
+    /// `first_frame`: frame 0 of a session is the starting pose; every later latent frame is four
+    /// video frames on (the pose of its last video frame, as upstream samples frames 0, 4, 8, …).
+    pub fn latent_poses(&mut self, c: &Controls, first_frame: u64, n: usize) -> Vec<Pose> {
+        let spread = n * VAE_TIME_STRIDE;
+        (0..n as u64)
+            .map(|i| {
+                if first_frame + i > 0 {
+                    self.advance(c, VAE_TIME_STRIDE, spread);
+                }
+                self.pose()
+            })
+            .collect()
+    }
+
     /// Translation of one latent frame at full speed: the unit LingBot's normalised relative
     /// translations are measured in.
     pub fn step_length(&self) -> f64 {

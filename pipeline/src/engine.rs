@@ -10,7 +10,7 @@ use kernels::{ops, DType, KvCache, Tensor};
 use tracing::{debug, info_span};
 
 use crate::camera::{fold_rays, ray_map, relative_poses, CameraConfig, CameraRig, Controls, Pose};
-use crate::config::{LATENT_CHANNELS, MASK_CHANNELS, VAE_STRIDE, VAE_TIME_STRIDE};
+use crate::config::{LATENT_CHANNELS, MASK_CHANNELS, VAE_STRIDE};
 use crate::model::{Attn, TextContext, WanModel, ROPE_POSITIONS};
 use crate::rng::NormalRng;
 use crate::sampler::FlowSchedule;
@@ -222,36 +222,21 @@ impl Engine {
         self.next_chunk = 0;
     }
 
-    /// Standard normal noise `[16, frames, H/8, W/8]` from the session stream. The draw order
-    /// (per chunk: the initial noise, then one draw per re-noise) is part of the contract: any
-    /// backend or card count reproduces it.
+    /// Shape of one noise draw: `[16, chunk_frames, H/8, W/8]`.
     pub fn noise_shape(&self) -> [usize; 4] {
         let (h, w) = self.cfg.latent_hw();
         [LATENT_CHANNELS, self.cfg.chunk_frames, h, w]
     }
 
+    /// Standard normal noise from the session stream, `NormalRng::for_name(seed, "noise")`. The
+    /// draw order (per chunk: the initial noise, then one draw per re-noise) is part of the
+    /// contract: any backend or card count reproduces it.
     fn draw_noise(&mut self) -> Result<Tensor> {
         let shape = self.noise_shape();
         Ok(Tensor::from_vec(
             self.rng.normals(shape.iter().product()),
             &shape,
         )?)
-    }
-
-    /// The camera condition of the chunk's frames: integrates the controls, one pose per latent
-    /// frame (the first frame of a session is the starting pose; each later one is four video
-    /// frames on).
-    fn camera_poses(&mut self, c: &Controls) -> Vec<Pose> {
-        let n = self.cfg.chunk_frames;
-        let spread = n * VAE_TIME_STRIDE;
-        (0..n)
-            .map(|i| {
-                if self.next_frame + i as u64 > 0 {
-                    self.rig.advance(c, VAE_TIME_STRIDE, spread);
-                }
-                self.rig.pose()
-            })
-            .collect()
     }
 
     /// First-frame conditioning of the chunk: 4 mask channels (1 on absolute latent frame 0) and
@@ -293,7 +278,7 @@ impl Engine {
         let mut timings = ChunkTimings::default();
 
         let started = Instant::now();
-        let poses = self.camera_poses(&inputs.controls);
+        let poses = self.rig.latent_poses(&inputs.controls, first_frame, n);
         let camera = match mc.control_dim {
             Some(channels) => {
                 let rel = relative_poses(self.last_pose.as_ref(), &poses, self.rig.step_length());
