@@ -7,6 +7,7 @@ pub mod camera;
 pub mod config;
 pub mod engine;
 mod error;
+pub mod flops;
 pub mod model;
 pub mod rng;
 pub mod sampler;
