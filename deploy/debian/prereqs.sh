@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what building Worldline needs on Debian 12 when it is missing: a C toolchain and a
+# Rust toolchain (rustup: Debian's rustc is too old). Sourced by run-worker.sh and run-tests.sh.
+set -euo pipefail
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "installing Debian packages: ${missing[*]}" >&2
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+if ! command -v cc >/dev/null 2>&1; then
+  apt_install build-essential
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] || {
+    apt_install curl ca-certificates
+    echo "installing Rust with rustup" >&2
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy >&2
+  }
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Builds the worker (release) and runs it; arguments go to `worker` (try --help).
+# With none, it runs the embedded default: the `tiny` model on the CPU.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+source deploy/debian/prereqs.sh
+cargo build --release -p worker
+exec ./target/release/worker "$@"
