@@ -54,7 +54,7 @@ impl KvCache {
         if k.shape() != v.shape()
             || k.rank() != 3
             || k.shape()[1..] != self.k.shape()[1..]
-            || k.dim(0) % tpf != 0
+            || !k.dim(0).is_multiple_of(tpf)
             || k.dim(0) == 0
         {
             return Err(shape_err(

@@ -343,7 +343,13 @@ pub fn attention(
     match q.storage() {
         Storage::Cpu(_) => {
             let (qs, ks, vs) = (q.cpu_f32(), k.cpu_f32(), v.cpu_f32());
-            let out = cpu::attention::attention(&qs, &ks, &vs, lq, kv_len, heads, d, limit);
+            let dims = cpu::attention::AttnDims {
+                lq,
+                kv_len,
+                heads,
+                d,
+            };
+            let out = cpu::attention::attention(&qs, &ks, &vs, dims, limit);
             finish(out, q.shape(), q.dtype())
         }
     }
@@ -395,7 +401,7 @@ pub fn unpatchify(x: &Tensor, grid: [usize; 3], patch: [usize; 3]) -> Result<Ten
     let [pt, ph, pw] = patch;
     let n: usize = grid.iter().product();
     let p = pt * ph * pw;
-    if x.rank() != 2 || x.dim(0) != n || p == 0 || x.dim(1) % p != 0 {
+    if x.rank() != 2 || x.dim(0) != n || p == 0 || !x.dim(1).is_multiple_of(p) {
         return Err(shape_err(
             "unpatchify",
             format!("{:?} on grid {grid:?}", x.shape()),

@@ -19,7 +19,7 @@ pub struct RopeTable {
 
 impl RopeTable {
     pub fn new(head_dim: usize, max_positions: usize, theta: f64) -> Result<Self> {
-        if head_dim == 0 || head_dim % 2 != 0 || head_dim < 6 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) || head_dim < 6 {
             return Err(Error::Invalid {
                 op: "rope",
                 msg: format!("head_dim {head_dim} must be even and at least 6"),

@@ -96,19 +96,19 @@ impl ModelConfig {
     /// Checks the invariants the model code relies on.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(format!("model '{}': {m}", self.name)));
-        if self.num_heads == 0 || self.dim % self.num_heads != 0 {
+        if self.num_heads == 0 || !self.dim.is_multiple_of(self.num_heads) {
             return bad(format!(
                 "dim {} does not split into {} heads",
                 self.dim, self.num_heads
             ));
         }
         let hd = self.head_dim();
-        if hd % 2 != 0 || hd < 6 {
+        if !hd.is_multiple_of(2) || hd < 6 {
             return bad(format!(
                 "head_dim {hd} must be even and at least 6 for 3-D RoPE"
             ));
         }
-        if self.freq_dim % 2 != 0 || self.freq_dim == 0 {
+        if !self.freq_dim.is_multiple_of(2) || self.freq_dim == 0 {
             return bad(format!("freq_dim {} must be even", self.freq_dim));
         }
         if let Some(c) = self.control_dim {

@@ -69,7 +69,11 @@ impl EngineConfig {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
-        if self.height == 0 || self.width == 0 || self.height % 16 != 0 || self.width % 16 != 0 {
+        if self.height == 0
+            || self.width == 0
+            || !self.height.is_multiple_of(16)
+            || !self.width.is_multiple_of(16)
+        {
             return bad(format!(
                 "resolution {}×{} must be non-zero multiples of 16",
                 self.height, self.width

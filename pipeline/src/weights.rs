@@ -282,7 +282,7 @@ fn convert(bytes: &[u8], from: StDtype, to: DType) -> std::result::Result<CpuSto
             ))
         }
     };
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(format!(
             "{} bytes is not a whole number of {from:?} values",
             bytes.len()

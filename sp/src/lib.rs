@@ -24,9 +24,9 @@ pub fn heads_per_card(heads: usize, cards: usize) -> Result<usize, Error> {
     if cards == 0 {
         return Err(Error::NoCards);
     }
-    if heads % cards != 0 {
+    if !heads.is_multiple_of(cards) {
         let valid: Vec<String> = (1..=heads)
-            .filter(|c| heads % c == 0)
+            .filter(|c| heads.is_multiple_of(*c))
             .map(|c| c.to_string())
             .collect();
         return Err(Error::HeadsIndivisible {

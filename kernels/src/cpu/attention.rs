@@ -5,6 +5,15 @@ use super::linear::{matmul_nn, matmul_nt};
 /// Queries handled per matrix product: bounds the score buffer to `QUERY_BLOCK × kv_len`.
 const QUERY_BLOCK: usize = 256;
 
+/// Sizes of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDims {
+    pub lq: usize,
+    pub kv_len: usize,
+    pub heads: usize,
+    pub d: usize,
+}
+
 /// Scaled dot-product attention per head.
 ///
 /// `q: [lq, heads, d]`; `k`, `v`: at least `[kv_len, heads, d]` (rows past `kv_len`, such as the
@@ -13,12 +22,15 @@ pub fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    lq: usize,
-    kv_len: usize,
-    heads: usize,
-    d: usize,
+    dims: AttnDims,
     key_limit: impl Fn(usize) -> usize + Sync,
 ) -> Vec<f32> {
+    let AttnDims {
+        lq,
+        kv_len,
+        heads,
+        d,
+    } = dims;
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; lq * heads * d];
     let gather = |src: &[f32], rows: usize, h: usize| -> Vec<f32> {

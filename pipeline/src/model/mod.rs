@@ -230,9 +230,9 @@ impl WanModel {
         let [pt, ph, pw] = cfg.patch;
         if x.rank() != 4
             || x.dim(0) != cfg.in_dim
-            || x.dim(1) % pt != 0
-            || x.dim(2) % ph != 0
-            || x.dim(3) % pw != 0
+            || !x.dim(1).is_multiple_of(pt)
+            || !x.dim(2).is_multiple_of(ph)
+            || !x.dim(3).is_multiple_of(pw)
         {
             return Err(Error::Input(format!(
                 "latent {:?}: expected [{}, F, H, W] divisible by the patch {:?}",
