@@ -16,13 +16,14 @@ impl Device {
         matches!(self, Device::Cpu)
     }
 
-    /// Fails unless this backend can run ops in this build on this machine.
+    /// Fails, saying why, unless this backend can run ops on this machine.
     pub fn ensure_available(self) -> Result<()> {
         match self {
             Device::Cpu => Ok(()),
-            Device::Cuda(_) | Device::Rocm(_) => Err(Error::Device {
+            Device::Cuda(i) => crate::cuda::backend(i).map(|_| ()),
+            Device::Rocm(_) => Err(Error::Device {
                 device: self.to_string(),
-                msg: "this build has no GPU backend yet; use --device cpu".into(),
+                msg: "the ROCm backend is not in this build yet (and has never run anywhere); use --device cpu or cuda".into(),
             }),
         }
     }

@@ -47,6 +47,13 @@ impl KvCache {
         })
     }
 
+    /// The same (empty or not) cache with its storage on `device`.
+    pub fn on_device(mut self, device: crate::Device) -> Result<Self> {
+        self.k = self.k.to_device(device)?;
+        self.v = self.v.to_device(device)?;
+        Ok(self)
+    }
+
     /// Writes the K/V of consecutive frames starting at absolute frame `first_frame`.
     pub fn write(&mut self, first_frame: u64, k: &Tensor, v: &Tensor) -> Result<()> {
         let tpf = self.tokens_per_frame;

@@ -3,10 +3,12 @@
 //! tested against this one.
 
 mod cpu;
+pub mod cuda;
 mod device;
 mod dtype;
 mod error;
 pub mod fp8;
+pub mod gpu_source;
 mod kv_cache;
 pub mod ops;
 mod rope;

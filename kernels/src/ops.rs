@@ -6,7 +6,9 @@
 
 use crate::error::shape_err;
 use crate::tensor::CpuStorage;
-use crate::{cpu, fp8, DType, Error, Fp8Scale, Result, RopeTable, ScaleKind, Storage, Tensor};
+use crate::{
+    cpu, cuda, fp8, DType, Error, Fp8Scale, Result, RopeTable, ScaleKind, Storage, Tensor,
+};
 
 /// Which keys each query may see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,12 +96,13 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     same_device("linear", x, w)?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("linear input has a last dim") = n;
-    match (x.storage(), w.storage()) {
-        (Storage::Cpu(_), Storage::Cpu(_)) => {
+    match x.storage() {
+        Storage::Cpu(_) => {
             let bias = b.map(|b| b.cpu_f32());
             let out = cpu::linear::linear(&x.cpu_f32(), &w.cpu_f32(), bias.as_deref(), m, k, n);
             finish(out, &shape, out_dtype(x))
         }
+        Storage::Cuda(_) => cuda::ops::linear(x, w, b, out_dtype(x)),
     }
 }
 
@@ -121,6 +124,7 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
             let out = cpu::norm::layer_norm(&x.cpu_f32(), cols, w.as_deref(), b.as_deref(), eps);
             finish(out, x.shape(), x.dtype())
         }
+        Storage::Cuda(_) => cuda::ops::layer_norm(x, w, b, eps),
     }
 }
 
@@ -139,6 +143,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
             let out = cpu::norm::rms_norm(&x.cpu_f32(), cols, &w.cpu_f32(), eps);
             finish(out, x.shape(), x.dtype())
         }
+        Storage::Cuda(_) => cuda::ops::rms_norm(x, w, eps),
     }
 }
 
@@ -149,6 +154,7 @@ fn rowwise3(
     a: &Tensor,
     b: &Tensor,
     f: impl Fn(f32, f32, f32) -> f32 + Sync,
+    on_cuda: impl FnOnce() -> Result<Tensor>,
 ) -> Result<Tensor> {
     no_fp8(op, x)?;
     check_rowparam(op, x, a)?;
@@ -164,13 +170,21 @@ fn rowwise3(
                 .collect();
             finish(out, x.shape(), x.dtype())
         }
+        Storage::Cuda(_) => on_cuda(),
     }
 }
 
 /// `x · (1 + scale) + shift` (adaLN modulation, and LingBot's per-token camera FiLM). `shift` and
 /// `scale` are `[dim]` or one row per token.
 pub fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
-    rowwise3("modulate", x, shift, scale, |x, sh, sc| x * (1.0 + sc) + sh)
+    rowwise3(
+        "modulate",
+        x,
+        shift,
+        scale,
+        |x, sh, sc| x * (1.0 + sc) + sh,
+        || cuda::ops::modulate(x, shift, scale),
+    )
 }
 
 /// `x + y · gate` (gated residual); `gate` is `[dim]` or one row per token.
@@ -196,6 +210,7 @@ pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
                 .map(|(i, (a, b))| a + b * g[i % ng]);
             finish(out.collect(), x.shape(), x.dtype())
         }
+        Storage::Cuda(_) => cuda::ops::gated_residual(x, y, gate),
     }
 }
 
@@ -211,6 +226,7 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             let out = xs.iter().enumerate().map(|(i, x)| x + ys[i % n]).collect();
             finish(out, a.shape(), a.dtype())
         }
+        Storage::Cuda(_) => cuda::ops::add(a, b),
     }
 }
 
@@ -236,6 +252,7 @@ pub fn axpby(alpha: f64, x: &Tensor, beta: f64, y: &Tensor) -> Result<Tensor> {
                 .collect();
             finish(out, x.shape(), x.dtype())
         }
+        Storage::Cuda(_) => cuda::ops::axpby(alpha, x, beta, y),
     }
 }
 
@@ -246,6 +263,7 @@ fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32) -> Result<Tensor>
             let out = x.cpu_f32().iter().map(|&v| f(v)).collect();
             finish(out, x.shape(), x.dtype())
         }
+        Storage::Cuda(_) => cuda::ops::unary(op, x),
     }
 }
 
@@ -293,6 +311,7 @@ pub fn rope_3d(x: &Tensor, grid: [usize; 3], t_offset: usize, table: &RopeTable)
             let out = cpu::rope::rope_3d(&x.cpu_f32(), x.dim(1), grid, t_offset, table);
             finish(out, x.shape(), x.dtype())
         }
+        Storage::Cuda(_) => cuda::ops::rope_3d(x, grid, t_offset, table),
     }
 }
 
@@ -352,6 +371,16 @@ pub fn attention(
             let out = cpu::attention::attention(&qs, &ks, &vs, dims, limit);
             finish(out, q.shape(), q.dtype())
         }
+        Storage::Cuda(_) => cuda::ops::attention(
+            q,
+            k,
+            v,
+            kv_len,
+            match mask {
+                AttnMask::None => 0,
+                AttnMask::BlockCausal { block_tokens } => block_tokens,
+            },
+        ),
     }
 }
 
@@ -442,6 +471,7 @@ pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
             };
             Tensor::from_cpu_storage(CpuStorage::F8E4M3 { codes, scale }, x.shape())
         }
+        Storage::Cuda(_) => cuda::ops::quantize_fp8(x, kind),
     }
 }
 
@@ -464,7 +494,18 @@ pub fn write_rows(dst: &mut Tensor, row: usize, src: &Tensor) -> Result<()> {
     }
     let n = src.elem_count();
     let at = row * inner;
+    if dst.device() != src.device() {
+        return Err(Error::DeviceMismatch {
+            op: "write_rows",
+            a: dst.device().to_string(),
+            b: src.device().to_string(),
+        });
+    }
+    if !dst.device().is_cpu() {
+        return cuda::ops::write_rows(dst, row, src);
+    }
     match (dst.storage_mut(), src.storage()) {
+        (Storage::Cuda(_), _) | (_, Storage::Cuda(_)) => unreachable!("checked above"),
         (Storage::Cpu(d), Storage::Cpu(s)) => match (d, s) {
             (CpuStorage::F32(d), CpuStorage::F32(s)) => d[at..at + n].copy_from_slice(s),
             (CpuStorage::BF16(d), CpuStorage::BF16(s)) => d[at..at + n].copy_from_slice(s),
@@ -492,7 +533,11 @@ pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()>
     }
     let inner: usize = t.shape()[1..].iter().product();
     let (src, dst, len) = (from * inner, to * inner, n * inner);
+    if !t.device().is_cpu() {
+        return cuda::ops::move_rows(t, from, to, n);
+    }
     match t.storage_mut() {
+        Storage::Cuda(_) => unreachable!("checked above"),
         Storage::Cpu(CpuStorage::F32(d)) => d.copy_within(src..src + len, dst),
         Storage::Cpu(CpuStorage::BF16(d)) => d.copy_within(src..src + len, dst),
         Storage::Cpu(CpuStorage::F16(d)) => d.copy_within(src..src + len, dst),

@@ -11,6 +11,7 @@ use crate::{Error, Result};
 pub struct RopeTable {
     head_dim: usize,
     max_positions: usize,
+    theta: f64,
     pairs: [usize; 3],
     /// Per axis, `[max_positions][pairs]` row-major.
     cos: [Vec<f64>; 3],
@@ -43,6 +44,7 @@ impl RopeTable {
         Ok(RopeTable {
             head_dim,
             max_positions,
+            theta,
             pairs,
             cos,
             sin,
@@ -55,6 +57,10 @@ impl RopeTable {
 
     pub fn max_positions(&self) -> usize {
         self.max_positions
+    }
+
+    pub fn theta(&self) -> f64 {
+        self.theta
     }
 
     /// Complex pairs per axis (time, height, width).

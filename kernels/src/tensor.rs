@@ -19,6 +19,7 @@ pub enum CpuStorage {
 #[derive(Clone, Debug)]
 pub enum Storage {
     Cpu(CpuStorage),
+    Cuda(crate::cuda::CudaStorage),
 }
 
 /// A dense, contiguous, row-major tensor. Cloning and reshaping share the storage; ops return
@@ -181,12 +182,50 @@ impl Tensor {
     pub fn dtype(&self) -> DType {
         match &*self.storage {
             Storage::Cpu(s) => s.dtype(),
+            Storage::Cuda(s) => s.data.dtype(),
         }
     }
 
     pub fn device(&self) -> Device {
         match &*self.storage {
             Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(s) => Device::Cuda(s.dev.ordinal),
+        }
+    }
+
+    /// This tensor on `device` (the same tensor when already there).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let cpu = match &*self.storage {
+            Storage::Cpu(s) => s.clone(),
+            Storage::Cuda(s) => s.download()?,
+        };
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(cpu),
+            Device::Cuda(i) => Storage::Cuda(crate::cuda::CudaStorage::upload(
+                &crate::cuda::backend(i)?,
+                &cpu,
+            )?),
+            Device::Rocm(_) => {
+                return Err(device.ensure_available().err().unwrap_or(Error::Device {
+                    device: device.to_string(),
+                    msg: "unavailable".into(),
+                }))
+            }
+        };
+        Ok(Tensor {
+            shape: self.shape.clone(),
+            storage: Arc::new(storage),
+        })
+    }
+
+    /// The values as f32, copied to the host when on a device.
+    pub fn try_to_vec_f32(&self) -> Result<Vec<f32>> {
+        match &*self.storage {
+            Storage::Cpu(s) => Ok(s.to_f32(self.cols()).into_owned()),
+            Storage::Cuda(s) => Ok(s.download()?.to_f32(self.cols()).into_owned()),
         }
     }
 
@@ -203,16 +242,27 @@ impl Tensor {
         self.shape.last().copied().unwrap_or(1).max(1)
     }
 
-    /// The values as f32 on the CPU, dequantized or widened as needed.
+    /// The values as f32 on the host, dequantized or widened as needed.
+    ///
+    /// # Panics
+    /// When a device copy fails (the device is lost); `try_to_vec_f32` returns that error.
     pub fn to_vec_f32(&self) -> Vec<f32> {
-        self.cpu_f32().into_owned()
+        match self.try_to_vec_f32() {
+            Ok(v) => v,
+            Err(e) => panic!("copying {self:?} to the host: {e}"),
+        }
     }
 
-    /// Borrowed f32 view when the storage is already f32 on the CPU.
+    /// The values as f32, borrowed when already f32 on the CPU (copied from a device otherwise).
     pub fn cpu_f32(&self) -> Cow<'_, [f32]> {
         match &*self.storage {
             Storage::Cpu(s) => s.to_f32(self.cols()),
+            Storage::Cuda(_) => Cow::Owned(self.to_vec_f32()),
         }
+    }
+
+    fn on_cuda(&self) -> bool {
+        matches!(&*self.storage, Storage::Cuda(_))
     }
 
     /// Same data, new shape (no copy).
@@ -262,6 +312,10 @@ impl Tensor {
                 format!("dim {dim} [{start}, {}) of {:?}", start + len, self.shape),
             ));
         }
+        if self.on_cuda() {
+            self.plain_dtype("narrow")?;
+            return crate::cuda::ops::narrow(self, dim, start, len);
+        }
         let outer: usize = self.shape[..dim].iter().product();
         let inner: usize = self.shape[dim + 1..].iter().product();
         let src = self.cpu_f32();
@@ -301,7 +355,17 @@ impl Tensor {
                     ),
                 ));
             }
+            if p.device() != first.device() {
+                return Err(Error::DeviceMismatch {
+                    op: "cat",
+                    a: first.device().to_string(),
+                    b: p.device().to_string(),
+                });
+            }
             shape[dim] += p.shape[dim];
+        }
+        if first.on_cuda() {
+            return crate::cuda::ops::cat(parts, dim, &shape);
         }
         let outer: usize = shape[..dim].iter().product();
         let inner: usize = shape[dim + 1..].iter().product();
@@ -336,6 +400,10 @@ impl Tensor {
             in_strides[d] = in_strides[d + 1] * self.shape[d + 1];
         }
         let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+        if self.on_cuda() {
+            self.plain_dtype("permute")?;
+            return crate::cuda::ops::permute(self, &shape, &strides);
+        }
         let src = self.cpu_f32();
         let n = numel(&shape);
         let mut out = Vec::with_capacity(n);

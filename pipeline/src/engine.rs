@@ -155,6 +155,7 @@ impl Engine {
                     DType::F32,
                 )
             })
+            .map(|c| c.and_then(|c| c.on_device(model.device())))
             .collect::<kernels::Result<Vec<_>>>()?;
         // Until a prompt arrives the context is all padding (what an empty prompt pads to).
         let text = model.encode_text(&Tensor::zeros(&[0, mc.text_dim], DType::F32)?, None)?;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use half::{bf16, f16};
-use kernels::{CpuStorage, DType, Tensor};
+use kernels::{CpuStorage, DType, Device, Tensor};
 use memmap2::Mmap;
 use safetensors::tensor::TensorInfo;
 use safetensors::{Dtype as StDtype, SafeTensors};
@@ -39,6 +39,7 @@ enum Source {
 pub struct WeightStore {
     source: Source,
     run_dtype: DType,
+    device: Device,
     /// Keys the model asked for, with the shape and dtype it asked for.
     used: Mutex<BTreeMap<String, (Vec<usize>, DType)>>,
 }
@@ -67,6 +68,7 @@ impl WeightStore {
         WeightStore {
             source: Source::Random { seed },
             run_dtype,
+            device: Device::Cpu,
             used: Default::default(),
         }
     }
@@ -112,6 +114,7 @@ impl WeightStore {
                 index,
             },
             run_dtype,
+            device: Device::Cpu,
             used: Default::default(),
         })
     }
@@ -161,6 +164,16 @@ impl WeightStore {
             names.insert(file.to_string());
         }
         Ok(names.into_iter().map(|n| dir.join(n)).collect())
+    }
+
+    /// Loads tensors onto `device` (each is converted on the host, then copied once).
+    pub fn on_device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     pub fn is_random(&self) -> bool {
@@ -235,7 +248,9 @@ impl WeightStore {
             used.insert(key.to_string(), (shape.to_vec(), dtype));
         }
         match &self.source {
-            Source::Random { seed } => Ok(random_tensor(*seed, key, shape, dtype)?),
+            Source::Random { seed } => {
+                Ok(random_tensor(*seed, key, shape, dtype)?.to_device(self.device)?)
+            }
             Source::SafeTensors { files, index } => {
                 let Some((fi, info)) = index.get(key) else {
                     return Err(Error::MissingKey {
@@ -257,7 +272,7 @@ impl WeightStore {
                     .get(file.data_start + a..file.data_start + b)
                     .ok_or_else(|| bad(key, file, "data offsets past the end of the file"))?;
                 let st = convert(bytes, info.dtype, dtype).map_err(|m| bad(key, file, m))?;
-                Ok(Tensor::from_cpu_storage(st, shape)?)
+                Ok(Tensor::from_cpu_storage(st, shape)?.to_device(self.device)?)
             }
         }
     }

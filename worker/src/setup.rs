@@ -72,7 +72,8 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         Some(path) => WeightStore::open(path, dtype)
             .with_context(|| format!("opening weights {}", path.display()))?,
         None => WeightStore::random(args.seed, dtype),
-    };
+    }
+    .on_device(device);
     if store.is_random() {
         warn!(
             model = %cfg.name,

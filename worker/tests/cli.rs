@@ -42,7 +42,7 @@ fn bad_flags_fail_with_a_reason() {
     let cases: [(&[&str], &str); 4] = [
         (&["--model", "giant"], "unknown model 'giant'"),
         (&["--cards", "3"], "do not split over 3 cards"),
-        (&["--device", "cuda"], "no GPU backend"),
+        (&["--device", "rocm"], "ROCm backend is not in this build"),
         (
             &["--weights", "/nonexistent/w.safetensors"],
             "/nonexistent/w.safetensors",

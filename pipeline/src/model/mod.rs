@@ -149,6 +149,11 @@ impl WanModel {
         })
     }
 
+    /// Where the weights live (and where forwards run).
+    pub fn device(&self) -> kernels::Device {
+        self.patch_embedding_weight.device()
+    }
+
     /// Embeds a prompt's text encoder output `[n, text_dim]` (n ≤ text_len; zero-padded to
     /// text_len first, as upstream) and computes every block's cross-attention K/V.
     pub fn encode_text(&self, context: &Tensor, mut trace: Option<Trace>) -> Result<TextContext> {
@@ -159,11 +164,13 @@ impl WanModel {
                 context.shape()
             )));
         }
+        let context = context.to_device(self.device())?;
         let padded = if context.dim(0) < len {
-            let pad = Tensor::zeros(&[len - context.dim(0), tdim], context.dtype())?;
-            Tensor::cat(&[context, &pad], 0)?
+            let pad = Tensor::zeros(&[len - context.dim(0), tdim], context.dtype())?
+                .to_device(self.device())?;
+            Tensor::cat(&[&context, &pad], 0)?
         } else {
-            context.clone()
+            context
         };
         let text = self.text_embedding.forward(&padded)?;
         if let Some(t) = trace.as_mut() {
@@ -186,7 +193,9 @@ impl WanModel {
                 self.cfg.name
             )));
         };
-        let emb = cam.patch_embedding_wancamctrl.forward(tokens)?;
+        let emb = cam
+            .patch_embedding_wancamctrl
+            .forward(&tokens.to_device(self.device())?)?;
         let h = cam.c2ws_hidden_states_layer1.forward(&emb)?;
         let h = cam.c2ws_hidden_states_layer2.forward(&ops::silu(&h)?)?;
         let cond = ops::add(&emb, &h)?;
@@ -204,7 +213,7 @@ impl WanModel {
     /// `(e [dim], e0 [6, dim])` for timestep `t`, in f32.
     pub fn time_embedding(&self, t: f64) -> Result<(Tensor, Tensor)> {
         let f = self.cfg.freq_dim;
-        let s = Tensor::from_vec(sinusoidal_embedding(f, t), &[1, f])?;
+        let s = Tensor::from_vec(sinusoidal_embedding(f, t), &[1, f])?.to_device(self.device())?;
         let e = self.time_embedding.forward(&s)?;
         let e0 = self.time_projection.forward(&ops::silu(&e)?)?;
         let dim = self.cfg.dim;

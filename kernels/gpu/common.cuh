@@ -1,0 +1,77 @@
+// Shared device helpers: element loads/stores for f32 and bf16 (bf16 stored as its 16 bits),
+// the e4m3fn codec, block reductions. Included after a vendor header.
+
+typedef unsigned short wl_bf16;
+
+#define WL_INF __uint_as_float(0x7f800000u)
+
+WL_DEVICE float wl_ld(const float* p, wl_u64 i) { return p[i]; }
+WL_DEVICE float wl_ld(const wl_bf16* p, wl_u64 i) { return __uint_as_float(((unsigned int)p[i]) << 16); }
+
+// Round to nearest even, NaN kept quiet: the `half` crate's rule, so GPU and CPU bf16 agree.
+WL_DEVICE wl_bf16 wl_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (wl_bf16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (wl_bf16)(u >> 16);
+}
+WL_DEVICE void wl_st(float* p, wl_u64 i, float v) { p[i] = v; }
+WL_DEVICE void wl_st(wl_bf16* p, wl_u64 i, float v) { p[i] = wl_to_bf16(v); }
+
+// e4m3fn: round to nearest even, saturate at ±448, NaN → 0x7f (kernels/src/fp8.rs is the
+// reference). Software encode keeps one source for every target; hardware cvt is a later speed-up.
+WL_DEVICE unsigned char wl_to_e4m3(float x) {
+    if (x != x) return 0x7f;
+    unsigned char sign = (__float_as_uint(x) >> 31) ? 0x80 : 0;
+    float a = fabsf(x);
+    if (a >= 448.0f) return sign | 0x7e;
+    unsigned int code;
+    if (a < 0.015625f) {
+        code = (unsigned int)rintf(a * 512.0f);
+    } else {
+        int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 127;
+        int q = (int)rintf(a * __uint_as_float((unsigned int)(127 + 3 - e) << 23));
+        code = (unsigned int)(((e + 7) << 3) + (q - 8));
+    }
+    return sign | (unsigned char)code;
+}
+
+// Sum over a block whose size is a multiple of the warp size (≤ 1024); every thread gets it.
+WL_DEVICE float wl_block_sum(float v, float* scratch) {
+    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) v += wl_shfl_xor(v, m);
+    int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
+    int warps = blockDim.x / WL_WARP_SIZE;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < warps; ++w) t += scratch[w];
+    return t;
+}
+
+WL_DEVICE double wl_block_sum_f64(double v, double* scratch) {
+    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) v += wl_shfl_xor(v, m);
+    int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
+    int warps = blockDim.x / WL_WARP_SIZE;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < warps; ++w) t += scratch[w];
+    return t;
+}
+
+WL_DEVICE float wl_block_max(float v, float* scratch) {
+    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) v = fmaxf(v, wl_shfl_xor(v, m));
+    int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
+    int warps = blockDim.x / WL_WARP_SIZE;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = scratch[0];
+    for (int w = 1; w < warps; ++w) t = fmaxf(t, scratch[w]);
+    return t;
+}
+
+#define WL_GRID_STRIDE(i, n) \
+    for (wl_u64 i = (wl_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (wl_u64)gridDim.x * blockDim.x)

@@ -1,0 +1,65 @@
+// Element-wise ops. `T` is the tensor's element type, `P` a per-row parameter's (a `[cols]` row
+// broadcast over rows, or one row per row: `pn` is its element count).
+
+template <typename T, typename P>
+WL_DEVICE void modulate(T* out, const T* x, const P* shift, const P* scale, wl_u64 n, wl_u64 shift_n, wl_u64 scale_n) {
+    WL_GRID_STRIDE(i, n) {
+        float v = wl_ld(x, i) * (1.0f + wl_ld(scale, i % scale_n)) + wl_ld(shift, i % shift_n);
+        wl_st(out, i, v);
+    }
+}
+
+template <typename T, typename P>
+WL_DEVICE void gated_residual(T* out, const T* x, const T* y, const P* gate, wl_u64 n, wl_u64 gate_n) {
+    WL_GRID_STRIDE(i, n) { wl_st(out, i, wl_ld(x, i) + wl_ld(y, i) * wl_ld(gate, i % gate_n)); }
+}
+
+template <typename T, typename P>
+WL_DEVICE void add(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) {
+    WL_GRID_STRIDE(i, n) { wl_st(out, i, wl_ld(a, i) + wl_ld(b, i % b_n)); }
+}
+
+#define WL_TP(T, P, tn, pn)                                                                          \
+    WL_KERNEL void modulate_##tn##_##pn(T* out, const T* x, const P* shift, const P* scale, wl_u64 n,  \
+                                        wl_u64 shift_n, wl_u64 scale_n) {                            \
+        modulate(out, x, shift, scale, n, shift_n, scale_n);                                         \
+    }                                                                                                \
+    WL_KERNEL void gated_residual_##tn##_##pn(T* out, const T* x, const T* y, const P* gate, wl_u64 n, \
+                                              wl_u64 gate_n) {                                       \
+        gated_residual(out, x, y, gate, n, gate_n);                                                  \
+    }                                                                                                \
+    WL_KERNEL void add_##tn##_##pn(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) { add(out, a, b, n, b_n); }
+
+WL_TP(float, float, f32, f32)
+WL_TP(float, wl_bf16, f32, bf16)
+WL_TP(wl_bf16, float, bf16, f32)
+WL_TP(wl_bf16, wl_bf16, bf16, bf16)
+
+// alpha·x + beta·y in f64, rounded once (the sampler's update).
+template <typename T>
+WL_DEVICE void axpby(T* out, double alpha, const T* x, double beta, const T* y, wl_u64 n) {
+    WL_GRID_STRIDE(i, n) { wl_st(out, i, (float)(alpha * (double)wl_ld(x, i) + beta * (double)wl_ld(y, i))); }
+}
+
+WL_DEVICE float wl_gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+WL_DEVICE float wl_silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <typename T>
+WL_DEVICE void gelu_tanh(T* out, const T* x, wl_u64 n) { WL_GRID_STRIDE(i, n) { wl_st(out, i, wl_gelu_tanh(wl_ld(x, i))); } }
+template <typename T>
+WL_DEVICE void silu(T* out, const T* x, wl_u64 n) { WL_GRID_STRIDE(i, n) { wl_st(out, i, wl_silu(wl_ld(x, i))); } }
+
+#define WL_T(T, tn)                                                                                 \
+    WL_KERNEL void axpby_##tn(T* out, double alpha, const T* x, double beta, const T* y, wl_u64 n) { \
+        axpby(out, alpha, x, beta, y, n);                                                           \
+    }                                                                                               \
+    WL_KERNEL void gelu_tanh_##tn(T* out, const T* x, wl_u64 n) { gelu_tanh(out, x, n); }           \
+    WL_KERNEL void silu_##tn(T* out, const T* x, wl_u64 n) { silu(out, x, n); }
+
+WL_T(float, f32)
+WL_T(wl_bf16, bf16)
+
+WL_KERNEL void cast_f32_bf16(wl_bf16* out, const float* x, wl_u64 n) { WL_GRID_STRIDE(i, n) { out[i] = wl_to_bf16(x[i]); } }
+WL_KERNEL void cast_bf16_f32(float* out, const wl_bf16* x, wl_u64 n) { WL_GRID_STRIDE(i, n) { out[i] = wl_ld(x, i); } }

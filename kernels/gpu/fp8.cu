@@ -1,0 +1,67 @@
+// fp8 e4m3fn quantization with scale = max(amax / 448, 1e-12), rowwise (one block per row) or
+// tensorwise (partial amax per block, one finishing block, then the encode: no host round trip).
+
+WL_DEVICE float wl_e4m3_value(unsigned char code) {
+    const float sign = (code & 0x80) ? -1.0f : 1.0f;
+    const int e = (code >> 3) & 15, m = code & 7;
+    if (e == 15 && m == 7) return __uint_as_float(0x7fc00000u);
+    const float mag = e == 0 ? (float)m * 0.001953125f : (1.0f + (float)m * 0.125f) * __uint_as_float((unsigned int)(e - 7 + 127) << 23);
+    return sign * mag;
+}
+
+template <typename T>
+WL_DEVICE void quant_rows(unsigned char* codes, float* scales, const T* x, wl_u64 cols) {
+    __shared__ float scratch[32];
+    const wl_u64 row = blockIdx.x;
+    const T* xr = x + row * cols;
+    float a = 0.0f;
+    for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) a = fmaxf(a, fabsf(wl_ld(xr, c)));
+    const float scale = fmaxf(wl_block_max(a, scratch) / 448.0f, 1e-12f);
+    const float inv = 1.0f / scale;
+    for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) codes[row * cols + c] = wl_to_e4m3(wl_ld(xr, c) * inv);
+    if (threadIdx.x == 0) scales[row] = scale;
+}
+
+template <typename T>
+WL_DEVICE void amax_partial(float* partial, const T* x, wl_u64 n) {
+    __shared__ float scratch[32];
+    float a = 0.0f;
+    WL_GRID_STRIDE(i, n) { a = fmaxf(a, fabsf(wl_ld(x, i))); }
+    a = wl_block_max(a, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = a;
+}
+
+template <typename T>
+WL_DEVICE void quant_tensor(unsigned char* codes, const float* scale, const T* x, wl_u64 n) {
+    const float inv = 1.0f / scale[0];
+    WL_GRID_STRIDE(i, n) { codes[i] = wl_to_e4m3(wl_ld(x, i) * inv); }
+}
+
+template <typename T>
+WL_DEVICE void dequant(T* out, const unsigned char* codes, const float* scales, wl_u64 n, wl_u64 cols, int rowwise) {
+    WL_GRID_STRIDE(i, n) { wl_st(out, i, wl_e4m3_value(codes[i]) * scales[rowwise ? i / cols : 0]); }
+}
+
+WL_KERNEL void amax_finish(float* scale, const float* partial, int parts) {
+    __shared__ float scratch[32];
+    float a = 0.0f;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) a = fmaxf(a, partial[i]);
+    a = wl_block_max(a, scratch);
+    if (threadIdx.x == 0) scale[0] = fmaxf(a / 448.0f, 1e-12f);
+}
+
+#define WL_FP8(T, tn)                                                                                     \
+    WL_KERNEL void quant_rows_##tn(unsigned char* codes, float* scales, const T* x, wl_u64 cols) {       \
+        quant_rows(codes, scales, x, cols);                                                              \
+    }                                                                                                    \
+    WL_KERNEL void amax_partial_##tn(float* partial, const T* x, wl_u64 n) { amax_partial(partial, x, n); } \
+    WL_KERNEL void quant_tensor_##tn(unsigned char* codes, const float* scale, const T* x, wl_u64 n) {   \
+        quant_tensor(codes, scale, x, n);                                                                \
+    }                                                                                                    \
+    WL_KERNEL void dequant_##tn(T* out, const unsigned char* codes, const float* scales, wl_u64 n, wl_u64 cols, \
+                                int rowwise) {                                                           \
+        dequant(out, codes, scales, n, cols, rowwise);                                                   \
+    }
+
+WL_FP8(float, f32)
+WL_FP8(wl_bf16, bf16)

@@ -1,0 +1,34 @@
+// Data movement by element width: 2-D strided copies (narrow, cat, cache rows) and permutes.
+
+template <typename E>
+WL_DEVICE void copy2d(E* dst, wl_u64 dst_pitch, const E* src, wl_u64 src_pitch, wl_u64 rows, wl_u64 cols) {
+    WL_GRID_STRIDE(i, rows * cols) {
+        const wl_u64 r = i / cols, c = i % cols;
+        dst[r * dst_pitch + c] = src[r * src_pitch + c];
+    }
+}
+
+// `dims` are the output's sizes; `strides` the input strides of those output dims.
+template <typename E>
+WL_DEVICE void permute(E* dst, const E* src, wl_u64 n, int rank, const wl_u64* dims, const wl_u64* strides) {
+    WL_GRID_STRIDE(i, n) {
+        wl_u64 rest = i, off = 0;
+        for (int d = rank - 1; d >= 0; --d) {
+            off += (rest % dims[d]) * strides[d];
+            rest /= dims[d];
+        }
+        dst[i] = src[off];
+    }
+}
+
+#define WL_LAYOUT(E, bits)                                                                                      \
+    WL_KERNEL void copy2d_b##bits(E* dst, wl_u64 dst_pitch, const E* src, wl_u64 src_pitch, wl_u64 rows, wl_u64 cols) { \
+        copy2d(dst, dst_pitch, src, src_pitch, rows, cols);                                                     \
+    }                                                                                                           \
+    WL_KERNEL void permute_b##bits(E* dst, const E* src, wl_u64 n, int rank, const wl_u64* dims, const wl_u64* strides) { \
+        permute(dst, src, n, rank, dims, strides);                                                              \
+    }
+
+WL_LAYOUT(unsigned char, 8)
+WL_LAYOUT(unsigned short, 16)
+WL_LAYOUT(unsigned int, 32)

@@ -1,0 +1,306 @@
+//! Every op on each GPU backend against the CPU reference, on fresh random inputs, with device
+//! outputs poisoned (NaN) before each kernel writes them. Skipped, with the reason printed, where
+//! the backend has no device. Tolerances (relative L2) follow the device notes: f32 math 1e-5,
+//! TF32 GEMMs 3e-4 (cuBLASLt's f32 path), bf16 operands 1e-2.
+
+mod common;
+
+use common::{rel_l2, widen, Rng};
+use kernels::{ops, AttnMask, DType, Device, KvCache, Result, RopeTable, ScaleKind, Tensor};
+
+/// The GPU devices this machine has.
+fn gpus() -> Vec<Device> {
+    // Set here rather than in the environment so every run of this file poisons.
+    std::env::set_var("WORLDLINE_POISON", "1");
+    let mut out = Vec::new();
+    for dev in [Device::Cuda(0), Device::Rocm(0)] {
+        match dev.ensure_available() {
+            Ok(()) => out.push(dev),
+            Err(e) => eprintln!("skipping {dev}: {e}"),
+        }
+    }
+    out
+}
+
+fn rand(rng: &mut Rng, shape: &[usize], dtype: DType) -> Tensor {
+    let n = shape.iter().product();
+    let t = Tensor::from_vec(rng.normals(n, 1.0), shape).expect("tensor");
+    t.to_dtype(dtype).expect("dtype")
+}
+
+#[track_caller]
+fn close(what: &str, gpu: &Tensor, cpu: &Tensor, tol: f64) {
+    assert_eq!(gpu.shape(), cpu.shape(), "{what}: shape");
+    assert_eq!(gpu.dtype(), cpu.dtype(), "{what}: dtype");
+    let e = rel_l2(&gpu.to_vec_f32(), &widen(&cpu.to_vec_f32()));
+    println!("{what}: rel L2 {e:.2e}");
+    assert!(e < tol, "{what}: rel L2 {e:.3e} ≥ {tol:e}");
+}
+
+/// Runs `f` on the CPU and on `dev` with the same inputs and compares.
+fn check(
+    what: &str,
+    dev: Device,
+    tol: f64,
+    inputs: &[&Tensor],
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) {
+    let cpu: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
+    let gpu: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.to_device(dev).expect("upload"))
+        .collect();
+    let want = f(&cpu).expect("cpu");
+    let got = f(&gpu).expect("gpu");
+    assert_eq!(got.device(), dev, "{what}: result on {dev}");
+    close(
+        &format!("{what} on {dev}"),
+        &got.to_device(Device::Cpu).expect("download"),
+        &want,
+        tol,
+    );
+}
+
+fn tol(dtype: DType) -> f64 {
+    if dtype == DType::BF16 {
+        1e-2
+    } else {
+        1e-5
+    }
+}
+
+#[test]
+fn elementwise_and_norms_match_the_cpu() {
+    for dev in gpus() {
+        let mut rng = Rng::new(1);
+        for dt in [DType::F32, DType::BF16] {
+            let x = rand(&mut rng, &[37, 96], dt);
+            let y = rand(&mut rng, &[37, 96], dt);
+            let row = rand(&mut rng, &[96], DType::F32);
+            let row2 = rand(&mut rng, &[96], DType::F32);
+            let per = rand(&mut rng, &[37, 96], dt);
+            let per2 = rand(&mut rng, &[37, 96], dt);
+            let t = tol(dt);
+            check(
+                &format!("modulate {dt:?} row"),
+                dev,
+                t,
+                &[&x, &row, &row2],
+                |v| ops::modulate(&v[0], &v[1], &v[2]),
+            );
+            check(
+                &format!("modulate {dt:?} per-token"),
+                dev,
+                t,
+                &[&x, &per, &per2],
+                |v| ops::modulate(&v[0], &v[1], &v[2]),
+            );
+            check(
+                &format!("gated_residual {dt:?}"),
+                dev,
+                t,
+                &[&x, &y, &row],
+                |v| ops::gated_residual(&v[0], &v[1], &v[2]),
+            );
+            check(&format!("add {dt:?}"), dev, t, &[&x, &y], |v| {
+                ops::add(&v[0], &v[1])
+            });
+            check(&format!("add row {dt:?}"), dev, t, &[&x, &row], |v| {
+                ops::add(&v[0], &v[1])
+            });
+            check(&format!("axpby {dt:?}"), dev, t, &[&x, &y], |v| {
+                ops::axpby(0.7, &v[0], -1.3, &v[1])
+            });
+            check(&format!("gelu {dt:?}"), dev, t, &[&x], |v| {
+                ops::gelu_tanh(&v[0])
+            });
+            check(&format!("silu {dt:?}"), dev, t, &[&x], |v| ops::silu(&v[0]));
+            check(&format!("layer_norm {dt:?}"), dev, t, &[&x], |v| {
+                ops::layer_norm(&v[0], None, None, 1e-6)
+            });
+            check(
+                &format!("layer_norm affine {dt:?}"),
+                dev,
+                t,
+                &[&x, &row, &row2],
+                |v| ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-6),
+            );
+            check(&format!("rms_norm {dt:?}"), dev, t, &[&x, &row], |v| {
+                ops::rms_norm(&v[0], &v[1], 1e-6)
+            });
+            check(&format!("cast {dt:?}"), dev, 1e-7, &[&x], |v| {
+                v[0].to_dtype(DType::F32)
+            });
+        }
+    }
+}
+
+#[test]
+fn linear_matches_the_cpu() {
+    for dev in gpus() {
+        let mut rng = Rng::new(2);
+        for (m, k, n) in [(1, 64, 48), (77, 128, 200), (300, 96, 64)] {
+            let x = rand(&mut rng, &[m, k], DType::F32);
+            let w = rand(&mut rng, &[n, k], DType::F32);
+            let b = rand(&mut rng, &[n], DType::F32);
+            // cuBLASLt's f32 GEMM runs in TF32.
+            check(
+                &format!("linear f32 {m}×{k}×{n}"),
+                dev,
+                3e-4,
+                &[&x, &w, &b],
+                |v| ops::linear(&v[0], &v[1], Some(&v[2])),
+            );
+            let wb = w.to_dtype(DType::BF16).expect("bf16");
+            let xb = x.to_dtype(DType::BF16).expect("bf16");
+            check(
+                &format!("linear bf16 {m}×{k}×{n}"),
+                dev,
+                1e-2,
+                &[&xb, &wb, &b],
+                |v| ops::linear(&v[0], &v[1], Some(&v[2])),
+            );
+            check(
+                &format!("linear f32·bf16 {m}×{k}×{n}"),
+                dev,
+                1e-2,
+                &[&x, &wb],
+                |v| ops::linear(&v[0], &v[1], None),
+            );
+            for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+                let wq = ops::quantize_fp8(&w, kind).expect("fp8");
+                // Both sides dequantize the same codes, so only the GEMM's bf16 rounding differs.
+                check(
+                    &format!("linear fp8 {kind:?} weight"),
+                    dev,
+                    1e-2,
+                    &[&xb, &wq],
+                    |v| ops::linear(&v[0], &v[1], None),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_quantization_matches_the_cpu_code_for_code() {
+    for dev in gpus() {
+        let mut rng = Rng::new(3);
+        for dt in [DType::F32, DType::BF16] {
+            let x = rand(&mut rng, &[65, 300], dt);
+            for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+                let want = ops::quantize_fp8(&x, kind).expect("cpu");
+                let got = ops::quantize_fp8(&x.to_device(dev).expect("up"), kind).expect("gpu");
+                let got = got.to_device(Device::Cpu).expect("down");
+                let (kernels::Storage::Cpu(a), kernels::Storage::Cpu(b)) =
+                    (got.storage(), want.storage())
+                else {
+                    panic!("host storage expected")
+                };
+                let (
+                    kernels::CpuStorage::F8E4M3 {
+                        codes: ca,
+                        scale: sa,
+                    },
+                    kernels::CpuStorage::F8E4M3 {
+                        codes: cb,
+                        scale: sb,
+                    },
+                ) = (a, b)
+                else {
+                    panic!("fp8 storage expected")
+                };
+                assert_eq!(sa, sb, "{kind:?} {dt:?} scales on {dev}");
+                let diff = ca.iter().zip(cb).filter(|(p, q)| p != q).count();
+                assert_eq!(diff, 0, "{kind:?} {dt:?}: {diff} codes differ on {dev}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_attention_and_layout_match_the_cpu() {
+    for dev in gpus() {
+        let mut rng = Rng::new(4);
+        for (heads, d) in [(4, 32), (2, 128)] {
+            let table = RopeTable::new(d, 1024, 1e4).expect("table");
+            let grid = [3, 4, 5];
+            let l = 60;
+            for dt in [DType::F32, DType::BF16] {
+                let x = rand(&mut rng, &[l, heads, d], dt);
+                check(&format!("rope {dt:?} d{d}"), dev, tol(dt), &[&x], |v| {
+                    ops::rope_3d(&v[0], grid, 7, &table)
+                });
+                let q = rand(&mut rng, &[l, heads, d], dt);
+                let k = rand(&mut rng, &[l + 9, heads, d], dt);
+                let v = rand(&mut rng, &[l + 9, heads, d], dt);
+                check(
+                    &format!("attention {dt:?} d{d}"),
+                    dev,
+                    tol(dt),
+                    &[&q, &k, &v],
+                    |t| ops::attention(&t[0], &t[1], &t[2], l + 5, AttnMask::None),
+                );
+                check(
+                    &format!("attention block-causal {dt:?} d{d}"),
+                    dev,
+                    tol(dt),
+                    &[&q, &k, &v],
+                    |t| {
+                        ops::attention(
+                            &t[0],
+                            &t[1].narrow(0, 0, l)?,
+                            &t[2].narrow(0, 0, l)?,
+                            l,
+                            AttnMask::BlockCausal { block_tokens: 20 },
+                        )
+                    },
+                );
+                check(&format!("permute {dt:?}"), dev, 0.0 + 1e-12, &[&x], |v| {
+                    v[0].permute(&[2, 0, 1])
+                });
+                check(&format!("narrow {dt:?}"), dev, 1e-12, &[&x], |v| {
+                    v[0].narrow(1, 1, heads - 1)
+                });
+                check(&format!("cat {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
+                    Tensor::cat(&[&v[0], &v[1]], 1)
+                });
+            }
+        }
+        // A KV cache on the device evicts and rewrites exactly as on the CPU.
+        let (tpf, heads, d) = (6, 2, 32);
+        let mut caches = [
+            KvCache::new(5, 2, tpf, heads, d, DType::F32).expect("cache"),
+            KvCache::new(5, 2, tpf, heads, d, DType::F32)
+                .expect("cache")
+                .on_device(dev)
+                .expect("up"),
+        ];
+        for frame in 0..8u64 {
+            let k = rand(&mut rng, &[tpf, heads, d], DType::F32);
+            let v = rand(&mut rng, &[tpf, heads, d], DType::F32);
+            for (i, c) in caches.iter_mut().enumerate() {
+                let target = if i == 0 { Device::Cpu } else { dev };
+                c.write(
+                    frame,
+                    &k.to_device(target).expect("k"),
+                    &v.to_device(target).expect("v"),
+                )
+                .expect("write");
+            }
+            assert_eq!(caches[0].frames(), caches[1].frames());
+            let n = caches[0].len_tokens();
+            close(
+                &format!("cache keys after frame {frame} on {dev}"),
+                &caches[1]
+                    .keys()
+                    .to_device(Device::Cpu)
+                    .expect("down")
+                    .narrow(0, 0, n)
+                    .expect("n"),
+                &caches[0].keys().narrow(0, 0, n).expect("n"),
+                1e-12,
+            );
+        }
+    }
+}
