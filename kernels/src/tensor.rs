@@ -301,6 +301,9 @@ impl Tensor {
                 msg: "fp8 needs a scale: use ops::quantize_fp8",
             });
         }
+        if self.on_cuda() {
+            return crate::cuda::ops::cast(self, dtype);
+        }
         Tensor::from_f32(self.to_vec_f32(), &self.shape, dtype)
     }
 

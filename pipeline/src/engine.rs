@@ -238,10 +238,8 @@ impl Engine {
     /// contract: any backend or card count reproduces it.
     fn draw_noise(&mut self) -> Result<Tensor> {
         let shape = self.noise_shape();
-        Ok(Tensor::from_vec(
-            self.rng.normals(shape.iter().product()),
-            &shape,
-        )?)
+        let noise = Tensor::from_vec(self.rng.normals(shape.iter().product()), &shape)?;
+        Ok(noise.to_device(self.model.device())?)
     }
 
     /// First-frame conditioning of the chunk: 4 mask channels (1 on absolute latent frame 0) and
@@ -260,10 +258,8 @@ impl Engine {
                     .copy_from_slice(&lat[c * plane..][..plane]);
             }
         }
-        Ok(Tensor::from_vec(
-            y,
-            &[MASK_CHANNELS + LATENT_CHANNELS, f, h, w],
-        )?)
+        let y = Tensor::from_vec(y, &[MASK_CHANNELS + LATENT_CHANNELS, f, h, w])?;
+        Ok(y.to_device(self.model.device())?)
     }
 
     /// Generates the next chunk.

@@ -1,6 +1,7 @@
 //! `worker`: the Worldline streaming world-model worker.
 
 mod bench;
+mod bench_gpu;
 mod setup;
 
 use std::path::PathBuf;
@@ -44,6 +45,10 @@ enum Command {
         /// Repetitions of each measurement (the best is reported).
         #[arg(long, default_value_t = 3)]
         repeat: usize,
+        /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
+        /// on --device, at LingBot's shapes.
+        #[arg(default_value = "cpu")]
+        suite: String,
     },
 }
 
@@ -65,7 +70,15 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logging(&cli.log_format)?;
     match cli.command {
-        Some(Command::Bench { json, repeat }) => bench::run(json.as_deref(), repeat.max(1)),
+        Some(Command::Bench {
+            json,
+            repeat,
+            suite,
+        }) => match suite.as_str() {
+            "cpu" => bench::run(json.as_deref(), repeat.max(1)),
+            "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
+            other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
+        },
         None => generate(&cli.model, cli.chunks),
     }
 }

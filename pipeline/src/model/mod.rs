@@ -264,8 +264,9 @@ impl WanModel {
                 tr(name, t);
             }
         };
+        let x = x.to_device(self.device())?;
         let mut h = ops::patch_embed(
-            x,
+            &x,
             &self.patch_embedding_weight,
             Some(&self.patch_embedding_bias),
         )?;

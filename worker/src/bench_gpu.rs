@@ -1,0 +1,172 @@
+//! `worker bench kernels --device cuda`: GEMMs, attention and one DiT block on the GPU at
+//! LingBot's shapes (480×832, 3-latent chunks: 4680 tokens; an 18-frame window: 28080 keys).
+//! The PyTorch peer runs beside it in the same call (`worker/bench/peer.py`) so the ratio is
+//! measured on the same card in the same run.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use kernels::{ops, AttnMask, DType, Device, RopeTable, Tensor};
+use pipeline::model::{BlockInputs, KvMode, WanBlock, ROPE_POSITIONS};
+use pipeline::rng::NormalRng;
+use pipeline::{flops, ModelConfig, WeightStore};
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+struct Row {
+    what: String,
+    ms: f64,
+    tflops: f64,
+}
+
+fn sync(dev: Device) -> Result<()> {
+    if let Device::Cuda(i) = dev {
+        kernels::cuda::backend(i)?.synchronize()?;
+    }
+    Ok(())
+}
+
+/// Best time of `repeat` runs after one warm-up, each ended by a device synchronisation.
+fn time(dev: Device, repeat: usize, mut f: impl FnMut() -> Result<()>) -> Result<Duration> {
+    f()?;
+    sync(dev)?;
+    let mut best = Duration::MAX;
+    for _ in 0..repeat {
+        let t = Instant::now();
+        f()?;
+        sync(dev)?;
+        best = best.min(t.elapsed());
+    }
+    Ok(best)
+}
+
+fn rand(dev: Device, seed: u64, shape: &[usize], scale: f32, dtype: DType) -> Result<Tensor> {
+    let n = shape.iter().product();
+    let v = NormalRng::new(seed)
+        .normals(n)
+        .into_iter()
+        .map(|x| x * scale)
+        .collect();
+    Ok(Tensor::from_vec(v, shape)?
+        .to_dtype(dtype)?
+        .to_device(dev)?)
+}
+
+pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
+    let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !dev.is_cpu(),
+        "bench kernels needs a GPU: pass --device cuda"
+    );
+    dev.ensure_available()?;
+    let mut rows = Vec::new();
+    let mut push = |what: String, t: Duration, flop: f64| {
+        let ms = t.as_secs_f64() * 1e3;
+        println!(
+            "{what}: {ms:.3} ms, {:.1} TFLOP/s",
+            flop / t.as_secs_f64() / 1e12
+        );
+        rows.push(Row {
+            what,
+            ms,
+            tflops: flop / t.as_secs_f64() / 1e12,
+        });
+    };
+
+    for (m, k, n) in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)] {
+        let x = rand(dev, 1, &[m, k], 1.0, DType::BF16)?;
+        let w = rand(dev, 2, &[n, k], 0.02, DType::BF16)?;
+        let t = time(dev, repeat, || {
+            ops::linear(&x, &w, None)?;
+            Ok(())
+        })?;
+        push(format!("gemm bf16 {m}x{k}x{n}"), t, flops::linear(m, k, n));
+    }
+
+    for heads in [40, 12] {
+        let (lq, lk, d) = (4680, 28080, 128);
+        let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
+        let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
+        let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
+        let t = time(dev, repeat.min(2), || {
+            ops::attention(&q, &k, &v, lk, AttnMask::None)?;
+            Ok(())
+        })?;
+        push(
+            format!("attention bf16 {lq}q x {lk}k x {heads}h x {d}"),
+            t,
+            flops::attention(lq, lk, heads * d),
+        );
+    }
+
+    for cfg in [ModelConfig::lingbot_1_3b(), ModelConfig::lingbot_14b()] {
+        let grid = [3, 30, 52];
+        let tokens: usize = grid.iter().product();
+        let store = WeightStore::random(0, DType::BF16).on_device(dev);
+        let block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).context("block")?;
+        let x = rand(dev, 6, &[tokens, cfg.dim], 1.0, DType::F32)?;
+        let e0 = rand(dev, 7, &[6, cfg.dim], 0.1, DType::F32)?;
+        let text =
+            block
+                .cross_attn
+                .text_kv(&rand(dev, 8, &[cfg.text_len, cfg.dim], 1.0, DType::F32)?)?;
+        let cam = block.camera.as_ref().context("camera")?.scale_shift(&rand(
+            dev,
+            9,
+            &[tokens, cfg.dim],
+            1.0,
+            DType::F32,
+        )?)?;
+        let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4)?;
+        let frame_tokens = grid[1] * grid[2];
+        let mut cache = kernels::KvCache::new(
+            18,
+            6,
+            frame_tokens,
+            cfg.num_heads,
+            cfg.head_dim(),
+            DType::F32,
+        )?
+        .on_device(dev)?;
+        // Fill the window as a running session would have.
+        let filler = rand(
+            dev,
+            10,
+            &[15 * frame_tokens, cfg.num_heads, cfg.head_dim()],
+            1.0,
+            DType::F32,
+        )?;
+        cache.write(0, &filler, &filler)?;
+        let inp = BlockInputs {
+            e0: &e0,
+            grid,
+            t_offset: 15,
+            rope: &rope,
+        };
+        let t = time(dev, repeat.min(2), || {
+            block.forward(
+                &x,
+                &inp,
+                &text,
+                Some(&cam),
+                KvMode::Cache {
+                    cache: &mut cache,
+                    first_frame: 15,
+                },
+                false,
+            )?;
+            Ok(())
+        })?;
+        push(
+            format!("{} block, {tokens} tokens, 18-frame window", cfg.name),
+            t,
+            flops::block(&cfg, tokens, 18 * frame_tokens),
+        );
+    }
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
