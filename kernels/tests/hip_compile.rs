@@ -1,0 +1,232 @@
+//! Every GPU kernel module compiles as HIP to AMD CDNA3 (gfx942, MI300) ISA, with no GPU present:
+//! Debian's clang-19 plus the HIP 5.2 headers of `libamdhip64-dev`. CI sets
+//! `WORLDLINE_REQUIRE_HIPCC=1` and installs both, so a kernel that does not compile for HIP fails
+//! CI; elsewhere a missing toolchain skips with the reason.
+//!
+//! What this proves and what it does not: the unit is compiled device-only to assembly (`-S`), so
+//! every kernel is type-checked, optimised and lowered to gfx942 ISA, and its metadata says wave64.
+//! Nothing is linked: Debian's `rocm-device-libs` 5.2 has no gfx942 bitcode, so calls into the
+//! device libraries (`__ockl_get_local_id`, `__ocml_tanh_f32`, …) stay unresolved (`-nogpulib`).
+//! gfx950 (MI350) is not compiled: clang 19 does not know it (clang ≥ 20 does; set
+//! `WORLDLINE_HIP_CLANG` to one and it is compiled too).
+//!
+//! Environment: `WORLDLINE_HIP_CLANG` (default `clang++-19`), `WORLDLINE_ROCM_PATH` (default
+//! `/usr`: where `include/hip/hip_runtime.h` is), `WORLDLINE_REQUIRE_HIPCC=1` (fail, not skip).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kernels::gpu_source::{unit, Vendor, MODULES};
+
+struct Toolchain {
+    clang: String,
+    rocm: String,
+    major: u32,
+}
+
+/// The clang to use and its major version, or why there is none.
+fn toolchain() -> Result<Toolchain, String> {
+    let clang = std::env::var("WORLDLINE_HIP_CLANG").unwrap_or_else(|_| "clang++-19".into());
+    let rocm = std::env::var("WORLDLINE_ROCM_PATH").unwrap_or_else(|_| "/usr".into());
+    let out = Command::new(&clang)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("{clang} not runnable ({e})"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let major = text
+        .split_once("clang version ")
+        .and_then(|(_, v)| v.split('.').next())
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| format!("{clang} --version: no clang version in {text:?}"))?;
+    let header = Path::new(&rocm).join("include/hip/hip_runtime.h");
+    if !header.is_file() {
+        return Err(format!(
+            "{} missing (install libamdhip64-dev)",
+            header.display()
+        ));
+    }
+    Ok(Toolchain { clang, rocm, major })
+}
+
+/// The kernels a unit defines, from its preprocessed text: with `-nogpuinc` nothing defines
+/// `__global__`, so each kernel reads `extern "C" __global__ void name(`.
+fn kernel_names(tc: &Toolchain, src: &Path) -> Result<Vec<String>, String> {
+    let out = Command::new(&tc.clang)
+        .args([
+            "-x",
+            "hip",
+            "-E",
+            "-P",
+            "-nogpuinc",
+            "-nogpulib",
+            "--cuda-device-only",
+        ])
+        .arg("--offload-arch=gfx942")
+        .arg(src)
+        .output()
+        .map_err(|e| format!("{}: {e}", tc.clang))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut names = Vec::new();
+    for (_, rest) in text
+        .match_indices("__global__")
+        .map(|(i, _)| text.split_at(i + 10))
+    {
+        let mut rest = rest.trim_start();
+        rest = rest.strip_prefix("void").unwrap_or(rest).trim_start();
+        if let Some(after) = rest.strip_prefix("__launch_bounds__") {
+            // Skip the balanced `(…)` of the launch bounds.
+            let mut depth = 0;
+            let end = after
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += i32::from(c == '(') - i32::from(c == ')');
+                    c == ')' && depth == 0
+                })
+                .map_or(after.len(), |(i, _)| i + 1);
+            rest = after[end..].trim_start();
+        }
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// Compiles `src` for `arch` to assembly; the assembly, or clang's stderr.
+fn compile(tc: &Toolchain, src: &Path, arch: &str) -> Result<String, String> {
+    let asm = src.with_extension(format!("{arch}.s"));
+    let out = Command::new(&tc.clang)
+        .args(["-x", "hip", "-std=c++17"])
+        .arg(format!("--offload-arch={arch}"))
+        .arg(format!("--rocm-path={}", tc.rocm))
+        // hipRTC makes the HIP runtime API visible without an #include; so does this.
+        .args(["-include", "hip/hip_runtime.h"])
+        .args([
+            "-nogpulib",
+            "--cuda-device-only",
+            "-O3",
+            "-Wall",
+            "-Werror",
+            "-S",
+            "-o",
+        ])
+        .arg(&asm)
+        .arg(src)
+        .output()
+        .map_err(|e| format!("{}: {e}", tc.clang))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    std::fs::read_to_string(&asm).map_err(|e| format!("{}: {e}", asm.display()))
+}
+
+/// Checks the assembly of one module: right target, exactly the expected kernels, all wave64.
+fn check_asm(asm: &str, arch: &str, expected: &[String]) -> Result<(), String> {
+    let target = format!(".amdgcn_target \"amdgcn-amd-amdhsa--{arch}\"");
+    if !asm.contains(&target) {
+        return Err(format!("no {target} in the assembly"));
+    }
+    let found: BTreeSet<&str> = asm
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(".amdhsa_kernel "))
+        .map(str::trim)
+        .collect();
+    let want: BTreeSet<&str> = expected.iter().map(String::as_str).collect();
+    if found != want {
+        return Err(format!(
+            "kernels in the source but not the ISA: {:?}; in the ISA but not the source: {:?}",
+            want.difference(&found).collect::<Vec<_>>(),
+            found.difference(&want).collect::<Vec<_>>()
+        ));
+    }
+    // Code object metadata: one `.wavefront_size:` per kernel. gfx9 is wave64 only, and the
+    // kernels' reductions are written for WL_WARP_SIZE = 64 on HIP, so 32 would be a bug.
+    let waves: Vec<&str> = asm
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(".wavefront_size:"))
+        .map(str::trim)
+        .collect();
+    if waves.len() != want.len() || waves.iter().any(|w| *w != "64") {
+        return Err(format!(
+            "wavefront sizes {waves:?} for {} kernels: expected 64 each",
+            want.len()
+        ));
+    }
+    if asm.contains(".amdhsa_wavefront_size32 1") {
+        return Err("a kernel compiled for wave32".into());
+    }
+    Ok(())
+}
+
+#[test]
+fn every_kernel_module_compiles_for_gfx942() {
+    let required = std::env::var("WORLDLINE_REQUIRE_HIPCC").is_ok_and(|v| v == "1");
+    let tc = match toolchain() {
+        Ok(tc) => tc,
+        Err(e) if !required => {
+            println!("skipped: {e} (set WORLDLINE_REQUIRE_HIPCC=1 to fail instead)");
+            return;
+        }
+        Err(e) => panic!("HIP toolchain required (WORLDLINE_REQUIRE_HIPCC=1): {e}"),
+    };
+    let mut archs = vec!["gfx942"];
+    if tc.major >= 20 {
+        archs.push("gfx950");
+    } else {
+        println!(
+            "gfx950 not compiled: {} is clang {}, which does not know gfx950 (clang >= 20 does)",
+            tc.clang, tc.major
+        );
+    }
+
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hip_compile");
+    std::fs::create_dir_all(&dir).expect("a folder for the HIP units");
+    let results: Vec<Result<String, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = MODULES
+            .iter()
+            .map(|(module, _)| {
+                let (tc, dir, archs) = (&tc, &dir, &archs);
+                s.spawn(move || -> Result<String, String> {
+                    let fail = |e: String| format!("{module}: {e}");
+                    let text = unit(Vendor::Hip, module).ok_or_else(|| fail("no unit".into()))?;
+                    let src = dir.join(format!("{module}.hip"));
+                    std::fs::write(&src, text).map_err(|e| fail(e.to_string()))?;
+                    let names = kernel_names(tc, &src).map_err(fail)?;
+                    if names.is_empty() {
+                        return Err(fail("no kernels found in the source".into()));
+                    }
+                    for arch in archs {
+                        let asm = compile(tc, &src, arch)
+                            .map_err(|e| fail(format!("clang failed for {arch}:\n{e}")))?;
+                        check_asm(&asm, arch, &names).map_err(|e| fail(format!("{arch}: {e}")))?;
+                    }
+                    Ok(format!(
+                        "{module}: {} kernels compiled for {}, wave64",
+                        names.len(),
+                        archs.join(", ")
+                    ))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a compile thread"))
+            .collect()
+    });
+    let mut failures = Vec::new();
+    for r in results {
+        match r {
+            Ok(line) => println!("{line}"),
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
