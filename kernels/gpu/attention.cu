@@ -69,3 +69,147 @@ WL_DEVICE void attention(T* out, const T* q, const T* k, const T* v, int lq, int
 
 WL_ATT(float, f32)
 WL_ATT(wl_bf16, bf16)
+
+#if defined(WL_HAS_MMA_BF16)
+// Flash attention forward on tensor cores: bf16 q/k/v [L, heads, 128], f32 accumulation and
+// online softmax, bf16 out. A block of 4 warps takes 64 queries of one head; each warp owns 16 of
+// them and walks the keys in tiles of 64 staged through shared memory (K as rows, V transposed so
+// both feed the B operand with 32-bit loads). Keys past `kv_len`, or past a query's chunk when
+// `block_tokens > 0`, are masked.
+#define FA_D 128
+#define FA_BR 64
+#define FA_BC 64
+#define FA_KPAD (FA_D + 8)
+#define FA_VPAD (FA_BC + 8)
+
+WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq,
+                                         int kv_len, int heads, int block_tokens, float scale) {
+    __shared__ wl_bf16 ks[FA_BC * FA_KPAD];
+    __shared__ wl_bf16 vts[FA_D * FA_VPAD];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int h = blockIdx.y;
+    const int q0 = blockIdx.x * FA_BR + warp * 16;
+    const wl_u64 row = (wl_u64)heads * FA_D;
+    const int r0 = q0 + lane / 4, r1 = r0 + 8;  // this thread's two query rows
+    const int cq = (lane % 4) * 2;
+
+    // Q fragments for the 8 k-steps of 16 dims, straight from global memory (read once).
+    unsigned int qa[8][4];
+    for (int kk = 0; kk < 8; ++kk) {
+        const int c = kk * 16 + cq;
+        const unsigned int* p0 = (const unsigned int*)(q + (wl_u64)min(r0, lq - 1) * row + (wl_u64)h * FA_D);
+        const unsigned int* p1 = (const unsigned int*)(q + (wl_u64)min(r1, lq - 1) * row + (wl_u64)h * FA_D);
+        qa[kk][0] = p0[c / 2];
+        qa[kk][1] = p1[c / 2];
+        qa[kk][2] = p0[(c + 8) / 2];
+        qa[kk][3] = p1[(c + 8) / 2];
+    }
+    int lim0 = kv_len, lim1 = kv_len;
+    int block_end = kv_len;  // keys any query of this block may see
+    if (block_tokens > 0) {
+        lim0 = min(kv_len, (r0 / block_tokens + 1) * block_tokens);
+        lim1 = min(kv_len, (r1 / block_tokens + 1) * block_tokens);
+        const int last_q = min(lq - 1, (int)blockIdx.x * FA_BR + FA_BR - 1);
+        block_end = min(kv_len, (last_q / block_tokens + 1) * block_tokens);
+    }
+
+    float o[16][4];
+    for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m0 = -WL_INF, m1 = -WL_INF, l0 = 0.0f, l1 = 0.0f;
+
+    for (int kb = 0; kb < block_end; kb += FA_BC) {
+        __syncthreads();
+        // Stage K rows and V transposed: 64 keys × 128 dims, 8 bf16 (16 bytes) per load.
+        for (int i = threadIdx.x; i < FA_BC * FA_D / 8; i += blockDim.x) {
+            const int key = i / (FA_D / 8), c8 = (i % (FA_D / 8)) * 8;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (kb + key < kv_len) {
+                const wl_u64 at = (wl_u64)(kb + key) * row + (wl_u64)h * FA_D + c8;
+                kv4 = *(const uint4*)(k + at);
+                vv4 = *(const uint4*)(v + at);
+            }
+            *(uint4*)(ks + key * FA_KPAD + c8) = kv4;
+            const wl_bf16* ve = (const wl_bf16*)&vv4;
+            for (int e = 0; e < 8; ++e) vts[(c8 + e) * FA_VPAD + key] = ve[e];
+        }
+        __syncthreads();
+
+        // S = Q Kᵀ for this warp's 16 rows × 64 keys.
+        float s[8][4];
+        for (int j = 0; j < 8; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            const wl_bf16* kr = ks + (j * 8 + lane / 4) * FA_KPAD + cq;
+            for (int kk = 0; kk < 8; ++kk) {
+                unsigned int b[2];
+                b[0] = *(const unsigned int*)(kr + kk * 16);
+                b[1] = *(const unsigned int*)(kr + kk * 16 + 8);
+                wl_mma_16816(s[j], qa[kk], b);
+            }
+        }
+        // Mask, then the online softmax update of both rows.
+        float mx0 = -WL_INF, mx1 = -WL_INF;
+        for (int j = 0; j < 8; ++j) {
+            const int key = kb + j * 8 + cq;
+            s[j][0] = key < lim0 ? s[j][0] * scale : -WL_INF;
+            s[j][1] = key + 1 < lim0 ? s[j][1] * scale : -WL_INF;
+            s[j][2] = key < lim1 ? s[j][2] * scale : -WL_INF;
+            s[j][3] = key + 1 < lim1 ? s[j][3] * scale : -WL_INF;
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            mx0 = fmaxf(mx0, wl_shfl_xor(mx0, o2));
+            mx1 = fmaxf(mx1, wl_shfl_xor(mx1, o2));
+        }
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not be NaN.
+        const float b0 = n0 == -WL_INF ? 0.0f : n0, b1 = n1 == -WL_INF ? 0.0f : n1;
+        const float c0 = expf(m0 - b0), c1 = expf(m1 - b1);
+        float sum0 = 0.0f, sum1 = 0.0f;
+        for (int j = 0; j < 8; ++j) {
+            s[j][0] = expf(s[j][0] - b0);
+            s[j][1] = expf(s[j][1] - b0);
+            s[j][2] = expf(s[j][2] - b1);
+            s[j][3] = expf(s[j][3] - b1);
+            sum0 += s[j][0] + s[j][1];
+            sum1 += s[j][2] + s[j][3];
+        }
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            sum0 += wl_shfl_xor(sum0, o2);
+            sum1 += wl_shfl_xor(sum1, o2);
+        }
+        l0 = l0 * c0 + sum0;
+        l1 = l1 * c1 + sum1;
+        m0 = n0;
+        m1 = n1;
+        for (int j = 0; j < 16; ++j) {
+            o[j][0] *= c0;
+            o[j][1] *= c0;
+            o[j][2] *= c1;
+            o[j][3] *= c1;
+        }
+        // O += P V: the S accumulators of two adjacent key groups are the A fragment of one
+        // 16-key step.
+        for (int kk = 0; kk < 4; ++kk) {
+            unsigned int pa[4];
+            pa[0] = wl_pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = wl_pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = wl_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = wl_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            for (int j = 0; j < 16; ++j) {
+                const wl_bf16* vr = vts + (j * 8 + lane / 4) * FA_VPAD + kk * 16 + cq;
+                unsigned int b[2];
+                b[0] = *(const unsigned int*)vr;
+                b[1] = *(const unsigned int*)(vr + 8);
+                wl_mma_16816(o[j], pa, b);
+            }
+        }
+    }
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+    for (int j = 0; j < 16; ++j) {
+        const int c = j * 8 + cq;
+        if (r0 < lq) *(unsigned int*)(out + (wl_u64)r0 * row + (wl_u64)h * FA_D + c) = wl_pack_bf16(o[j][0] * i0, o[j][1] * i0);
+        if (r1 < lq) *(unsigned int*)(out + (wl_u64)r1 * row + (wl_u64)h * FA_D + c) = wl_pack_bf16(o[j][2] * i1, o[j][3] * i1);
+    }
+}
+#endif

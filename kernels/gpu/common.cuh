@@ -75,3 +75,7 @@ WL_DEVICE float wl_block_max(float v, float* scratch) {
 
 #define WL_GRID_STRIDE(i, n) \
     for (wl_u64 i = (wl_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (wl_u64)gridDim.x * blockDim.x)
+
+WL_DEVICE unsigned int wl_pack_bf16(float lo, float hi) {
+    return (unsigned int)wl_to_bf16(lo) | ((unsigned int)wl_to_bf16(hi) << 16);
+}

@@ -144,6 +144,12 @@ impl Engine {
         let steps = schedule.steps(&cfg.step_indices)?;
         let (h, w) = cfg.latent_hw();
         let tokens_per_frame = (h / mc.patch[1]) * (w / mc.patch[2]);
+        // GPUs attend in bf16 (the tensor-core kernel); the CPU reference keeps f32.
+        let cache_dtype = if model.device().is_cpu() {
+            DType::F32
+        } else {
+            DType::BF16
+        };
         let caches = (0..mc.num_layers)
             .map(|_| {
                 KvCache::new(
@@ -152,7 +158,7 @@ impl Engine {
                     tokens_per_frame,
                     mc.num_heads,
                     mc.head_dim(),
-                    DType::F32,
+                    cache_dtype,
                 )
             })
             .map(|c| c.and_then(|c| c.on_device(model.device())))

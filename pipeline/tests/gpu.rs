@@ -121,7 +121,8 @@ fn lingbot_1_3b_block_matches_the_cpu() {
             rnd(3, &[cfg.text_len, cfg.dim], 1.0),
             rnd(4, &[tokens, cfg.dim], 1.0),
         );
-        for (dtype, tol) in [(DType::F32, 1e-3), (DType::BF16, 2e-2)] {
+        // Attention at head_dim 128 runs in bf16 on the GPU, so even the f32 run has bf16 operands.
+        for (dtype, tol) in [(DType::F32, 1e-2), (DType::BF16, 2e-2)] {
             let out = |d: Device| {
                 let store = WeightStore::random(0, dtype).on_device(d);
                 let block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).expect("block");

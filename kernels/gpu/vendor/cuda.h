@@ -11,3 +11,15 @@ WL_DEVICE double wl_shfl_xor(double v, int lane_mask) { return __shfl_xor_sync(0
 
 typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
+
+// ---- tile level (tensor cores): the only place vendor matrix instructions appear.
+#define WL_HAS_MMA_BF16 1
+// D[16×8] += A[16×16] · B[16×8], bf16 operands, f32 accumulators (mma.sync.m16n8k16, sm_80+).
+// Fragment layouts are PTX's: a0..a3 / b0..b1 hold two bf16 each; c0..c3 are rows lane/4 and
+// lane/4 + 8, columns 2·(lane%4) + {0, 1}.
+WL_DEVICE void wl_mma_16816(float* c, const unsigned int* a, const unsigned int* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}

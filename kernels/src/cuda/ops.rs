@@ -418,6 +418,9 @@ pub fn attention(
 ) -> Result<Tensor> {
     let s = storage(q)?;
     let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
+    if d == FLASH_HEAD_DIM {
+        return flash_attention(q, k, v, kv_len, block_tokens);
+    }
     if d > MAX_HEAD_DIM {
         return Err(s
             .dev
@@ -459,6 +462,43 @@ pub fn attention(
         }
     );
     Ok(wrap(out, q.shape()))
+}
+
+/// Head dim of the tensor-core kernel (Wan's).
+pub const FLASH_HEAD_DIM: usize = 128;
+
+/// The tensor-core path: bf16 operands (cast if needed), f32 accumulation, output in `q`'s dtype.
+fn flash_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    block_tokens: usize,
+) -> Result<Tensor> {
+    let s = storage(q)?;
+    let (lq, heads) = (q.dim(0), q.dim(1));
+    let (qb, kb, vb) = (
+        cast(q, DType::BF16)?,
+        cast(k, DType::BF16)?,
+        cast(v, DType::BF16)?,
+    );
+    let mut out = CudaStorage::alloc(&s.dev, DType::BF16, q.elem_count())?;
+    let cfg = LaunchConfig {
+        grid_dim: (lq.div_ceil(64) as u32, heads as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (lq32, kv32, h32, bt) = (lq as i32, kv_len as i32, heads as i32, block_tokens as i32);
+    let scale = 1.0f32 / (FLASH_HEAD_DIM as f32).sqrt();
+    let (qs, ks, vs) = (storage(&qb)?, storage(&kb)?, storage(&vb)?);
+    launch!(&s.dev, "attention", "flash_attention_bf16_d128", cfg, |b| {
+        push_mut(b, &mut out.data);
+        push(b, &qs.data);
+        push(b, &ks.data);
+        push(b, &vs.data);
+        b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
+    });
+    cast(&wrap(out, q.shape()), q.dtype())
 }
 
 pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {

@@ -84,7 +84,9 @@ impl SelfAttention {
                 (k, v, l, AttnMask::BlockCausal { block_tokens })
             }
             KvMode::Cache { cache, first_frame } => {
-                cache.write(first_frame, &k, &v)?;
+                // The cache keeps its own dtype (bf16 on GPUs, f32 on the CPU reference).
+                let dtype = cache.keys().dtype();
+                cache.write(first_frame, &k.to_dtype(dtype)?, &v.to_dtype(dtype)?)?;
                 if kv_only {
                     return Ok(None);
                 }
