@@ -34,6 +34,54 @@ for heads in [40, 12]:
     kv = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
     ms = bench(lambda: F.scaled_dot_product_attention(q, kv, kv))
     rows.append((f"torch sdpa bf16 4680q x 28080k x {heads}h x 128", ms, 4 * 4680 * 28080 * heads * 128 / ms / 1e9))
+
+
+class Block(torch.nn.Module):
+    """An eager LingBot block as the reference implementations run it: bf16 linears, f32
+    modulation, SDPA over the cached window (K/V of earlier frames given), text cross-attention
+    (text K/V cached), camera scale/shift (cached per chunk, as ours), GELU FFN."""
+
+    def __init__(self, dim, ffn, heads):
+        super().__init__()
+        L = lambda i, o: torch.nn.Linear(i, o, dtype=torch.bfloat16, device=dev)
+        self.heads = heads
+        self.q, self.k, self.v, self.o = L(dim, dim), L(dim, dim), L(dim, dim), L(dim, dim)
+        self.cq, self.co = L(dim, dim), L(dim, dim)
+        self.f0, self.f2 = L(dim, ffn), L(ffn, dim)
+        self.nq = torch.nn.RMSNorm(dim, eps=1e-6, dtype=torch.bfloat16, device=dev)
+        self.nk = torch.nn.RMSNorm(dim, eps=1e-6, dtype=torch.bfloat16, device=dev)
+        self.n3 = torch.nn.LayerNorm(dim, eps=1e-6, dtype=torch.bfloat16, device=dev)
+
+    def forward(self, x, e, kc, vc, tk, tv, cam_scale, cam_shift):
+        n, d = x.shape
+        h = self.heads
+        y = (F.layer_norm(x.float(), (d,)) * (1 + e[1]) + e[0]).bfloat16()
+        q = self.nq(self.q(y)).view(1, n, h, -1).transpose(1, 2)
+        k = self.nk(self.k(y)).view(1, n, h, -1).transpose(1, 2)
+        v = self.v(y).view(1, n, h, -1).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2))
+        x = x + self.o(a.transpose(1, 2).reshape(n, d)).float() * e[2]
+        x = (1 + cam_scale) * x + cam_shift
+        cq = self.cq(self.n3(x.bfloat16())).view(1, n, h, -1).transpose(1, 2)
+        a = F.scaled_dot_product_attention(cq, tk, tv)
+        x = x + self.co(a.transpose(1, 2).reshape(n, d)).float()
+        y = (F.layer_norm(x.float(), (d,)) * (1 + e[4]) + e[3]).bfloat16()
+        return x + self.f2(F.gelu(self.f0(y), approximate="tanh")).float() * e[5]
+
+
+with torch.no_grad():
+    for name, dim, ffn, heads in [("lingbot-1.3b", 1536, 8960, 12), ("lingbot-14b", 5120, 13824, 40)]:
+        blk = Block(dim, ffn, heads)
+        n, hd = 4680, 128
+        x = torch.randn(n, dim, device=dev)
+        e = torch.randn(6, dim, device=dev) * 0.1
+        kc = torch.randn(1, heads, 28080 - n, hd, device=dev, dtype=torch.bfloat16)
+        tk = torch.randn(1, heads, 512, hd, device=dev, dtype=torch.bfloat16)
+        cs = torch.randn(n, dim, device=dev) * 0.1
+        ms = bench(lambda: blk(x, e, kc, kc, tk, tk, cs, cs))
+        fl = 2 * n * dim * dim * 6 + 4 * n * dim * ffn + 4 * n * 28080 * dim + 4 * n * 512 * dim
+        rows.append((f"torch eager {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+
 for what, ms, tf in rows:
     print(f"{what}: {ms:.3f} ms, {tf:.1f} TFLOP/s")
 if len(sys.argv) > 1:

@@ -23,3 +23,12 @@ WL_DEVICE void wl_mma_16816(float* c, const unsigned int* a, const unsigned int*
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// Loads the B fragment of one m16n8k16 step from a row-major [k][n] tile in shared memory:
+// lanes 0-15 give the addresses of rows 0-15 (8 contiguous b16 each); .trans hands each thread
+// the column pairs the B operand wants.
+WL_DEVICE void wl_ldmatrix_x2_trans(unsigned int* r, const void* row) {
+    unsigned int addr;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\n" : "=r"(addr) : "l"(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
