@@ -72,39 +72,45 @@ WL_ATT(wl_bf16, bf16)
 
 #if defined(WL_HAS_MMA_BF16)
 // Flash attention forward on tensor cores: bf16 q/k/v [L, heads, 128], f32 accumulation and
-// online softmax (base 2), bf16 out. A block of 4 warps takes 64 queries of one head; each warp
-// owns 16 of them and walks the keys in tiles of 64 staged through shared memory as rows: K feeds
-// the B operand with 32-bit loads, V through ldmatrix.trans. Keys past `kv_len`, or past a
-// query's chunk when `block_tokens > 0`, are masked.
+// online softmax (base 2), bf16 out. A block of 8 warps takes 128 queries of one head; each warp
+// owns 16 of them. Keys go by in tiles of 64, double-buffered in shared memory with cp.async so
+// the next tile loads while this one is multiplied: K feeds the B operand with 32-bit loads, V
+// through ldmatrix.trans. Keys past `kv_len`, or past a query's chunk when `block_tokens > 0`,
+// are masked.
 #define FA_D 128
-#define FA_BR 64
+#define FA_WARPS 8
+#define FA_BR (16 * FA_WARPS)
 #define FA_BC 64
 #define FA_KPAD (FA_D + 8)
+#define FA_TILE (FA_BC * FA_KPAD)
+// Dynamic shared memory: 2 stages × (K + V) tiles.
+#define FA_SMEM_BYTES (2 * 2 * FA_TILE * 2)
+
+WL_DEVICE void fa_load_tile(wl_bf16* ks, wl_bf16* vs, const wl_bf16* k, const wl_bf16* v, int kb, int kv_len,
+                            wl_u64 row, int h) {
+    for (int i = threadIdx.x; i < FA_BC * FA_D / 8; i += blockDim.x) {
+        const int key = i / (FA_D / 8), c8 = (i % (FA_D / 8)) * 8;
+        const bool valid = kb + key < kv_len;
+        const wl_u64 at = (wl_u64)(valid ? kb + key : 0) * row + (wl_u64)h * FA_D + c8;
+        wl_cp_async16(ks + key * FA_KPAD + c8, k + at, valid);
+        wl_cp_async16(vs + key * FA_KPAD + c8, v + at, valid);
+    }
+    wl_cp_async_commit();
+}
 
 WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq,
                                          int kv_len, int heads, int block_tokens, float scale) {
-    __shared__ wl_bf16 ks[FA_BC * FA_KPAD];
-    __shared__ wl_bf16 vs[FA_BC * FA_KPAD];
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    wl_bf16* tiles = (wl_bf16*)fa_smem;  // [stage][K|V][FA_TILE]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.y;
     const int q0 = blockIdx.x * FA_BR + warp * 16;
     const wl_u64 row = (wl_u64)heads * FA_D;
     const int r0 = q0 + lane / 4, r1 = r0 + 8;  // this thread's two query rows
     const int cq = (lane % 4) * 2;
-    // Scores in base 2: exp(x·scale) = exp2(x·scale·log2 e), one multiply fewer per element.
+    // Scores in base 2: exp(x·scale) = exp2(x·scale·log2 e).
     const float scale2 = scale * 1.4426950408889634f;
 
-    // Q fragments for the 8 k-steps of 16 dims, straight from global memory (read once).
-    unsigned int qa[8][4];
-    for (int kk = 0; kk < 8; ++kk) {
-        const int c = kk * 16 + cq;
-        const unsigned int* p0 = (const unsigned int*)(q + (wl_u64)min(r0, lq - 1) * row + (wl_u64)h * FA_D);
-        const unsigned int* p1 = (const unsigned int*)(q + (wl_u64)min(r1, lq - 1) * row + (wl_u64)h * FA_D);
-        qa[kk][0] = p0[c / 2];
-        qa[kk][1] = p1[c / 2];
-        qa[kk][2] = p0[(c + 8) / 2];
-        qa[kk][3] = p1[(c + 8) / 2];
-    }
     int lim0 = kv_len, lim1 = kv_len;
     int block_end = kv_len;  // keys any query of this block may see
     if (block_tokens > 0) {
@@ -113,26 +119,38 @@ WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const w
         const int last_q = min(lq - 1, (int)blockIdx.x * FA_BR + FA_BR - 1);
         block_end = min(kv_len, (last_q / block_tokens + 1) * block_tokens);
     }
+    fa_load_tile(tiles, tiles + FA_TILE, k, v, 0, kv_len, row, h);
+
+    // Q fragments for the 8 k-steps of 16 dims, straight from global memory (read once).
+    unsigned int qa[8][4];
+    {
+        const unsigned int* p0 = (const unsigned int*)(q + (wl_u64)min(r0, lq - 1) * row + (wl_u64)h * FA_D);
+        const unsigned int* p1 = (const unsigned int*)(q + (wl_u64)min(r1, lq - 1) * row + (wl_u64)h * FA_D);
+        for (int kk = 0; kk < 8; ++kk) {
+            const int c = kk * 16 + cq;
+            qa[kk][0] = p0[c / 2];
+            qa[kk][1] = p1[c / 2];
+            qa[kk][2] = p0[(c + 8) / 2];
+            qa[kk][3] = p1[(c + 8) / 2];
+        }
+    }
 
     float o[16][4];
     for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = -WL_INF, m1 = -WL_INF, l0 = 0.0f, l1 = 0.0f;
 
-    for (int kb = 0; kb < block_end; kb += FA_BC) {
-        __syncthreads();
-        // Stage K and V rows: 64 keys × 128 dims, 8 bf16 (16 bytes) per load.
-        for (int i = threadIdx.x; i < FA_BC * FA_D / 8; i += blockDim.x) {
-            const int key = i / (FA_D / 8), c8 = (i % (FA_D / 8)) * 8;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (kb + key < kv_len) {
-                const wl_u64 at = (wl_u64)(kb + key) * row + (wl_u64)h * FA_D + c8;
-                kv4 = *(const uint4*)(k + at);
-                vv4 = *(const uint4*)(v + at);
-            }
-            *(uint4*)(ks + key * FA_KPAD + c8) = kv4;
-            *(uint4*)(vs + key * FA_KPAD + c8) = vv4;
+    int stage = 0;
+    for (int kb = 0; kb < block_end; kb += FA_BC, stage ^= 1) {
+        if (kb + FA_BC < block_end) {
+            wl_bf16* next = tiles + (stage ^ 1) * 2 * FA_TILE;
+            fa_load_tile(next, next + FA_TILE, k, v, kb + FA_BC, kv_len, row, h);
+            wl_cp_async_wait_one();
+        } else {
+            wl_cp_async_wait_all();
         }
         __syncthreads();
+        const wl_bf16* ks = tiles + stage * 2 * FA_TILE;
+        const wl_bf16* vs = ks + FA_TILE;
 
         // S = Q Kᵀ for this warp's 16 rows × 64 keys.
         float s[8][4];
@@ -203,6 +221,8 @@ WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const w
                 wl_mma_16816(o[j], pa, b);
             }
         }
+        // The stage just read is refilled two tiles on: everyone must be done with it first.
+        __syncthreads();
     }
     const float i0 = 1.0f / l0, i1 = 1.0f / l1;
     for (int j = 0; j < 16; ++j) {

@@ -32,3 +32,18 @@ WL_DEVICE void wl_ldmatrix_x2_trans(unsigned int* r, const void* row) {
     asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\n" : "=r"(addr) : "l"(row));
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
+
+// Asynchronous 16-byte global → shared copy (sm_80+); `valid == false` writes zeros instead and
+// reads nothing, which masks the tail of a tile.
+WL_DEVICE unsigned int wl_smem_addr(const void* p) {
+    unsigned int addr;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\n" : "=r"(addr) : "l"(p));
+    return addr;
+}
+WL_DEVICE void wl_cp_async16(void* smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(wl_smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
+}
+WL_DEVICE void wl_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most one committed group is still in flight.
+WL_DEVICE void wl_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
+WL_DEVICE void wl_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }

@@ -467,6 +467,11 @@ pub fn attention(
 /// Head dim of the tensor-core kernel (Wan's).
 pub const FLASH_HEAD_DIM: usize = 128;
 
+/// Queries per block and dynamic shared memory of the tensor-core kernel (attention.cu's
+/// `FA_BR` and `FA_SMEM_BYTES`: two stages of 64-key K and V tiles, rows padded to 136).
+const FLASH_BLOCK_QUERIES: usize = 128;
+const FLASH_SMEM_BYTES: u32 = 2 * 2 * 64 * 136 * 2;
+
 /// The tensor-core path: bf16 operands (cast if needed), f32 accumulation, output in `q`'s dtype.
 fn flash_attention(
     q: &Tensor,
@@ -475,29 +480,39 @@ fn flash_attention(
     kv_len: usize,
     block_tokens: usize,
 ) -> Result<Tensor> {
+    use cudarc::driver::sys::CUfunction_attribute_enum as Attr;
     let s = storage(q)?;
+    let dev = &s.dev;
     let (lq, heads) = (q.dim(0), q.dim(1));
     let (qb, kb, vb) = (
         cast(q, DType::BF16)?,
         cast(k, DType::BF16)?,
         cast(v, DType::BF16)?,
     );
-    let mut out = CudaStorage::alloc(&s.dev, DType::BF16, q.elem_count())?;
+    let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let cfg = LaunchConfig {
-        grid_dim: (lq.div_ceil(64) as u32, heads as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
+        grid_dim: (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: FLASH_SMEM_BYTES,
     };
     let (lq32, kv32, h32, bt) = (lq as i32, kv_len as i32, heads as i32, block_tokens as i32);
     let scale = 1.0f32 / (FLASH_HEAD_DIM as f32).sqrt();
     let (qs, ks, vs) = (storage(&qb)?, storage(&kb)?, storage(&vb)?);
-    launch!(&s.dev, "attention", "flash_attention_bf16_d128", cfg, |b| {
-        push_mut(b, &mut out.data);
-        push(b, &qs.data);
-        push(b, &ks.data);
-        push(b, &vs.data);
-        b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
-    });
+    let func = dev.func("attention", "flash_attention_bf16_d128")?;
+    // More than the default 48 KiB of dynamic shared memory must be asked for.
+    func.set_attribute(
+        Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        FLASH_SMEM_BYTES as i32,
+    )
+    .map_err(|e| dev.err(e))?;
+    let mut b = dev.stream.launch_builder(&func);
+    push_mut(&mut b, &mut out.data);
+    push(&mut b, &qs.data);
+    push(&mut b, &ks.data);
+    push(&mut b, &vs.data);
+    b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
+    // SAFETY: the arguments are the kernel's, bf16 buffers of [lq|kv, heads, 128].
+    unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("flash_attention_bf16_d128: {e}")))?;
     cast(&wrap(out, q.shape()), q.dtype())
 }
 
