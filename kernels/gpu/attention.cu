@@ -72,41 +72,41 @@ WL_ATT(wl_bf16, bf16)
 
 #if defined(WL_HAS_MMA_BF16)
 // Flash attention forward on tensor cores: bf16 q/k/v [L, heads, 128], f32 accumulation and
-// online softmax (base 2), bf16 out. A block of 8 warps takes 128 queries of one head; each warp
-// owns 16 of them. Keys go by in tiles of 64, double-buffered in shared memory with cp.async so
-// the next tile loads while this one is multiplied: K feeds the B operand with 32-bit loads, V
-// through ldmatrix.trans. Keys past `kv_len`, or past a query's chunk when `block_tokens > 0`,
-// are masked.
+// online softmax (base 2), bf16 out. A block of 8 warps takes 128 queries of one head (staged in
+// shared memory); each warp owns 16 of them. Keys go by in tiles of 64, double-buffered with
+// cp.async so the next tile loads while this one is multiplied. Every operand reaches the tensor
+// cores through ldmatrix (V transposed on the way). Two blocks fit an SM (≤ 128 registers,
+// 102 KiB of shared memory each). Keys past `kv_len`, or past a query's chunk when
+// `block_tokens > 0`, are masked.
 #define FA_D 128
 #define FA_WARPS 8
 #define FA_BR (16 * FA_WARPS)
 #define FA_BC 64
-#define FA_KPAD (FA_D + 8)
-#define FA_TILE (FA_BC * FA_KPAD)
-// Dynamic shared memory: 2 stages × (K + V) tiles.
-#define FA_SMEM_BYTES (2 * 2 * FA_TILE * 2)
+#define FA_PAD (FA_D + 8)
+#define FA_TILE (FA_BC * FA_PAD)
+// Dynamic shared memory: the Q tile, then 2 stages × (K + V) tiles.
+#define FA_SMEM_BYTES ((FA_BR * FA_PAD + 2 * 2 * FA_TILE) * 2)
 
-WL_DEVICE void fa_load_tile(wl_bf16* ks, wl_bf16* vs, const wl_bf16* k, const wl_bf16* v, int kb, int kv_len,
-                            wl_u64 row, int h) {
-    for (int i = threadIdx.x; i < FA_BC * FA_D / 8; i += blockDim.x) {
-        const int key = i / (FA_D / 8), c8 = (i % (FA_D / 8)) * 8;
-        const bool valid = kb + key < kv_len;
-        const wl_u64 at = (wl_u64)(valid ? kb + key : 0) * row + (wl_u64)h * FA_D + c8;
-        wl_cp_async16(ks + key * FA_KPAD + c8, k + at, valid);
-        wl_cp_async16(vs + key * FA_KPAD + c8, v + at, valid);
+WL_DEVICE void fa_load_rows(wl_bf16* dst, const wl_bf16* src, int first, int rows, int limit, wl_u64 row, int h) {
+    for (int i = threadIdx.x; i < rows * FA_D / 8; i += blockDim.x) {
+        const int r = i / (FA_D / 8), c8 = (i % (FA_D / 8)) * 8;
+        const bool valid = first + r < limit;
+        const wl_u64 at = (wl_u64)(valid ? first + r : 0) * row + (wl_u64)h * FA_D + c8;
+        wl_cp_async16(dst + r * FA_PAD + c8, src + at, valid);
     }
-    wl_cp_async_commit();
 }
 
-WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq,
-                                         int kv_len, int heads, int block_tokens, float scale) {
+WL_KERNEL void __launch_bounds__(256, 2)
+    flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq, int kv_len,
+                              int heads, int block_tokens, float scale) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    wl_bf16* tiles = (wl_bf16*)fa_smem;  // [stage][K|V][FA_TILE]
+    wl_bf16* qs = (wl_bf16*)fa_smem;
+    wl_bf16* tiles = qs + FA_BR * FA_PAD;  // [stage][K|V][FA_TILE]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.y;
-    const int q0 = blockIdx.x * FA_BR + warp * 16;
+    const int qb = blockIdx.x * FA_BR;
     const wl_u64 row = (wl_u64)heads * FA_D;
-    const int r0 = q0 + lane / 4, r1 = r0 + 8;  // this thread's two query rows
+    const int r0 = qb + warp * 16 + lane / 4, r1 = r0 + 8;  // this thread's two query rows
     const int cq = (lane % 4) * 2;
     // Scores in base 2: exp(x·scale) = exp2(x·scale·log2 e).
     const float scale2 = scale * 1.4426950408889634f;
@@ -116,24 +116,18 @@ WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const w
     if (block_tokens > 0) {
         lim0 = min(kv_len, (r0 / block_tokens + 1) * block_tokens);
         lim1 = min(kv_len, (r1 / block_tokens + 1) * block_tokens);
-        const int last_q = min(lq - 1, (int)blockIdx.x * FA_BR + FA_BR - 1);
+        const int last_q = min(lq - 1, qb + FA_BR - 1);
         block_end = min(kv_len, (last_q / block_tokens + 1) * block_tokens);
     }
-    fa_load_tile(tiles, tiles + FA_TILE, k, v, 0, kv_len, row, h);
+    // Group 0: the Q tile with the first K/V tile.
+    fa_load_rows(qs, q, qb, FA_BR, lq, row, h);
+    fa_load_rows(tiles, k, 0, FA_BC, kv_len, row, h);
+    fa_load_rows(tiles + FA_TILE, v, 0, FA_BC, kv_len, row, h);
+    wl_cp_async_commit();
 
-    // Q fragments for the 8 k-steps of 16 dims, straight from global memory (read once).
-    unsigned int qa[8][4];
-    {
-        const unsigned int* p0 = (const unsigned int*)(q + (wl_u64)min(r0, lq - 1) * row + (wl_u64)h * FA_D);
-        const unsigned int* p1 = (const unsigned int*)(q + (wl_u64)min(r1, lq - 1) * row + (wl_u64)h * FA_D);
-        for (int kk = 0; kk < 8; ++kk) {
-            const int c = kk * 16 + cq;
-            qa[kk][0] = p0[c / 2];
-            qa[kk][1] = p1[c / 2];
-            qa[kk][2] = p0[(c + 8) / 2];
-            qa[kk][3] = p1[(c + 8) / 2];
-        }
-    }
+    // ldmatrix row addresses: lane l serves matrix l/8, row l%8.
+    const int lm = lane / 8, lr = lane % 8;
+    const wl_bf16* q_row = qs + (warp * 16 + lr + (lm % 2) * 8) * FA_PAD + (lm / 2) * 8;
 
     float o[16][4];
     for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -143,7 +137,9 @@ WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const w
     for (int kb = 0; kb < block_end; kb += FA_BC, stage ^= 1) {
         if (kb + FA_BC < block_end) {
             wl_bf16* next = tiles + (stage ^ 1) * 2 * FA_TILE;
-            fa_load_tile(next, next + FA_TILE, k, v, kb + FA_BC, kv_len, row, h);
+            fa_load_rows(next, k, kb + FA_BC, FA_BC, kv_len, row, h);
+            fa_load_rows(next + FA_TILE, v, kb + FA_BC, FA_BC, kv_len, row, h);
+            wl_cp_async_commit();
             wl_cp_async_wait_one();
         } else {
             wl_cp_async_wait_all();
@@ -152,16 +148,18 @@ WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const w
         const wl_bf16* ks = tiles + stage * 2 * FA_TILE;
         const wl_bf16* vs = ks + FA_TILE;
 
-        // S = Q Kᵀ for this warp's 16 rows × 64 keys.
+        // S = Q Kᵀ for this warp's 16 rows × 64 keys, two 16-dim steps per K ldmatrix.
         float s[8][4];
-        for (int j = 0; j < 8; ++j) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            const wl_bf16* kr = ks + (j * 8 + lane / 4) * FA_KPAD + cq;
-            for (int kk = 0; kk < 8; ++kk) {
-                unsigned int b[2];
-                b[0] = *(const unsigned int*)(kr + kk * 16);
-                b[1] = *(const unsigned int*)(kr + kk * 16 + 8);
-                wl_mma_16816(s[j], qa[kk], b);
+        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        for (int kk = 0; kk < 8; kk += 2) {
+            unsigned int qa0[4], qa1[4];
+            wl_ldmatrix_x4(qa0, q_row + kk * 16);
+            wl_ldmatrix_x4(qa1, q_row + kk * 16 + 16);
+            for (int j = 0; j < 8; ++j) {
+                unsigned int b[4];
+                wl_ldmatrix_x4(b, ks + (j * 8 + lr) * FA_PAD + kk * 16 + lm * 8);
+                wl_mma_16816(s[j], qa0, b);
+                wl_mma_16816(s[j], qa1, b + 2);
             }
         }
         // Mask, then the online softmax update of both rows.
@@ -207,18 +205,19 @@ WL_KERNEL void flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const w
             o[j][3] *= c1;
         }
         // O += P V: the S accumulators of two adjacent key groups are the A fragment of one
-        // 16-key step.
+        // 16-key step; one transposing ldmatrix gives the V fragments of two 8-dim groups.
         for (int kk = 0; kk < 4; ++kk) {
             unsigned int pa[4];
             pa[0] = wl_pack_bf16(s[2 * kk][0], s[2 * kk][1]);
             pa[1] = wl_pack_bf16(s[2 * kk][2], s[2 * kk][3]);
             pa[2] = wl_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             pa[3] = wl_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const wl_bf16* vrow = vs + (kk * 16 + lane % 16) * FA_KPAD;
-            for (int j = 0; j < 16; ++j) {
-                unsigned int b[2];
-                wl_ldmatrix_x2_trans(b, vrow + j * 8);
+            const wl_bf16* vrow = vs + (kk * 16 + (lm % 2) * 8 + lr) * FA_PAD + (lm / 2) * 8;
+            for (int j = 0; j < 16; j += 2) {
+                unsigned int b[4];
+                wl_ldmatrix_x4_trans(b, vrow + j * 8);
                 wl_mma_16816(o[j], pa, b);
+                wl_mma_16816(o[j + 1], pa, b + 2);
             }
         }
         // The stage just read is refilled two tiles on: everyone must be done with it first.

@@ -47,3 +47,13 @@ WL_DEVICE void wl_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::
 // Waits until at most one committed group is still in flight.
 WL_DEVICE void wl_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 WL_DEVICE void wl_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Four 8×8 b16 matrices from shared memory (lanes 8m..8m+7 give the row addresses of matrix m).
+WL_DEVICE void wl_ldmatrix_x4(unsigned int* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(wl_smem_addr(row)));
+}
+WL_DEVICE void wl_ldmatrix_x4_trans(unsigned int* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(wl_smem_addr(row)));
+}

@@ -470,7 +470,7 @@ pub const FLASH_HEAD_DIM: usize = 128;
 /// Queries per block and dynamic shared memory of the tensor-core kernel (attention.cu's
 /// `FA_BR` and `FA_SMEM_BYTES`: two stages of 64-key K and V tiles, rows padded to 136).
 const FLASH_BLOCK_QUERIES: usize = 128;
-const FLASH_SMEM_BYTES: u32 = 2 * 2 * 64 * 136 * 2;
+const FLASH_SMEM_BYTES: u32 = (128 * 136 + 2 * 2 * 64 * 136) * 2;
 
 /// The tensor-core path: bf16 operands (cast if needed), f32 accumulation, output in `q`'s dtype.
 fn flash_attention(
