@@ -75,9 +75,10 @@ WL_ATT(wl_bf16, bf16)
 // online softmax (base 2), bf16 out. A block of 8 warps takes 128 queries of one head (staged in
 // shared memory); each warp owns 16 of them. Keys go by in tiles of 64, double-buffered with
 // cp.async so the next tile loads while this one is multiplied. Every operand reaches the tensor
-// cores through ldmatrix (V transposed on the way). Two blocks fit an SM (≤ 128 registers,
-// 102 KiB of shared memory each). Keys past `kv_len`, or past a query's chunk when
-// `block_tokens > 0`, are masked.
+// cores through ldmatrix (V transposed on the way). The f32 output accumulators alone take 64
+// registers a thread, so one 8-warp block per SM: forcing two made ptxas spill and ran slower
+// (measured on the H200). Keys past `kv_len`, or past a query's chunk when `block_tokens > 0`,
+// are masked.
 #define FA_D 128
 #define FA_WARPS 8
 #define FA_BR (16 * FA_WARPS)
@@ -96,7 +97,7 @@ WL_DEVICE void fa_load_rows(wl_bf16* dst, const wl_bf16* src, int first, int row
     }
 }
 
-WL_KERNEL void __launch_bounds__(256, 2)
+WL_KERNEL void __launch_bounds__(256, 1)
     flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq, int kv_len,
                               int heads, int block_tokens, float scale) {
     extern __shared__ __align__(16) unsigned char fa_smem[];

@@ -21,6 +21,40 @@ pub fn linear(
     out
 }
 
+/// Rows to run a product of `m` rows with: `m`, or more when `m` is small enough for the `gemm`
+/// crate to leave its blocked kernel. Its special paths (a matrix-vector kernel for one row,
+/// dot-product kernels when `m·n ≤ 256`, `kc = min(k, 512)` instead of `k` split evenly when
+/// `m, n ≤ 64`) sum in another order, so a row's bits would depend on how many rows came with
+/// it; sequence parallelism computes a chunk's rows in shards and must match one card bit for bit.
+fn stable_rows(m: usize, k: usize, n: usize) -> usize {
+    let mut rows = m.max(2);
+    if rows * n <= 256 {
+        rows = 256 / n.max(1) + 1;
+    }
+    if n <= 64 && k > 512 && rows <= 64 {
+        rows = 65;
+    }
+    rows
+}
+
+/// Runs `product(a, out, rows)` on `m` rows, zero-padded to `stable_rows` when that is more.
+fn with_stable_rows(
+    a: &[f32],
+    out: &mut [f32],
+    (m, k, n): (usize, usize, usize),
+    product: impl FnOnce(&[f32], &mut [f32], usize),
+) {
+    let rows = stable_rows(m, k, n);
+    if rows == m {
+        return product(a, out, m);
+    }
+    let mut padded = vec![0f32; rows * k];
+    padded[..m * k].copy_from_slice(&a[..m * k]);
+    let mut wide = vec![0f32; rows * n];
+    product(&padded, &mut wide, rows);
+    out[..m * n].copy_from_slice(&wide[..m * n]);
+}
+
 /// `out = a · bᵀ` with `a: [m, k]` and `b: [n, k]`, both row-major.
 pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
     assert!(a.len() >= m * k && b.len() >= n * k && out.len() >= m * n);
@@ -31,6 +65,11 @@ pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: u
         out[..m * n].fill(0.0);
         return;
     }
+    with_stable_rows(a, out, (m, k, n), |a, out, m| gemm_nt(a, b, out, m, k, n));
+}
+
+fn gemm_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    assert!(a.len() >= m * k && b.len() >= n * k && out.len() >= m * n);
     // SAFETY: the asserts above bound every index gemm touches: dst is m×n with row stride n,
     // lhs is m×k with row stride k, rhs (bᵀ) is k×n read with row stride 1 and column stride k.
     unsafe {
@@ -68,7 +107,12 @@ pub fn matmul_nn(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: u
         out[..m * n].fill(0.0);
         return;
     }
-    // SAFETY: as in `matmul_nt`; rhs is k×n with row stride n and column stride 1.
+    with_stable_rows(a, out, (m, k, n), |a, out, m| gemm_nn(a, b, out, m, k, n));
+}
+
+fn gemm_nn(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+    // SAFETY: as in `gemm_nt`; rhs is k×n with row stride n and column stride 1.
     unsafe {
         gemm::gemm(
             m,
