@@ -187,6 +187,51 @@ pub fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
     )
 }
 
+/// What [`norm_modulate`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormOut {
+    /// f32 or bf16.
+    Dtype(DType),
+    /// fp8 e4m3fn with one scale per row, quantized in the same pass. (A tensorwise scale needs
+    /// the whole tensor's amax before any row can be encoded: that is `quantize_fp8` after a
+    /// `Dtype` pass, two passes.)
+    Fp8Rowwise,
+}
+
+/// `LayerNorm(x)·(1 + scale) + shift` (LayerNorm without affine) written directly as the next
+/// projection's input dtype: one pass on GPUs. The CPU reference is `layer_norm` then `modulate`
+/// then the conversion, so it rounds exactly as the unfused ops do.
+pub fn norm_modulate(
+    x: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+    eps: f32,
+    out: NormOut,
+) -> Result<Tensor> {
+    no_fp8("norm_modulate", x)?;
+    check_rowparam("norm_modulate", x, shift)?;
+    check_rowparam("norm_modulate", x, scale)?;
+    if let NormOut::Dtype(d) = out {
+        if !matches!(d, DType::F32 | DType::BF16) {
+            return Err(Error::DType {
+                op: "norm_modulate",
+                got: d,
+                msg: "writes f32, bf16 or fp8",
+            });
+        }
+    }
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let y = modulate(&layer_norm(x, None, None, eps)?, shift, scale)?;
+            match out {
+                NormOut::Dtype(d) => y.to_dtype(d),
+                NormOut::Fp8Rowwise => quantize_fp8(&y, ScaleKind::Rowwise),
+            }
+        }
+        Storage::Cuda(_) => cuda::ops::norm_modulate(x, shift, scale, eps, out),
+    }
+}
+
 /// `x + y · gate` (gated residual); `gate` is `[dim]` or one row per token.
 pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
     if x.shape() != y.shape() {

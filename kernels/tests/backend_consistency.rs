@@ -6,7 +6,9 @@
 mod common;
 
 use common::{rel_l2, widen, Rng};
-use kernels::{ops, AttnMask, DType, Device, KvCache, Result, RopeTable, ScaleKind, Tensor};
+use kernels::{
+    ops, AttnMask, DType, Device, KvCache, NormOut, Result, RopeTable, ScaleKind, Tensor,
+};
 
 /// The GPU devices this machine has.
 fn gpus() -> Vec<Device> {
@@ -131,6 +133,50 @@ fn elementwise_and_norms_match_the_cpu() {
             check(&format!("cast {dt:?}"), dev, 1e-7, &[&x], |v| {
                 v[0].to_dtype(DType::F32)
             });
+        }
+    }
+}
+
+#[test]
+fn fused_norm_modulate_matches_the_cpu() {
+    for dev in gpus() {
+        let mut rng = Rng::new(5);
+        for dt in [DType::F32, DType::BF16] {
+            let x = rand(&mut rng, &[70, 384], dt);
+            let shift = rand(&mut rng, &[384], DType::F32);
+            let scale = rand(&mut rng, &[70, 384], DType::F32);
+            for (out, t) in [
+                (NormOut::Dtype(DType::F32), 1e-5),
+                (NormOut::Dtype(DType::BF16), 1e-2),
+            ] {
+                check(
+                    &format!("norm_modulate {dt:?} → {out:?}"),
+                    dev,
+                    t,
+                    &[&x, &shift, &scale],
+                    |v| ops::norm_modulate(&v[0], &v[1], &v[2], 1e-6, out),
+                );
+            }
+            // fp8: the same codes up to a one-step rounding difference where the GPU fuses a
+            // multiply-add; the scales agree to f32 rounding.
+            let want =
+                ops::norm_modulate(&x, &shift, &scale, 1e-6, NormOut::Fp8Rowwise).expect("cpu");
+            let up = |t: &Tensor| t.to_device(dev).expect("up");
+            let got =
+                ops::norm_modulate(&up(&x), &up(&shift), &up(&scale), 1e-6, NormOut::Fp8Rowwise)
+                    .expect("gpu");
+            assert_eq!(got.dtype(), DType::F8E4M3);
+            let (g, w) = (got.to_vec_f32(), want.to_vec_f32());
+            let e = rel_l2(&g, &widen(&w));
+            let same = g.iter().zip(&w).filter(|(a, b)| a == b).count() as f64 / w.len() as f64;
+            println!(
+                "norm_modulate {dt:?} → fp8 rowwise on {dev}: rel L2 {e:.2e}, {:.2}% identical",
+                same * 100.0
+            );
+            assert!(
+                e < 1e-2 && same > 0.98,
+                "fp8: rel L2 {e:e}, identical {same}"
+            );
         }
     }
 }

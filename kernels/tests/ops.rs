@@ -3,8 +3,8 @@
 mod common;
 
 use common::{
-    assert_bf16_close, assert_bits_eq, assert_err_names, assert_f32_close, randn, rel_l2, tensor,
-    widen, Rng,
+    assert_bf16_close, assert_bits_eq, assert_err_names, assert_f32_close, randn, rel_l2,
+    round_bf16, tensor, widen, Rng,
 };
 use kernels::{ops, CpuStorage, DType, Device, Fp8Scale, Result, ScaleKind, Storage, Tensor};
 
@@ -507,3 +507,52 @@ fn shape_errors(dev: Device) -> Result<()> {
     Ok(())
 }
 test_device!(shape_errors, shape_errors_cpu);
+
+/// The fused op's CPU path is the unfused ops, rounded as they are, whatever it writes.
+fn norm_modulate_is_layer_norm_then_modulate(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(77);
+    let x = randn(dev, &mut rng, &[9, 48])?;
+    let shift = randn(dev, &mut rng, &[48])?;
+    let scale = randn(dev, &mut rng, &[9, 48])?;
+    let unfused = ops::modulate(&ops::layer_norm(&x, None, None, 1e-6)?, &shift, &scale)?;
+    let fused = ops::norm_modulate(
+        &x,
+        &shift,
+        &scale,
+        1e-6,
+        kernels::NormOut::Dtype(DType::F32),
+    )?;
+    assert_bits_eq("f32", &fused.to_vec_f32(), &unfused.to_vec_f32());
+    let bf = ops::norm_modulate(
+        &x,
+        &shift,
+        &scale,
+        1e-6,
+        kernels::NormOut::Dtype(DType::BF16),
+    )?;
+    assert_eq!(bf.dtype(), DType::BF16);
+    let rounded: Vec<f32> = unfused
+        .to_vec_f32()
+        .iter()
+        .map(|&v| round_bf16(v))
+        .collect();
+    assert_bits_eq("bf16", &bf.to_vec_f32(), &rounded);
+    let q = ops::norm_modulate(&x, &shift, &scale, 1e-6, kernels::NormOut::Fp8Rowwise)?;
+    let want = ops::quantize_fp8(&unfused, ScaleKind::Rowwise)?;
+    assert_bits_eq("fp8", &q.to_vec_f32(), &want.to_vec_f32());
+    assert_err_names(
+        ops::norm_modulate(
+            &x,
+            &shift,
+            &scale,
+            1e-6,
+            kernels::NormOut::Dtype(DType::F16),
+        ),
+        "norm_modulate",
+    );
+    Ok(())
+}
+test_device!(
+    norm_modulate_is_layer_norm_then_modulate,
+    norm_modulate_is_layer_norm_then_modulate_cpu
+);

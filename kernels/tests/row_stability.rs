@@ -5,10 +5,14 @@
 use kernels::{ops, AttnMask, Tensor};
 
 fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         })
         .collect()
@@ -22,24 +26,38 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn linear_rows_do_not_depend_on_the_row_count() {
     let full_rows = 70;
     let mut bad = Vec::new();
-    for (k, n) in [(128, 128), (32, 32), (128, 32), (600, 32), (1536, 64), (256, 1536)] {
+    for (k, n) in [
+        (128, 128),
+        (32, 32),
+        (128, 32),
+        (600, 32),
+        (1536, 64),
+        (256, 1536),
+    ] {
         let x = values(1, full_rows * k);
         let w = Tensor::from_vec(values(2, n * k), &[n, k]).expect("w");
         let b = Tensor::from_vec(values(3, n), &[n]).expect("b");
         let whole = Tensor::from_vec(x.clone(), &[full_rows, k]).expect("x");
-        let want = ops::linear(&whole, &w, Some(&b)).expect("linear").to_vec_f32();
+        let want = ops::linear(&whole, &w, Some(&b))
+            .expect("linear")
+            .to_vec_f32();
         for m in [1, 2, 3, 5, 8, 9, 17, 33, 64, 65] {
             for start in [0, full_rows - m] {
                 let part = Tensor::from_vec(x[start * k..(start + m) * k].to_vec(), &[m, k])
                     .expect("part");
-                let got = ops::linear(&part, &w, Some(&b)).expect("linear").to_vec_f32();
+                let got = ops::linear(&part, &w, Some(&b))
+                    .expect("linear")
+                    .to_vec_f32();
                 if bits(&got) != bits(&want[start * n..(start + m) * n]) {
                     bad.push(format!("k {k} n {n}: rows {start}..+{m}"));
                 }
             }
         }
     }
-    assert!(bad.is_empty(), "differ from the same rows of {full_rows}: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "differ from the same rows of {full_rows}: {bad:?}"
+    );
 }
 
 #[test]
@@ -67,5 +85,8 @@ fn attention_rows_do_not_depend_on_the_query_count() {
             }
         }
     }
-    assert!(bad.is_empty(), "differ from the same queries of {lq}: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "differ from the same queries of {lq}: {bad:?}"
+    );
 }

@@ -342,6 +342,74 @@ pub fn layer_norm(
     Ok(wrap(out, x.shape()))
 }
 
+pub fn norm_modulate(
+    x: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+    eps: f32,
+    out: crate::NormOut,
+) -> Result<Tensor> {
+    let s = storage(x)?;
+    let dev = &s.dev;
+    let (shift, scale) = params_alike(shift, scale)?;
+    let cols = x.cols();
+    let rows = x.elem_count() / cols;
+    let base = format!(
+        "norm_modulate_{}_{}",
+        suffix(x.dtype())?,
+        suffix(shift.dtype())?
+    );
+    let (c64, sn, cn) = (
+        cols as u64,
+        shift.elem_count() as u64,
+        scale.elem_count() as u64,
+    );
+    let (sh, sc) = (storage(&shift)?, storage(&scale)?);
+    match out {
+        crate::NormOut::Dtype(d) => {
+            let mut o = CudaStorage::alloc(dev, d, x.elem_count())?;
+            launch!(
+                dev,
+                "norm",
+                &format!("{base}_{}", suffix(d)?),
+                rows_cfg(rows),
+                |b| {
+                    push_mut(b, &mut o.data);
+                    push(b, &s.data);
+                    push(b, &sh.data);
+                    push(b, &sc.data);
+                    b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
+                }
+            );
+            Ok(wrap(o, x.shape()))
+        }
+        crate::NormOut::Fp8Rowwise => {
+            let e = |e| dev.err(e);
+            // SAFETY: the kernel writes every code and every row's scale.
+            let mut codes = unsafe { dev.stream.alloc::<u8>(x.elem_count()) }.map_err(e)?;
+            let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
+            launch!(dev, "norm", &format!("{base}_fp8"), rows_cfg(rows), |b| {
+                b.arg(&mut codes).arg(&mut scales);
+                push(b, &s.data);
+                push(b, &sh.data);
+                push(b, &sc.data);
+                b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
+            });
+            Ok(wrap(
+                CudaStorage {
+                    dev: dev.clone(),
+                    data: CudaData::F8 {
+                        codes,
+                        scales,
+                        rowwise: true,
+                    },
+                },
+                x.shape(),
+            ))
+        }
+    }
+}
+
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     let s = storage(x)?;
     let cols = x.cols();
