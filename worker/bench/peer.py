@@ -29,6 +29,20 @@ for m, k, n in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)]:
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
     ms = bench(lambda: x @ w.t())
     rows.append((f"torch gemm bf16 {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+x = torch.randn(4680, 5120, device=dev)
+sh, sc = torch.randn(5120, device=dev) * 0.1, torch.randn(5120, device=dev) * 0.1
+ms = bench(lambda: (F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh).to(torch.bfloat16))
+rows.append(("torch norm+modulate f32 -> bf16 4680x5120", ms, 0.0))
+
+
+def fp8_rows(x):
+    y = F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh
+    s = (y.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+    return (y / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
+ms = bench(lambda: fp8_rows(x))
+rows.append(("torch norm+modulate f32 -> fp8 rowwise 4680x5120", ms, 0.0))
 for heads in [40, 12]:
     q = torch.randn(1, heads, 4680, 128, device=dev, dtype=torch.bfloat16)
     kv = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use kernels::{ops, AttnMask, DType, Device, RopeTable, Tensor};
+use kernels::{ops, AttnMask, DType, Device, NormOut, RopeTable, Tensor};
 use pipeline::model::{BlockInputs, KvMode, WanBlock, ROPE_POSITIONS};
 use pipeline::rng::NormalRng;
 use pipeline::{flops, ModelConfig, WeightStore};
@@ -82,6 +82,42 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             Ok(())
         })?;
         push(format!("gemm bf16 {m}x{k}x{n}"), t, flops::linear(m, k, n));
+    }
+
+    {
+        // Fused norm + modulate at the 14B activation shape: bytes moved against a plain copy.
+        let (m, d) = (4680, 5120);
+        let x = rand(dev, 11, &[m, d], 1.0, DType::F32)?;
+        let shift = rand(dev, 12, &[d], 0.1, DType::F32)?;
+        let scale = rand(dev, 13, &[d], 0.1, DType::F32)?;
+        let copy = time(dev, repeat, || {
+            x.narrow(0, 0, m)?;
+            Ok(())
+        })?;
+        let gbs = |bytes: f64, t: Duration| bytes / t.as_secs_f64() / 1e9;
+        let copy_bytes = (m * d * 8) as f64;
+        println!(
+            "copy f32 {m}x{d} (our copy kernel): {:.3} ms, {:.0} GB/s",
+            copy.as_secs_f64() * 1e3,
+            gbs(copy_bytes, copy)
+        );
+        for (out, bytes_out, label) in [
+            (NormOut::Dtype(DType::BF16), 2, "bf16"),
+            (NormOut::Fp8Rowwise, 1, "fp8 rowwise"),
+        ] {
+            let t = time(dev, repeat, || {
+                ops::norm_modulate(&x, &shift, &scale, 1e-6, out)?;
+                Ok(())
+            })?;
+            let bytes = (m * d * (4 + bytes_out)) as f64;
+            println!(
+                "norm+modulate f32 -> {label} {m}x{d}: {:.3} ms, {:.0} GB/s = {:.0}% of the copy",
+                t.as_secs_f64() * 1e3,
+                gbs(bytes, t),
+                100.0 * gbs(bytes, t) / gbs(copy_bytes, copy)
+            );
+            push(format!("norm+modulate f32 -> {label} {m}x{d}"), t, 0.0);
+        }
     }
 
     for heads in [40, 12] {
