@@ -1,8 +1,19 @@
-//! Sequence parallelism across cards (DESIGN.md §5). What exists today is the part every run
-//! needs: the card-count rule of Ulysses attention. The communicators (loopback, NCCL/RCCL), the
-//! rank group and the incremental KV exchange are the sequence-parallel issue's work.
+//! Sequence parallelism across cards (DESIGN.md §5): the [`Communicator`] collectives with a
+//! loopback backend (ranks as threads of one process, for CPU runs and CI), the [`RankGroup`]
+//! that runs one thread per rank in lockstep, and the data movement of [`Ulysses`] attention.
+//! The NCCL/RCCL backend implements the same trait.
 
-/// Errors of the rank group.
+mod comm;
+mod group;
+mod loopback;
+mod ulysses;
+
+pub use comm::{tensor_bytes, CommStats, Communicator, Kind, StatCounters};
+pub use group::{BoxError, RankGroup, RankWorker};
+pub use loopback::{LoopbackComm, LoopbackWorld};
+pub use ulysses::{pad_rows, TokenShard, Ulysses};
+
+/// Errors of the communicators and the rank group.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(
@@ -16,6 +27,28 @@ pub enum Error {
 
     #[error("--cards must be at least 1")]
     NoCards,
+
+    #[error("rank {rank} failed: {reason}")]
+    RankFailed { rank: usize, reason: String },
+
+    /// This rank's collective was cut short because the group was aborted.
+    #[error("collective aborted: rank {rank} failed: {reason}")]
+    Aborted { rank: usize, reason: String },
+
+    #[error("collective timed out waiting for rank {rank}: {reason}")]
+    Timeout { rank: usize, reason: String },
+
+    #[error("ranks called different collectives: {0}")]
+    Mismatch(String),
+
+    #[error("the rank group failed earlier and must be restarted: {0}")]
+    GroupBroken(String),
+
+    #[error("sequence parallel: {0}")]
+    Invalid(String),
+
+    #[error(transparent)]
+    Kernel(#[from] kernels::Error),
 }
 
 /// Heads each card holds under Ulysses, which shards attention by head: the head count must
@@ -39,15 +72,4 @@ pub fn heads_per_card(heads: usize, cards: usize) -> Result<usize, Error> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn card_counts_follow_the_head_count() {
-        assert_eq!(heads_per_card(40, 8).expect("40/8"), 5);
-        assert_eq!(heads_per_card(12, 3).expect("12/3"), 4);
-        let e = heads_per_card(40, 3).expect_err("40/3").to_string();
-        assert!(e.contains("1, 2, 4, 5, 8, 10, 20, 40"), "{e}");
-        assert!(heads_per_card(12, 0).is_err());
-    }
-}
+mod tests;

@@ -1,0 +1,165 @@
+//! Ulysses attention's data movement: a rank holds a contiguous shard of the sequence with all
+//! heads outside attention, and the whole sequence with its share of the heads inside it.
+
+use kernels::{DType, Tensor};
+
+use crate::comm::Communicator;
+use crate::Error;
+
+/// The rank's contiguous slice of a sequence of `tokens`, padded at the end so that every rank
+/// holds `per_rank` rows. Padding rows are never attended: they are cut off after the exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenShard {
+    pub tokens: usize,
+    pub ranks: usize,
+    pub rank: usize,
+}
+
+impl TokenShard {
+    pub fn new(tokens: usize, ranks: usize, rank: usize) -> Result<Self, Error> {
+        if ranks == 0 || rank >= ranks {
+            return Err(Error::Invalid(format!("rank {rank} of {ranks}")));
+        }
+        Ok(TokenShard {
+            tokens,
+            ranks,
+            rank,
+        })
+    }
+
+    /// Rows every rank holds.
+    pub fn per_rank(&self) -> usize {
+        self.tokens.div_ceil(self.ranks)
+    }
+
+    /// The sequence length padded to a multiple of the rank count.
+    pub fn padded(&self) -> usize {
+        self.per_rank() * self.ranks
+    }
+
+    /// First token of this rank's shard.
+    pub fn start(&self) -> usize {
+        (self.rank * self.per_rank()).min(self.tokens)
+    }
+
+    /// Real (not padding) tokens of this rank's shard.
+    pub fn real(&self) -> usize {
+        self.per_rank().min(self.tokens - self.start())
+    }
+
+    /// This rank's rows of `t: [tokens, ..]`, zero-padded to `per_rank` rows.
+    pub fn take(&self, t: &Tensor) -> Result<Tensor, Error> {
+        if t.rank() == 0 || t.dim(0) != self.tokens {
+            return Err(Error::Invalid(format!(
+                "sharding {t:?} as a sequence of {} tokens",
+                self.tokens
+            )));
+        }
+        let rows = t.narrow(0, self.start(), self.real())?;
+        pad_rows(&rows, self.per_rank())
+    }
+}
+
+/// `t` with zero rows appended up to `rows` rows.
+pub fn pad_rows(t: &Tensor, rows: usize) -> Result<Tensor, Error> {
+    if t.dim(0) == rows {
+        return Ok(t.clone());
+    }
+    let mut shape = t.shape().to_vec();
+    shape[0] = rows
+        .checked_sub(t.dim(0))
+        .ok_or_else(|| Error::Invalid(format!("padding {t:?} down to {rows} rows")))?;
+    let dtype = match t.dtype() {
+        DType::F8E4M3 => DType::BF16,
+        d => d,
+    };
+    let pad = Tensor::zeros(&shape, dtype)?.to_device(t.device())?;
+    Ok(Tensor::cat(&[t, &pad], 0)?)
+}
+
+/// Ulysses for one forward: the communicator and the shard of this forward's tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct Ulysses<'a> {
+    pub comm: &'a dyn Communicator,
+    pub shard: TokenShard,
+}
+
+impl<'a> Ulysses<'a> {
+    pub fn new(comm: &'a dyn Communicator, tokens: usize) -> Result<Self, Error> {
+        let shard = TokenShard::new(tokens, comm.world_size(), comm.rank())?;
+        Ok(Ulysses { comm, shard })
+    }
+
+    fn heads_per_rank(&self, t: &Tensor) -> Result<usize, Error> {
+        let heads = t.dim(1);
+        crate::heads_per_card(heads, self.shard.ranks)
+    }
+
+    /// Scatters heads and gathers tokens, for several `[per_rank, heads, d]` tensors in one
+    /// all-to-all: each comes back as `[tokens, heads / ranks, d]`, the whole sequence in
+    /// order with this rank's heads, padding cut off.
+    pub fn scatter_heads(&self, ts: &[&Tensor]) -> Result<Vec<Tensor>, Error> {
+        let s = self.shard;
+        let n = s.ranks;
+        let first = ts
+            .first()
+            .ok_or_else(|| Error::Invalid("scatter_heads of nothing".into()))?;
+        for t in ts {
+            if t.rank() != 3 || t.dim(0) != s.per_rank() || t.shape() != first.shape() {
+                return Err(Error::Invalid(format!(
+                    "scatter_heads: {t:?} for shards of {} tokens",
+                    s.per_rank()
+                )));
+            }
+        }
+        let hn = self.heads_per_rank(first)?;
+        // One part per destination: its heads of every tensor, stacked along the rows.
+        let send = (0..n)
+            .map(|j| {
+                let pieces = ts
+                    .iter()
+                    .map(|t| t.narrow(1, j * hn, hn))
+                    .collect::<kernels::Result<Vec<_>>>()?;
+                Ok(Tensor::cat(&pieces.iter().collect::<Vec<_>>(), 0)?)
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let recv = self.comm.all_to_all(send)?;
+        let rows = s.per_rank();
+        (0..ts.len())
+            .map(|i| {
+                let shards = recv
+                    .iter()
+                    .map(|r| r.narrow(0, i * rows, rows))
+                    .collect::<kernels::Result<Vec<_>>>()?;
+                let whole = Tensor::cat(&shards.iter().collect::<Vec<_>>(), 0)?;
+                Ok(whole.narrow(0, 0, s.tokens)?)
+            })
+            .collect()
+    }
+
+    /// The reverse exchange: `[tokens, heads / ranks, d]` (this rank's heads over the whole
+    /// sequence) → `[per_rank, heads, d]` (all heads of this rank's shard).
+    pub fn gather_heads(&self, t: &Tensor) -> Result<Tensor, Error> {
+        let s = self.shard;
+        if t.rank() != 3 || t.dim(0) != s.tokens {
+            return Err(Error::Invalid(format!(
+                "gather_heads: {t:?} for a sequence of {} tokens",
+                s.tokens
+            )));
+        }
+        let padded = pad_rows(t, s.padded())?;
+        let rows = s.per_rank();
+        let send = (0..s.ranks)
+            .map(|j| padded.narrow(0, j * rows, rows))
+            .collect::<kernels::Result<Vec<_>>>()?;
+        let recv = self.comm.all_to_all(send)?;
+        Ok(Tensor::cat(&recv.iter().collect::<Vec<_>>(), 1)?)
+    }
+
+    /// Every rank's `[per_rank, ..]` rows, joined in token order with the padding cut off.
+    pub fn gather_tokens(&self, t: &Tensor) -> Result<Tensor, Error> {
+        let parts = self.comm.all_gather(t)?;
+        let whole = Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?;
+        Ok(whole.narrow(0, 0, self.shard.tokens)?)
+    }
+}
