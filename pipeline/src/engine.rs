@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kernels::{ops, DType, KvCache, Tensor};
+use sp::{Communicator, TokenShard};
 use tracing::{debug, info_span};
 
 use crate::camera::{fold_rays, ray_map, relative_poses, CameraConfig, CameraRig, Controls, Pose};
 use crate::config::{LATENT_CHANNELS, MASK_CHANNELS, VAE_STRIDE};
-use crate::model::{Attn, TextContext, WanModel, ROPE_POSITIONS};
+use crate::model::{Attn, CameraContext, TextContext, WanModel, ROPE_POSITIONS};
 use crate::rng::NormalRng;
 use crate::sampler::FlowSchedule;
 use crate::{Error, Result};
@@ -134,10 +135,31 @@ pub struct Engine {
     last_pose: Option<Pose>,
     next_frame: u64,
     next_chunk: u64,
+    /// Under sequence parallelism: this rank's communicator. The engine state (noise, camera
+    /// rig, sampler) is replicated on every rank and evolves identically; the DiT runs on the
+    /// rank's token shard and its caches hold the rank's heads.
+    comm: Option<Arc<dyn Communicator>>,
 }
 
 impl Engine {
     pub fn new(model: Arc<WanModel>, cfg: EngineConfig) -> Result<Self> {
+        Self::build(model, cfg, None)
+    }
+
+    /// One rank's engine of a rank group on `comm` (see [`crate::parallel::EngineGroup`]).
+    pub fn with_communicator(
+        model: Arc<WanModel>,
+        cfg: EngineConfig,
+        comm: Arc<dyn Communicator>,
+    ) -> Result<Self> {
+        Self::build(model, cfg, Some(comm))
+    }
+
+    fn build(
+        model: Arc<WanModel>,
+        cfg: EngineConfig,
+        comm: Option<Arc<dyn Communicator>>,
+    ) -> Result<Self> {
         cfg.validate()?;
         let mc = &model.cfg;
         let schedule = FlowSchedule::new(cfg.num_train_steps, cfg.shift)?;
@@ -150,13 +172,15 @@ impl Engine {
         } else {
             DType::BF16
         };
+        let cards = comm.as_ref().map_or(1, |c| c.world_size());
+        let heads = sp::heads_per_card(mc.num_heads, cards)?;
         let caches = (0..mc.num_layers)
             .map(|_| {
                 KvCache::new(
                     cfg.window_frames,
                     cfg.sink_frames,
                     tokens_per_frame,
-                    mc.num_heads,
+                    heads,
                     mc.head_dim(),
                     cache_dtype,
                 )
@@ -178,6 +202,7 @@ impl Engine {
             next_frame: 0,
             next_chunk: 0,
             cfg,
+            comm,
         })
     }
 
@@ -299,7 +324,14 @@ impl Engine {
                     self.cfg.camera.intrinsics_832x480,
                     channels,
                 )?;
-                Some(model.camera_context(&fold_rays(&map, n, h, w, channels)?)?)
+                let rays = fold_rays(&map, n, h, w, channels)?;
+                let rays = match &self.comm {
+                    Some(c) => {
+                        TokenShard::new(rays.dim(0), c.world_size(), c.rank())?.take(&rays)?
+                    }
+                    None => rays,
+                };
+                Some(model.camera_context(&rays)?)
             }
             None => None,
         };
@@ -325,17 +357,17 @@ impl Engine {
                 caches: &mut self.caches,
                 kv_only: false,
             };
-            let v = model
-                .forward(
-                    &with_y(&x)?,
-                    t as f64,
-                    first_frame,
-                    &self.text,
-                    camera.as_ref(),
-                    attn,
-                    None,
-                )?
-                .ok_or_else(|| Error::Config("forward returned no output".into()))?;
+            let v = dit(
+                &model,
+                self.comm.as_deref(),
+                &with_y(&x)?,
+                t as f64,
+                first_frame,
+                &self.text,
+                camera.as_ref(),
+                attn,
+            )?
+            .ok_or_else(|| Error::Config("forward returned no output".into()))?;
             x0 = ops::axpby(1.0, &x, -self.schedule.sigma_first(t)?, &v)?;
             if let Some(&next) = steps.get(s + 1) {
                 let sigma = self.schedule.sigma_second(next)?;
@@ -350,14 +382,15 @@ impl Engine {
             caches: &mut self.caches,
             kv_only: true,
         };
-        model.forward(
+        dit(
+            &model,
+            self.comm.as_deref(),
             &with_y(&x0)?,
             0.0,
             first_frame,
             &self.text,
             camera.as_ref(),
             attn,
-            None,
         )?;
         timings.refresh = started.elapsed();
 
@@ -371,5 +404,23 @@ impl Engine {
             poses,
             timings,
         })
+    }
+}
+
+/// One DiT forward, on this rank's shard when the engine is part of a rank group.
+#[allow(clippy::too_many_arguments)]
+fn dit(
+    model: &WanModel,
+    comm: Option<&dyn Communicator>,
+    x: &Tensor,
+    t: f64,
+    first_frame: u64,
+    text: &TextContext,
+    camera: Option<&CameraContext>,
+    attn: Attn,
+) -> Result<Option<Tensor>> {
+    match comm {
+        None => model.forward(x, t, first_frame, text, camera, attn, None),
+        Some(c) => model.forward_parallel(x, t, first_frame, text, camera, attn, c),
     }
 }

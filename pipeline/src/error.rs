@@ -29,6 +29,9 @@ pub enum Error {
     #[error("{path}: {msg}")]
     File { path: PathBuf, msg: String },
 
+    #[error("sequence parallel: {0}")]
+    Parallel(#[from] sp::Error),
+
     #[error("config: {0}")]
     Config(String),
 

@@ -1,4 +1,5 @@
 use kernels::{ops, AttnMask, KvCache, RopeTable, Tensor};
+use sp::Ulysses;
 
 use super::layers::{Linear, RmsNorm};
 use crate::weights::Vb;
@@ -76,8 +77,51 @@ impl SelfAttention {
         mode: KvMode,
         kv_only: bool,
     ) -> Result<Option<Tensor>> {
-        let (k, v) = self.keys_values(x, grid, t_offset, rope)?;
-        let l = x.dim(0);
+        self.forward_with(x, grid, t_offset, rope, mode, kv_only, None)
+    }
+
+    /// [`forward`](Self::forward), as Ulysses attention when `sp` is given: `x` is then this
+    /// rank's token shard `[per_rank, dim]` of the sequence on `grid`, and a cache in `mode`
+    /// holds this rank's heads only. Projections and norms run on the shard (all heads); one
+    /// all-to-all trades them for the whole sequence with this rank's heads, where RoPE,
+    /// the cache and attention run as on one card; a second all-to-all brings the output back.
+    /// Only this forward's q/k/v/o cross the links: cached keys never move.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        grid: [usize; 3],
+        t_offset: usize,
+        rope: &RopeTable,
+        mode: KvMode,
+        kv_only: bool,
+        sp: Option<&Ulysses>,
+    ) -> Result<Option<Tensor>> {
+        let k = self.heads_view(&self.norm_k.forward(&self.k.forward(x)?)?)?;
+        let v = self.heads_view(&self.v.forward(x)?)?;
+        // A cache-only pass needs no queries: under Ulysses they would cross the links for
+        // nothing.
+        let cache_only = kv_only && matches!(mode, KvMode::Cache { .. });
+        let q = if cache_only {
+            None
+        } else {
+            Some(self.heads_view(&self.norm_q.forward(&self.q.forward(x)?)?)?)
+        };
+        let (q, k, v) = match sp {
+            None => (q, k, v),
+            Some(u) => {
+                let mut ts = vec![&k, &v];
+                ts.extend(q.as_ref());
+                let mut out = u.scatter_heads(&ts)?.into_iter();
+                let (k, v) = (out.next(), out.next());
+                match (k, v) {
+                    (Some(k), Some(v)) => (out.next(), k, v),
+                    _ => return Err(crate::Error::Config("scatter_heads lost a tensor".into())),
+                }
+            }
+        };
+        let l = k.dim(0);
+        let k = ops::rope_3d(&k, grid, t_offset, rope)?;
         let (keys, values, kv_len, mask) = match mode {
             KvMode::Full => (k, v, l, AttnMask::None),
             KvMode::BlockCausal { block_tokens } => {
@@ -98,10 +142,14 @@ impl SelfAttention {
                 )
             }
         };
-        let q = self.heads_view(&self.norm_q.forward(&self.q.forward(x)?)?)?;
+        let q = q.ok_or_else(|| crate::Error::Config("attention without queries".into()))?;
         let q = ops::rope_3d(&q, grid, t_offset, rope)?;
         let out = ops::attention(&q, &keys, &values, kv_len, mask)?;
-        let out = out.reshape(&[l, x.dim(1)])?;
+        let out = match sp {
+            None => out,
+            Some(u) => u.gather_heads(&out)?,
+        };
+        let out = out.reshape(&[x.dim(0), x.dim(1)])?;
         Ok(Some(self.o.forward(&out)?))
     }
 }

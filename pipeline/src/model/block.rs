@@ -1,4 +1,5 @@
 use kernels::{ops, RopeTable, Tensor};
+use sp::Ulysses;
 
 use super::attention::{CrossAttention, KvMode, SelfAttention, TextKv};
 use super::layers::{row, Activation, LayerNorm, Linear, Mlp};
@@ -96,6 +97,22 @@ impl WanBlock {
         mode: KvMode,
         kv_only: bool,
     ) -> Result<Option<Tensor>> {
+        self.forward_with(x, inp, text, camera, mode, kv_only, None)
+    }
+
+    /// [`forward`](Self::forward) on a rank's token shard under Ulysses (`sp`): everything but
+    /// self-attention is token-local, so only self-attention sees the other ranks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        inp: &BlockInputs,
+        text: &TextKv,
+        camera: Option<&CameraMod>,
+        mode: KvMode,
+        kv_only: bool,
+        sp: Option<&Ulysses>,
+    ) -> Result<Option<Tensor>> {
         // Rows: shift, scale, gate for self-attention, then for the FFN.
         let m = ops::add(&self.modulation.reshape(&[6, x.dim(1)])?, inp.e0)?;
         let e = |i| row(&m, i);
@@ -103,7 +120,7 @@ impl WanBlock {
         let h = ops::modulate(&h, &e(0)?, &e(1)?)?;
         let Some(y) =
             self.self_attn
-                .forward(&h, inp.grid, inp.t_offset, inp.rope, mode, kv_only)?
+                .forward_with(&h, inp.grid, inp.t_offset, inp.rope, mode, kv_only, sp)?
         else {
             return Ok(None);
         };

@@ -10,6 +10,7 @@ pub use block::{BlockInputs, CamInjector, CameraMod, WanBlock};
 pub use layers::{Activation, LayerNorm, Linear, Mlp, RmsNorm};
 
 use kernels::{ops, KvCache, RopeTable, Tensor};
+use sp::{Communicator, Ulysses};
 
 use crate::config::ModelConfig;
 use crate::weights::{Vb, WeightStore};
@@ -233,7 +234,40 @@ impl WanModel {
         text: &TextContext,
         camera: Option<&CameraContext>,
         attn: Attn,
+        trace: Option<Trace>,
+    ) -> Result<Option<Tensor>> {
+        self.forward_impl(x, t, first_frame, text, camera, attn, trace, None)
+    }
+
+    /// One rank's share of [`forward`](Self::forward) under Ulysses sequence parallelism on
+    /// `comm`: every rank passes the whole latent `x`, its own token shard of the camera
+    /// context (see [`sp::TokenShard::take`]) and caches of its own heads; the blocks run on
+    /// the rank's tokens, and every rank gets the whole velocity back.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_parallel(
+        &self,
+        x: &Tensor,
+        t: f64,
+        first_frame: u64,
+        text: &TextContext,
+        camera: Option<&CameraContext>,
+        attn: Attn,
+        comm: &dyn Communicator,
+    ) -> Result<Option<Tensor>> {
+        self.forward_impl(x, t, first_frame, text, camera, attn, None, Some(comm))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_impl(
+        &self,
+        x: &Tensor,
+        t: f64,
+        first_frame: u64,
+        text: &TextContext,
+        camera: Option<&CameraContext>,
+        attn: Attn,
         mut trace: Option<Trace>,
+        comm: Option<&dyn Communicator>,
     ) -> Result<Option<Tensor>> {
         let cfg = &self.cfg;
         let [pt, ph, pw] = cfg.patch;
@@ -265,11 +299,24 @@ impl WanModel {
             }
         };
         let x = x.to_device(self.device())?;
-        let mut h = ops::patch_embed(
-            &x,
-            &self.patch_embedding_weight,
-            Some(&self.patch_embedding_bias),
-        )?;
+        let sp = match comm {
+            Some(c) => Some(Ulysses::new(c, grid.iter().product())?),
+            None => None,
+        };
+        let mut h = match &sp {
+            None => ops::patch_embed(
+                &x,
+                &self.patch_embedding_weight,
+                Some(&self.patch_embedding_bias),
+            )?,
+            // `patch_embed` is a patchify and a linear: the linear runs on this rank's rows.
+            Some(u) => {
+                let w = &self.patch_embedding_weight;
+                let cols = u.shard.take(&ops::patchify(&x, cfg.patch)?)?;
+                let wf = w.reshape(&[w.dim(0), w.elem_count() / w.dim(0)])?;
+                ops::linear(&cols, &wf, Some(&self.patch_embedding_bias))?
+            }
+        };
         emit("patch_embedding", &h);
         let (e, e0) = self.time_embedding(t)?;
         emit("time_embedding", &e);
@@ -310,7 +357,8 @@ impl WanModel {
                 },
             };
             let cam = camera.map(|c| &c.blocks[i]);
-            match block.forward(&h, &inp, &text.blocks[i], cam, mode, kv_only && i == last)? {
+            let kv_only = kv_only && i == last;
+            match block.forward_with(&h, &inp, &text.blocks[i], cam, mode, kv_only, sp.as_ref())? {
                 Some(y) => h = y,
                 None => return Ok(None),
             }
@@ -324,6 +372,10 @@ impl WanModel {
         let y = ops::layer_norm(&h, None, None, cfg.eps)?;
         let y = ops::modulate(&y, &layers::row(&m, 0)?, &layers::row(&m, 1)?)?;
         let y = self.head.head.forward(&y)?;
+        let y = match &sp {
+            Some(u) => u.gather_tokens(&y)?,
+            None => y,
+        };
         emit("head", &y);
         Ok(Some(ops::unpatchify(&y, grid, cfg.patch)?))
     }

@@ -1,0 +1,129 @@
+//! A streaming session across cards (DESIGN.md §5): an [`EngineGroup`] runs one [`Engine`] per
+//! rank on its own thread. Every rank replays the same session (same seed, controls, prompt),
+//! so noise, camera and sampler agree everywhere; the DiT runs on the rank's token shard with
+//! Ulysses self-attention and a KV cache of the rank's heads; rank 0's chunk is the result.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kernels::Tensor;
+use sp::{BoxError, CommStats, Communicator, LoopbackWorld, RankGroup, RankWorker};
+
+use crate::{Chunk, ChunkInputs, Engine, EngineConfig, Error, Result, WanModel};
+
+/// How long a rank may wait in a collective for the others before the group fails, and how
+/// long the others may take to stop once one rank has failed.
+pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What the group's ranks are asked to do, each on its own engine.
+#[derive(Clone, Debug)]
+enum Job {
+    Chunk(ChunkInputs),
+    Prompt(Tensor),
+    FirstFrame(Tensor),
+    Reset,
+}
+
+#[derive(Debug)]
+struct RankEngine {
+    engine: Engine,
+    rank: usize,
+}
+
+impl RankWorker<Job> for RankEngine {
+    type Output = Option<Chunk>;
+
+    fn run(&mut self, job: Job) -> std::result::Result<Option<Option<Chunk>>, BoxError> {
+        let chunk = match job {
+            Job::Chunk(inputs) => Some(self.engine.next_chunk(&inputs)?),
+            Job::Prompt(context) => {
+                self.engine.set_prompt(&context)?;
+                None
+            }
+            Job::FirstFrame(latent) => {
+                self.engine.set_first_frame(&latent)?;
+                None
+            }
+            Job::Reset => {
+                self.engine.reset();
+                None
+            }
+        };
+        Ok((self.rank == 0).then_some(chunk))
+    }
+}
+
+/// Wraps each rank's communicator before its engine is built (tracing, fault injection).
+pub type CommWrapper = dyn Fn(Arc<dyn Communicator>) -> Arc<dyn Communicator> + Send + Sync;
+
+/// One streaming session on `cards` ranks, in lockstep.
+#[derive(Debug)]
+pub struct EngineGroup {
+    group: RankGroup<Job, Option<Chunk>>,
+}
+
+impl EngineGroup {
+    /// `cards` ranks as threads of this process over the loopback communicator, all sharing
+    /// `model` (the weights are not sharded). The model's heads must divide by `cards`.
+    pub fn loopback(model: Arc<WanModel>, cfg: EngineConfig, cards: usize) -> Result<Self> {
+        Self::loopback_with(model, cfg, cards, Arc::new(|c| c))
+    }
+
+    /// [`loopback`](Self::loopback) with each rank's communicator passed through `wrap`.
+    pub fn loopback_with(
+        model: Arc<WanModel>,
+        cfg: EngineConfig,
+        cards: usize,
+        wrap: Arc<CommWrapper>,
+    ) -> Result<Self> {
+        sp::heads_per_card(model.cfg.num_heads, cards)?;
+        let comms = LoopbackWorld::new(cards, COLLECTIVE_TIMEOUT)?
+            .communicators()
+            .into_iter()
+            .map(|c| wrap(Arc::new(c)))
+            .collect();
+        let group = RankGroup::spawn(comms, COLLECTIVE_TIMEOUT, move |rank, comm| {
+            let engine = Engine::with_communicator(model.clone(), cfg.clone(), comm)?;
+            Ok(RankEngine { engine, rank })
+        })?;
+        Ok(EngineGroup { group })
+    }
+
+    pub fn cards(&self) -> usize {
+        self.group.world_size()
+    }
+
+    /// Generates the next chunk on every rank; rank 0's latents are returned.
+    pub fn next_chunk(&mut self, inputs: &ChunkInputs) -> Result<Chunk> {
+        self.group
+            .run(Job::Chunk(inputs.clone()))?
+            .ok_or_else(|| Error::Config("rank 0 returned no chunk".into()))
+    }
+
+    /// [`Engine::set_prompt`] on every rank.
+    pub fn set_prompt(&mut self, context: &Tensor) -> Result<()> {
+        self.group.run(Job::Prompt(context.clone()))?;
+        Ok(())
+    }
+
+    /// [`Engine::set_first_frame`] on every rank.
+    pub fn set_first_frame(&mut self, latent: &Tensor) -> Result<()> {
+        self.group.run(Job::FirstFrame(latent.clone()))?;
+        Ok(())
+    }
+
+    /// [`Engine::reset`] on every rank.
+    pub fn reset(&mut self) -> Result<()> {
+        self.group.run(Job::Reset)?;
+        Ok(())
+    }
+
+    /// Bytes each rank has sent so far, in rank order.
+    pub fn comm_stats(&self) -> Vec<CommStats> {
+        self.group
+            .communicators()
+            .iter()
+            .map(|c| c.stats())
+            .collect()
+    }
+}
