@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use pipeline::camera::Controls;
-use pipeline::{ChunkInputs, Engine};
+use pipeline::{ChunkInputs, Engine, EngineGroup};
 use tracing::info;
 
 #[derive(Debug, Parser)]
@@ -83,15 +83,31 @@ fn main() -> Result<()> {
     }
 }
 
+/// One card, or a rank group of `--cards` ranks.
+enum Session {
+    One(Box<Engine>),
+    Group(EngineGroup),
+}
+
 /// Runs the chunk engine on the chosen model and reports each chunk. Serving sessions over
 /// WebSocket/WebRTC is the worker issue's work; until then this is how the engine is exercised.
 fn generate(args: &setup::ModelArgs, chunks: u64) -> Result<()> {
     let loaded = setup::load(args)?;
-    let mut engine = Engine::new(loaded.model.clone(), loaded.engine_config(args.seed))?;
+    let cfg = loaded.engine_config(args.seed);
+    let resolution = format!("{}x{}", cfg.width, cfg.height);
+    let mut session = if loaded.cards > 1 {
+        Session::Group(EngineGroup::loopback(
+            loaded.model.clone(),
+            cfg,
+            loaded.cards,
+        )?)
+    } else {
+        Session::One(Box::new(Engine::new(loaded.model.clone(), cfg)?))
+    };
     info!(
         model = %loaded.model.cfg.name,
-        resolution = %format!("{}x{}", engine.config().width, engine.config().height),
-        timesteps = ?engine.timesteps(),
+        resolution,
+        cards = loaded.cards,
         "streaming {chunks} chunks (no HTTP serving yet: this build only runs the engine)"
     );
     // A fixed tour: forward, turn right, strafe, look up, so every control path runs.
@@ -117,7 +133,11 @@ fn generate(args: &setup::ModelArgs, chunks: u64) -> Result<()> {
     ];
     for i in 0..chunks {
         let controls = tour[(i % tour.len() as u64) as usize];
-        let chunk = engine.next_chunk(&ChunkInputs { controls })?;
+        let inputs = ChunkInputs { controls };
+        let chunk = match &mut session {
+            Session::One(e) => e.next_chunk(&inputs)?,
+            Session::Group(g) => g.next_chunk(&inputs)?,
+        };
         let t = &chunk.timings;
         let steps: Vec<String> = t
             .steps

@@ -39,9 +39,13 @@ fn default_run_says_its_weights_are_random_and_streams_chunks() {
 
 #[test]
 fn bad_flags_fail_with_a_reason() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--model", "giant"], "unknown model 'giant'"),
         (&["--cards", "3"], "do not split over 3 cards"),
+        (
+            &["--device", "cuda", "--cards", "2"],
+            "NCCL/RCCL communicator",
+        ),
         (&["--device", "rocm"], "ROCm backend is not in this build"),
         (
             &["--weights", "/nonexistent/w.safetensors"],
@@ -54,4 +58,13 @@ fn bad_flags_fail_with_a_reason() {
         assert!(!out.status.success(), "{args:?} should fail");
         assert!(err.contains(want), "{args:?}: expected '{want}' in:\n{err}");
     }
+}
+
+#[test]
+fn cards_on_the_cpu_run_the_loopback_rank_group() {
+    let out = worker(&["--cards", "4", "--chunks", "2", "--log-format", "json"]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("\"cards\":4"), "{log}");
+    assert_eq!(log.matches("chunk done").count(), 2, "{log}");
 }
