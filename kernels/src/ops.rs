@@ -200,7 +200,7 @@ pub enum NormOut {
 
 /// `LayerNorm(x)·(1 + scale) + shift` (LayerNorm without affine) written directly as the next
 /// projection's input dtype: one pass on GPUs. The CPU reference is `layer_norm` then `modulate`
-/// then the conversion, so it rounds exactly as the unfused ops do.
+/// in f32, then the conversion: for f32 input it rounds exactly as the unfused ops do.
 pub fn norm_modulate(
     x: &Tensor,
     shift: &Tensor,
@@ -222,7 +222,12 @@ pub fn norm_modulate(
     }
     match x.storage() {
         Storage::Cpu(_) => {
-            let y = modulate(&layer_norm(x, None, None, eps)?, shift, scale)?;
+            // One rounding, at the output: the normalised row stays f32 whatever x's dtype.
+            let y = modulate(
+                &layer_norm(&x.to_dtype(DType::F32)?, None, None, eps)?,
+                shift,
+                scale,
+            )?;
             match out {
                 NormOut::Dtype(d) => y.to_dtype(d),
                 NormOut::Fp8Rowwise => quantize_fp8(&y, ScaleKind::Rowwise),
