@@ -165,6 +165,49 @@ impl CudaBackend {
     pub fn memory(&self) -> Result<(usize, usize)> {
         self.ctx.mem_get_info().map_err(|e| self.err(e))
     }
+
+    /// The raw `CUstream` all of this device's ops run on, for libraries that enqueue on it
+    /// (NCCL/RCCL). Valid while this backend lives; never destroy it.
+    pub fn cu_stream(&self) -> *mut std::ffi::c_void {
+        self.stream.cu_stream() as *mut std::ffi::c_void
+    }
+
+    /// Makes this device's context current on the calling thread (libraries that use the
+    /// runtime API, such as NCCL, take the device from it).
+    pub fn bind_to_thread(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| self.err(e))
+    }
+
+    /// A marker after the work queued so far on this device's stream, to poll without
+    /// blocking (a host that must not wait forever on a collective polls it with a deadline).
+    pub fn marker(&self) -> Result<CudaMarker> {
+        let event = self.stream.record_event(None).map_err(|e| self.err(e))?;
+        Ok(CudaMarker {
+            event,
+            ordinal: self.ordinal,
+        })
+    }
+}
+
+/// A point in a device's stream (see [`CudaBackend::marker`]).
+pub struct CudaMarker {
+    event: cudarc::driver::CudaEvent,
+    ordinal: usize,
+}
+
+impl std::fmt::Debug for CudaMarker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaMarker(cuda:{})", self.ordinal)
+    }
+}
+
+impl CudaMarker {
+    /// Whether the stream has passed the marker; an error of the work before it is returned.
+    pub fn is_done(&self) -> Result<bool> {
+        self.event
+            .try_is_complete()
+            .map_err(|e| dev_err(self.ordinal, e))
+    }
 }
 
 /// Raises the default memory pool's release threshold so stream-ordered frees keep their memory

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use super::CudaBackend;
@@ -140,6 +140,53 @@ impl CudaStorage {
             dev: dev.clone(),
             data,
         })
+    }
+}
+
+impl CudaStorage {
+    /// The device address of the elements (f32 or bf16; fp8 storage has two buffers and is
+    /// refused), for libraries that read it on this storage's stream (NCCL/RCCL sends). The
+    /// address stays valid while `self` lives; stream-ordered frees keep it valid for work
+    /// queued on the same stream before the free.
+    pub fn device_ptr(&self) -> Result<u64> {
+        let s = &self.dev.stream;
+        Ok(match &self.data {
+            CudaData::F32(d) => d.device_ptr(s).0,
+            CudaData::BF16(d) => d.device_ptr(s).0,
+            CudaData::F8 { .. } => return Err(self.no_raw_fp8()),
+        })
+    }
+
+    /// [`device_ptr`](Self::device_ptr) with the intent to write (NCCL/RCCL receives).
+    pub fn device_ptr_mut(&mut self) -> Result<u64> {
+        let s = &self.dev.stream;
+        Ok(match &mut self.data {
+            CudaData::F32(d) => d.device_ptr_mut(s).0,
+            CudaData::BF16(d) => d.device_ptr_mut(s).0,
+            CudaData::F8 { .. } => return Err(self.no_raw_fp8()),
+        })
+    }
+
+    fn no_raw_fp8(&self) -> crate::Error {
+        crate::Error::DType {
+            op: "cuda device pointer",
+            got: DType::F8E4M3,
+            msg: "f32 or bf16 (fp8 keeps codes and scales apart)",
+        }
+    }
+
+    /// A tensor of `shape` over this storage.
+    pub fn into_tensor(self, shape: &[usize]) -> Result<crate::Tensor> {
+        if shape.iter().product::<usize>() != self.data.len() {
+            return Err(crate::error::shape_err(
+                "cuda into_tensor",
+                format!("{} elements for shape {shape:?}", self.data.len()),
+            ));
+        }
+        Ok(crate::Tensor::from_storage(
+            crate::Storage::Cuda(self),
+            shape.to_vec(),
+        ))
     }
 }
 
