@@ -1,16 +1,19 @@
 //! Sequence parallelism across cards (DESIGN.md §5): the [`Communicator`] collectives with a
 //! loopback backend (ranks as threads of one process, for CPU runs and CI), the [`RankGroup`]
 //! that runs one thread per rank in lockstep, and the data movement of [`Ulysses`] attention.
-//! The NCCL/RCCL backend implements the same trait.
+//! The NCCL/RCCL backend ([`NcclComm`]) implements the same trait on GPU tensors.
 
 mod comm;
 mod group;
 mod loopback;
+mod nccl;
 mod ulysses;
 
 pub use comm::{tensor_bytes, CommStats, Communicator, Kind, StatCounters};
 pub use group::{BoxError, RankGroup, RankWorker};
 pub use loopback::{LoopbackComm, LoopbackWorld};
+pub use nccl::{nccl_library, NcclComm};
+pub use rccl_sys;
 pub use ulysses::{pad_rows, TokenShard, Ulysses};
 
 /// Errors of the communicators and the rank group.
@@ -46,6 +49,13 @@ pub enum Error {
 
     #[error("sequence parallel: {0}")]
     Invalid(String),
+
+    /// The collectives library could not be loaded (the message names what was tried).
+    #[error("{0}")]
+    Library(String),
+
+    #[error("NCCL on rank {rank}: {msg}")]
+    Nccl { rank: usize, msg: String },
 
     #[error(transparent)]
     Kernel(#[from] kernels::Error),
