@@ -18,5 +18,5 @@ pub use config::ModelConfig;
 pub use engine::{Chunk, ChunkInputs, Engine, EngineConfig};
 pub use error::{Error, Result};
 pub use model::WanModel;
-pub use parallel::EngineGroup;
+pub use parallel::{EngineGroup, ModelLoader};
 pub use weights::WeightStore;

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kernels::Tensor;
-use sp::{BoxError, CommStats, Communicator, LoopbackWorld, RankGroup, RankWorker};
+use kernels::{Device, Tensor};
+use sp::{BoxError, CommStats, Communicator, LoopbackWorld, NcclComm, RankGroup, RankWorker};
 
-use crate::{Chunk, ChunkInputs, Engine, EngineConfig, Error, Result, WanModel};
+use crate::{Chunk, ChunkInputs, Engine, EngineConfig, Error, ModelConfig, Result, WanModel};
 
 /// How long a rank may wait in a collective for the others before the group fails, and how
 /// long the others may take to stop once one rank has failed.
@@ -56,6 +56,10 @@ impl RankWorker<Job> for RankEngine {
 /// Wraps each rank's communicator before its engine is built (tracing, fault injection).
 pub type CommWrapper = dyn Fn(Arc<dyn Communicator>) -> Arc<dyn Communicator> + Send + Sync;
 
+/// Builds one rank's model on the given device (e.g. a `WeightStore` opened again and put
+/// `on_device`, then `WanModel::load`).
+pub type ModelLoader = dyn Fn(Device) -> Result<WanModel> + Send + Sync;
+
 /// One streaming session on `cards` ranks, in lockstep.
 #[derive(Debug)]
 pub struct EngineGroup {
@@ -84,6 +88,46 @@ impl EngineGroup {
             .collect();
         let group = RankGroup::spawn(comms, COLLECTIVE_TIMEOUT, move |rank, comm| {
             let engine = Engine::with_communicator(model.clone(), cfg.clone(), comm)?;
+            Ok(RankEngine { engine, rank })
+        })?;
+        Ok(EngineGroup { group })
+    }
+
+    /// One rank per GPU of `gpus` (rank `i` on `cuda:gpus[i]`) over NCCL: each rank loads its
+    /// own copy of the model onto its GPU with `load` (on its own thread, so the copies load
+    /// in parallel), then runs the same lockstep engine as [`loopback`](Self::loopback).
+    /// `model`'s heads must divide by the GPU count.
+    pub fn nccl(
+        model: &ModelConfig,
+        load: Arc<ModelLoader>,
+        cfg: EngineConfig,
+        gpus: &[usize],
+    ) -> Result<Self> {
+        Self::nccl_with(model, load, cfg, gpus, COLLECTIVE_TIMEOUT)
+    }
+
+    /// [`nccl`](Self::nccl) with another bound on how long a rank waits for a collective (and
+    /// for the others to join the group).
+    pub fn nccl_with(
+        model: &ModelConfig,
+        load: Arc<ModelLoader>,
+        cfg: EngineConfig,
+        gpus: &[usize],
+        timeout: Duration,
+    ) -> Result<Self> {
+        sp::heads_per_card(model.num_heads, gpus.len())?;
+        let comms = NcclComm::group(gpus, timeout)?
+            .into_iter()
+            .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+            .collect();
+        let gpus = gpus.to_vec();
+        let group = RankGroup::spawn(comms, timeout, move |rank, comm| {
+            let gpu = gpus
+                .get(rank)
+                .copied()
+                .ok_or_else(|| Error::Config(format!("no GPU for rank {rank}")))?;
+            let model = Arc::new(load(Device::Cuda(gpu))?);
+            let engine = Engine::with_communicator(model, cfg.clone(), comm)?;
             Ok(RankEngine { engine, rank })
         })?;
         Ok(EngineGroup { group })

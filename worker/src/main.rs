@@ -95,17 +95,14 @@ fn generate(args: &setup::ModelArgs, chunks: u64) -> Result<()> {
     let loaded = setup::load(args)?;
     let cfg = loaded.engine_config(args.seed);
     let resolution = format!("{}x{}", cfg.width, cfg.height);
-    let mut session = if loaded.cards > 1 {
-        Session::Group(EngineGroup::loopback(
-            loaded.model.clone(),
-            cfg,
-            loaded.cards,
-        )?)
-    } else {
-        Session::One(Box::new(Engine::new(loaded.model.clone(), cfg)?))
+    let mut session = match &loaded.model {
+        Some(model) if loaded.cards == 1 => {
+            Session::One(Box::new(Engine::new(model.clone(), cfg)?))
+        }
+        _ => Session::Group(loaded.engine_group(cfg)?),
     };
     info!(
-        model = %loaded.model.cfg.name,
+        model = %loaded.cfg.name,
         resolution,
         cards = loaded.cards,
         "streaming {chunks} chunks (no HTTP serving yet: this build only runs the engine)"
