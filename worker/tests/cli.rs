@@ -39,12 +39,24 @@ fn default_run_says_its_weights_are_random_and_streams_chunks() {
 
 #[test]
 fn bad_flags_fail_with_a_reason() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--model", "giant"], "unknown model 'giant'"),
         (&["--cards", "3"], "do not split over 3 cards"),
         (
-            &["--device", "cuda", "--cards", "2"],
-            "NCCL/RCCL communicator",
+            &["--device", "cuda", "--cards", "3"],
+            "do not split over 3 cards",
+        ),
+        (
+            &["--device", "cuda", "--cards", "2", "--gpus", "0"],
+            "--gpus lists 1 GPU(s) ([0]) for --cards 2",
+        ),
+        (
+            &["--device", "cuda", "--cards", "2", "--gpus", "1,1"],
+            "--gpus lists GPU 1 twice",
+        ),
+        (
+            &["--cards", "2", "--gpus", "0,1"],
+            "--gpus needs --device cuda or rocm",
         ),
         (&["--device", "rocm"], "ROCm backend is not in this build"),
         (
