@@ -370,6 +370,8 @@ impl NcclComm {
         let Some(marker) = marker else {
             return Ok(());
         };
+        // Event queries need the device's context on this thread (a drop on another thread).
+        self.slot.dev.bind_to_thread()?;
         let started = Instant::now();
         let mut polls = 0u64;
         loop {
