@@ -494,6 +494,173 @@ pub fn unpatchify(x: &Tensor, grid: [usize; 3], patch: [usize; 3]) -> Result<Ten
     t.reshape(&[c, grid[0] * pt, grid[1] * ph, grid[2] * pw])
 }
 
+/// The error of an op the CUDA backend does not have yet.
+fn not_on_cuda(op: &'static str, x: &Tensor) -> Error {
+    Error::Device {
+        device: x.device().to_string(),
+        msg: format!("{op} is not implemented on CUDA yet"),
+    }
+}
+
+/// Zero padding of a convolution: `(before, after)` per axis `(t, h, w)`.
+pub type Padding3d = [[usize; 2]; 3];
+
+/// 3-D convolution (PyTorch `Conv3d` with zero padding, no dilation or groups) of
+/// `x: [cin, t, h, w]` with `w: [cout, cin, kt, kh, kw]` → `[cout, t', h', w']`, where
+/// `t' = (t + before + after − kt) / stride + 1` per axis. A per-frame 2-D convolution is `kt = 1`
+/// (a `Conv2d` weight reshaped to `[cout, cin, 1, kh, kw]`); a causal time axis is padded by the
+/// caller, who prepends cached or zero frames. f32 accumulation; the output has `x`'s dtype.
+pub fn conv3d(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    stride: [usize; 3],
+    padding: Padding3d,
+) -> Result<Tensor> {
+    no_fp8("conv3d", x)?;
+    no_fp8("conv3d", w)?;
+    same_device("conv3d", x, w)?;
+    let describe = || {
+        format!(
+            "input {:?} weight {:?} stride {stride:?} padding {padding:?}",
+            x.shape(),
+            w.shape()
+        )
+    };
+    if x.rank() != 4 || w.rank() != 5 || w.dim(1) != x.dim(0) || w.dim(0) == 0 {
+        return Err(shape_err("conv3d", describe()));
+    }
+    let input = [x.dim(1), x.dim(2), x.dim(3)];
+    let kernel = [w.dim(2), w.dim(3), w.dim(4)];
+    let mut output = [0usize; 3];
+    for a in 0..3 {
+        let padded = input[a] + padding[a][0] + padding[a][1];
+        if stride[a] == 0 || kernel[a] == 0 || padded < kernel[a] {
+            return Err(shape_err("conv3d", describe()));
+        }
+        output[a] = (padded - kernel[a]) / stride[a] + 1;
+    }
+    let (cin, cout) = (x.dim(0), w.dim(0));
+    if let Some(b) = b {
+        no_fp8("conv3d bias", b)?;
+        same_device("conv3d", x, b)?;
+        if b.elem_count() != cout {
+            return Err(shape_err(
+                "conv3d",
+                format!("bias {:?} for {cout} output channels", b.shape()),
+            ));
+        }
+    }
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let dims = cpu::conv::Conv3dDims {
+                cin,
+                cout,
+                input,
+                kernel,
+                stride,
+                padding,
+                output,
+            };
+            let bias = b.map(|b| b.cpu_f32());
+            let out = cpu::conv::conv3d(&x.cpu_f32(), &w.cpu_f32(), bias.as_deref(), &dims);
+            finish(out, &[cout, output[0], output[1], output[2]], out_dtype(x))
+        }
+        Storage::Cuda(_) => Err(not_on_cuda("conv3d", x)),
+    }
+}
+
+/// Nearest-neighbour upsampling of the last two axes (rank ≥ 2) by integer factors `[fh, fw]`;
+/// equal to PyTorch's `nearest` and `nearest-exact` modes at integer factors.
+pub fn upsample_nearest_2d(x: &Tensor, factors: [usize; 2]) -> Result<Tensor> {
+    no_fp8("upsample_nearest_2d", x)?;
+    if x.rank() < 2 || factors.contains(&0) {
+        return Err(shape_err(
+            "upsample_nearest_2d",
+            format!("{:?} by {factors:?}", x.shape()),
+        ));
+    }
+    let (h, w) = (x.dim(-2), x.dim(-1));
+    let outer = x.elem_count() / (h * w).max(1);
+    let mut shape = x.shape().to_vec();
+    let r = shape.len();
+    shape[r - 2] *= factors[0];
+    shape[r - 1] *= factors[1];
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let out = cpu::conv::upsample_nearest_2d(&x.cpu_f32(), outer, h, w, factors);
+            finish(out, &shape, x.dtype())
+        }
+        Storage::Cuda(_) => Err(not_on_cuda("upsample_nearest_2d", x)),
+    }
+}
+
+fn check_channel_param(op: &'static str, x: &Tensor, p: &Tensor) -> Result<()> {
+    no_fp8(op, p)?;
+    same_device(op, x, p)?;
+    if x.rank() == 0 || p.elem_count() != x.dim(0) {
+        return Err(shape_err(
+            op,
+            format!(
+                "parameter {:?} for input {:?} (one value per channel, dim 0)",
+                p.shape(),
+                x.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The Wan VAE's `RMS_norm` on channels-first `x: [c, ..]`: at each position, the channel vector
+/// divided by its L2 norm (floored at `eps`, as `F.normalize` does), times `sqrt(c)` and `gamma[c]`
+/// (any shape holding `c` values, like the checkpoint's `[c, 1, 1, 1]`).
+pub fn channel_rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<Tensor> {
+    no_fp8("channel_rms_norm", x)?;
+    check_channel_param("channel_rms_norm", x, gamma)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let c = x.dim(0);
+            let n = x.elem_count() / c.max(1);
+            let out = cpu::conv::channel_rms_norm(&x.cpu_f32(), c, n, &gamma.cpu_f32(), eps);
+            finish(out, x.shape(), x.dtype())
+        }
+        Storage::Cuda(_) => Err(not_on_cuda("channel_rms_norm", x)),
+    }
+}
+
+/// `x[c, ..] · mul[c] + add[c]` on channels-first `x` (the VAE's latent mean/std).
+pub fn channel_affine(x: &Tensor, mul: &Tensor, add: &Tensor) -> Result<Tensor> {
+    no_fp8("channel_affine", x)?;
+    check_channel_param("channel_affine", x, mul)?;
+    check_channel_param("channel_affine", x, add)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let n = x.elem_count() / x.dim(0).max(1);
+            let out = cpu::conv::channel_affine(&x.cpu_f32(), n, &mul.cpu_f32(), &add.cpu_f32());
+            finish(out, x.shape(), x.dtype())
+        }
+        Storage::Cuda(_) => Err(not_on_cuda("channel_affine", x)),
+    }
+}
+
+/// Element-wise `min(max(x, lo), hi)`; NaN stays NaN.
+pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
+    if lo.is_nan() || hi.is_nan() || lo > hi {
+        return Err(Error::Invalid {
+            op: "clamp",
+            msg: format!("bounds [{lo}, {hi}] are empty"),
+        });
+    }
+    no_fp8("clamp", x)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let out = x.cpu_f32().iter().map(|&v| v.clamp(lo, hi)).collect();
+            finish(out, x.shape(), x.dtype())
+        }
+        Storage::Cuda(_) => Err(not_on_cuda("clamp", x)),
+    }
+}
+
 /// Quantizes to fp8 e4m3fn with `scale = max(amax / 448, MIN_SCALE)` over the whole tensor or
 /// per row (last dim).
 pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {

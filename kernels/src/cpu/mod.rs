@@ -5,6 +5,7 @@
 //! count, so results are bit-identical across runs and machines' core counts.
 
 pub mod attention;
+pub mod conv;
 pub mod linear;
 pub mod norm;
 pub mod rope;
