@@ -36,42 +36,32 @@ WL_DEVICE unsigned char wl_to_e4m3(float x) {
     return sign | (unsigned char)code;
 }
 
-// Sum over a block whose size is a multiple of the warp size (≤ 1024); every thread gets it.
-WL_DEVICE float wl_block_sum(float v, float* scratch) {
-    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) v += wl_shfl_xor(v, m);
-    int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
-    int warps = blockDim.x / WL_WARP_SIZE;
+// Reduction over a block whose size is a multiple of the warp size (≤ 1024): every thread gets
+// the result. `scratch` holds one value per warp.
+struct WlSum {
+    template <typename V>
+    WL_DEVICE V operator()(V a, V b) const { return a + b; }
+};
+struct WlMax {
+    WL_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename V, typename Op>
+WL_DEVICE V wl_block_reduce(V v, V* scratch, Op op) {
+    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) v = op(v, wl_shfl_xor(v, m));
+    const int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
+    const int warps = blockDim.x / WL_WARP_SIZE;
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    float t = 0.0f;
-    for (int w = 0; w < warps; ++w) t += scratch[w];
+    V t = scratch[0];
+    for (int w = 1; w < warps; ++w) t = op(t, scratch[w]);
     return t;
 }
 
-WL_DEVICE double wl_block_sum_f64(double v, double* scratch) {
-    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) v += wl_shfl_xor(v, m);
-    int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
-    int warps = blockDim.x / WL_WARP_SIZE;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    double t = 0.0;
-    for (int w = 0; w < warps; ++w) t += scratch[w];
-    return t;
-}
-
-WL_DEVICE float wl_block_max(float v, float* scratch) {
-    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) v = fmaxf(v, wl_shfl_xor(v, m));
-    int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
-    int warps = blockDim.x / WL_WARP_SIZE;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float t = scratch[0];
-    for (int w = 1; w < warps; ++w) t = fmaxf(t, scratch[w]);
-    return t;
-}
+WL_DEVICE float wl_block_sum(float v, float* scratch) { return wl_block_reduce(v, scratch, WlSum()); }
+WL_DEVICE double wl_block_sum_f64(double v, double* scratch) { return wl_block_reduce(v, scratch, WlSum()); }
+WL_DEVICE float wl_block_max(float v, float* scratch) { return wl_block_reduce(v, scratch, WlMax()); }
 
 #define WL_GRID_STRIDE(i, n) \
     for (wl_u64 i = (wl_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (wl_u64)gridDim.x * blockDim.x)

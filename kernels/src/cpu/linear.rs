@@ -55,51 +55,27 @@ fn with_stable_rows(
     out[..m * n].copy_from_slice(&wide[..m * n]);
 }
 
-/// `out = a · bᵀ` with `a: [m, k]` and `b: [n, k]`, both row-major.
-pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
-    assert!(a.len() >= m * k && b.len() >= n * k && out.len() >= m * n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        out[..m * n].fill(0.0);
-        return;
-    }
-    with_stable_rows(a, out, (m, k, n), |a, out, m| gemm_nt(a, b, out, m, k, n));
+/// How the right-hand matrix of a product is stored.
+#[derive(Clone, Copy)]
+enum Rhs {
+    /// `[n, k]` row-major, used transposed (a `Linear` weight, attention keys).
+    Nk,
+    /// `[k, n]` row-major (attention values).
+    Kn,
 }
 
-fn gemm_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
-    assert!(a.len() >= m * k && b.len() >= n * k && out.len() >= m * n);
-    // SAFETY: the asserts above bound every index gemm touches: dst is m×n with row stride n,
-    // lhs is m×k with row stride k, rhs (bᵀ) is k×n read with row stride 1 and column stride k.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(),
-        )
-    }
+/// `out = a · bᵀ` with `a: [m, k]` and `b: [n, k]`, both row-major.
+pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    matmul(a, b, out, (m, k, n), Rhs::Nk)
 }
 
 /// `out = a · b` with `a: [m, k]` and `b: [k, n]`, both row-major.
 pub fn matmul_nn(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
-    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+    matmul(a, b, out, (m, k, n), Rhs::Kn)
+}
+
+fn matmul(a: &[f32], b: &[f32], out: &mut [f32], (m, k, n): (usize, usize, usize), rhs: Rhs) {
+    assert!(a.len() >= m * k && b.len() >= n * k && out.len() >= m * n);
     if m == 0 || n == 0 {
         return;
     }
@@ -107,12 +83,20 @@ pub fn matmul_nn(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: u
         out[..m * n].fill(0.0);
         return;
     }
-    with_stable_rows(a, out, (m, k, n), |a, out, m| gemm_nn(a, b, out, m, k, n));
+    with_stable_rows(a, out, (m, k, n), |a, out, m| {
+        gemm_f32(a, b, out, (m, k, n), rhs)
+    });
 }
 
-fn gemm_nn(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
-    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
-    // SAFETY: as in `gemm_nt`; rhs is k×n with row stride n and column stride 1.
+fn gemm_f32(a: &[f32], b: &[f32], out: &mut [f32], (m, k, n): (usize, usize, usize), rhs: Rhs) {
+    assert!(a.len() >= m * k && b.len() >= n * k && out.len() >= m * n);
+    // Column and row strides of the k×n right-hand operand as stored.
+    let (rhs_cs, rhs_rs) = match rhs {
+        Rhs::Nk => (k as isize, 1),
+        Rhs::Kn => (1, n as isize),
+    };
+    // SAFETY: the asserts above bound every index gemm touches: dst is m×n with row stride n,
+    // lhs is m×k with row stride k, rhs is k×n read with the strides of its storage.
     unsafe {
         gemm::gemm(
             m,
@@ -126,8 +110,8 @@ fn gemm_nn(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) 
             1,
             k as isize,
             b.as_ptr(),
-            1,
-            n as isize,
+            rhs_cs,
+            rhs_rs,
             0.0,
             1.0,
             false,
