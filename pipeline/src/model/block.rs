@@ -1,4 +1,4 @@
-use kernels::{ops, RopeTable, Tensor};
+use kernels::{ops, DType, NormOut, RopeTable, Tensor};
 use sp::Ulysses;
 
 use super::attention::{CrossAttention, KvMode, SelfAttention, TextKv};
@@ -70,6 +70,15 @@ pub struct WanBlock {
 }
 
 impl WanBlock {
+    /// The dtype projections are fed in: their weights' (bf16 activations for a bf16 model, so
+    /// the fused norm writes them directly and no cast runs before the GEMM).
+    fn projection_input(&self) -> NormOut {
+        match self.self_attn.q.weight.dtype() {
+            DType::BF16 => NormOut::Dtype(DType::BF16),
+            _ => NormOut::Dtype(DType::F32),
+        }
+    }
+
     pub fn load(vb: &Vb, cfg: &ModelConfig) -> Result<Self> {
         let (dim, heads, eps) = (cfg.dim, cfg.num_heads, cfg.eps);
         Ok(WanBlock {
@@ -116,8 +125,7 @@ impl WanBlock {
         // Rows: shift, scale, gate for self-attention, then for the FFN.
         let m = ops::add(&self.modulation.reshape(&[6, x.dim(1)])?, inp.e0)?;
         let e = |i| row(&m, i);
-        let h = ops::layer_norm(x, None, None, self.eps)?;
-        let h = ops::modulate(&h, &e(0)?, &e(1)?)?;
+        let h = ops::norm_modulate(x, &e(0)?, &e(1)?, self.eps, self.projection_input())?;
         let Some(y) =
             self.self_attn
                 .forward_with(&h, inp.grid, inp.t_offset, inp.rope, mode, kv_only, sp)?
@@ -130,8 +138,7 @@ impl WanBlock {
         }
         let y = self.cross_attn.forward(&self.norm3.forward(&x)?, text)?;
         let x = ops::add(&x, &y)?;
-        let h = ops::layer_norm(&x, None, None, self.eps)?;
-        let h = ops::modulate(&h, &e(3)?, &e(4)?)?;
+        let h = ops::norm_modulate(&x, &e(3)?, &e(4)?, self.eps, self.projection_input())?;
         let y = self.ffn.forward(&h)?;
         Ok(Some(ops::gated_residual(&x, &y, &e(5)?)?))
     }
