@@ -65,3 +65,13 @@ WL_KERNEL void amax_finish(float* scale, const float* partial, int parts) {
 
 WL_FP8(float, f32)
 WL_FP8(wl_bf16, bf16)
+
+// out[m, n] *= sx[m or 0] · sw[n or 0]: the rowwise scales of an fp8 GEMM run with unit scales.
+WL_KERNEL void scale_rows_cols_bf16(wl_bf16* out, const float* sx, int x_rows, const float* sw, int w_rows, wl_u64 m,
+                                    wl_u64 n) {
+    WL_GRID_STRIDE(i, m * n) {
+        const wl_u64 r = i / n, c = i % n;
+        const float s = sx[x_rows ? r : 0] * sw[w_rows ? c : 0];
+        out[i] = wl_to_bf16(wl_ld(out, i) * s);
+    }
+}

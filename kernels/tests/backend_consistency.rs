@@ -229,6 +229,33 @@ fn linear_matches_the_cpu() {
 }
 
 #[test]
+fn fp8_gemm_matches_the_cpu() {
+    for dev in gpus() {
+        let mut rng = Rng::new(6);
+        // Sizes cuBLASLt's fp8 path takes (multiples of 16), and one it does not (dequantized).
+        for (m, k, n) in [(96, 128, 256), (300, 512, 64), (33, 96, 40)] {
+            let x = rand(&mut rng, &[m, k], DType::F32);
+            let w = rand(&mut rng, &[n, k], DType::F32);
+            for xk in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+                for wk in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+                    let xq = ops::quantize_fp8(&x, xk).expect("x");
+                    let wq = ops::quantize_fp8(&w, wk).expect("w");
+                    // Same codes on both sides: only the GEMM's accumulation order and the bf16
+                    // output differ.
+                    check(
+                        &format!("fp8 gemm {m}×{k}×{n} x {xk:?} w {wk:?}"),
+                        dev,
+                        1e-2,
+                        &[&xq, &wq],
+                        |v| ops::linear(&v[0], &v[1], None),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn fp8_quantization_matches_the_cpu_code_for_code() {
     for dev in gpus() {
         let mut rng = Rng::new(3);

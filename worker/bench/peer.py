@@ -29,6 +29,16 @@ for m, k, n in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)]:
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
     ms = bench(lambda: x @ w.t())
     rows.append((f"torch gemm bf16 {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+    xq, wq = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones((), device=dev)
+    ms = bench(lambda: torch._scaled_mm(xq, wq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    rows.append((f"torch _scaled_mm fp8 Tensorwise {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+    sa, sb = torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev)
+    try:
+        ms = bench(lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+        rows.append((f"torch _scaled_mm fp8 Rowwise {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+    except RuntimeError as e:
+        print(f"rowwise _scaled_mm unavailable: {e}")
 x = torch.randn(4680, 5120, device=dev)
 sh, sc = torch.randn(5120, device=dev) * 0.1, torch.randn(5120, device=dev) * 0.1
 ms = bench(lambda: (F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh).to(torch.bfloat16))

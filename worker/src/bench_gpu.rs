@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use kernels::{ops, AttnMask, DType, Device, NormOut, RopeTable, Tensor};
+use kernels::{ops, AttnMask, DType, Device, NormOut, RopeTable, ScaleKind, Tensor};
 use pipeline::model::{BlockInputs, KvMode, WanBlock, ROPE_POSITIONS};
 use pipeline::rng::NormalRng;
 use pipeline::{flops, ModelConfig, WeightStore};
@@ -82,6 +82,19 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             Ok(())
         })?;
         push(format!("gemm bf16 {m}x{k}x{n}"), t, flops::linear(m, k, n));
+        for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+            let xq = ops::quantize_fp8(&x, kind)?;
+            let wq = ops::quantize_fp8(&w, kind)?;
+            let t = time(dev, repeat, || {
+                ops::linear(&xq, &wq, None)?;
+                Ok(())
+            })?;
+            push(
+                format!("gemm fp8 {kind:?} {m}x{k}x{n}"),
+                t,
+                flops::linear(m, k, n),
+            );
+        }
     }
 
     {

@@ -7,6 +7,7 @@
 //! device memory, never managed memory.
 
 mod compile;
+mod fp8_gemm;
 pub mod ops;
 mod storage;
 

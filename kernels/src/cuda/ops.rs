@@ -125,6 +125,13 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
 
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
     let dev = storage(x)?.dev.clone();
+    if super::fp8_gemm::supported(x, w) {
+        let mut y = super::fp8_gemm::linear_fp8(x, w)?;
+        if let Some(b) = bias {
+            y = add(&y, b)?;
+        }
+        return cast(&y, out_dtype);
+    }
     let w = if w.dtype() == DType::F8E4M3 {
         cast(w, DType::BF16)?
     } else {
