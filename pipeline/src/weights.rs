@@ -231,6 +231,14 @@ impl WeightStore {
         Err(Error::UnexpectedKeys { keys })
     }
 
+    /// The name and shape of every tensor the model has loaded, in name order.
+    pub fn loaded_shapes(&self) -> Result<Vec<(String, Vec<usize>)>> {
+        match self.used.lock() {
+            Ok(u) => Ok(u.iter().map(|(k, (s, _))| (k.clone(), s.clone())).collect()),
+            Err(_) => Err(Error::Config("weight store poisoned".into())),
+        }
+    }
+
     /// Every tensor the model has loaded, by checkpoint name, as loaded (read again from the
     /// source): what a checkpoint of this model holds. Used to export random or converted weights.
     pub fn loaded_tensors(&self) -> Result<Vec<(String, Tensor)>> {
@@ -343,7 +351,8 @@ fn convert(bytes: &[u8], from: StDtype, to: DType) -> std::result::Result<CpuSto
     })
 }
 
-/// Random init by role: matrices `N(0,1)/sqrt(fan_in)`, norm gains `1 + 0.1·N`, modulation tables
+/// Random init by role: matrices `N(0,1)/sqrt(fan_in)`, norm gains (vectors, and the VAE's
+/// `*.gamma` of any shape) `1 + 0.1·N`, modulation tables
 /// `N(0,1)/sqrt(dim)`, biases `0.05·N`. Scales keep activations of order one through many layers.
 fn random_tensor(seed: u64, key: &str, shape: &[usize], dtype: DType) -> kernels::Result<Tensor> {
     let n: usize = shape.iter().product();
@@ -352,6 +361,9 @@ fn random_tensor(seed: u64, key: &str, shape: &[usize], dtype: DType) -> kernels
     let last = shape.last().copied().unwrap_or(1).max(1) as f32;
     let data: Vec<f32> = if key.ends_with("modulation") {
         z.iter().map(|v| v / last.sqrt()).collect()
+    } else if key.ends_with(".gamma") {
+        // The VAE's norm gains, stored `[c, 1, 1, 1]`: gains, not matrices.
+        z.iter().map(|v| 1.0 + 0.1 * v).collect()
     } else if shape.len() >= 2 {
         let fan_in = (n / shape[0].max(1)).max(1) as f32;
         z.iter().map(|v| v / fan_in.sqrt()).collect()
