@@ -12,7 +12,6 @@ pub mod model;
 pub mod parallel;
 pub mod rng;
 pub mod sampler;
-pub mod vae;
 pub mod weights;
 
 pub use config::ModelConfig;
