@@ -221,12 +221,12 @@ fn tiny_uses_every_official_name_pattern() {
 }
 
 #[test]
-fn official_config_has_the_published_size() {
+fn official_config_has_the_published_size_and_runs() {
     // ~127M parameters (the Wan paper; 508 MB in f32). Counted from the shapes the loader asks
     // for, with bf16 random weights to keep the test light.
     let store = WeightStore::random(0, DType::BF16);
     let cfg = VaeConfig::wan21();
-    let _vae = WanVae::load(&cfg, &store).expect("wan2.1");
+    let mut vae = WanVae::load(&cfg, &store).expect("wan2.1");
     let n: usize = store
         .loaded_shapes()
         .expect("shapes")
@@ -235,4 +235,10 @@ fn official_config_has_the_published_size() {
         .sum();
     println!("wan2.1 VAE: {n} parameters");
     assert!((126_000_000..128_000_000).contains(&n), "{n} parameters");
+    // The full-width network runs end to end at the smallest frame size.
+    let z = vae.encode(&random(30, &[3, 5, 8, 8])).expect("encode");
+    assert_eq!(z.shape(), [16, 2, 1, 1]);
+    let frames = vae.decode(&z).expect("decode");
+    assert_eq!(frames.shape(), [3, 5, 8, 8]);
+    assert!(frames.to_vec_f32().iter().all(|v| v.is_finite()));
 }
