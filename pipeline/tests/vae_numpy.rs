@@ -212,3 +212,20 @@ fn encoder_matches_numpy() {
     );
     assert_close("encoded latents", &latents, &reference, "latents");
 }
+
+#[test]
+fn reference_selftest_passes() {
+    // The reference's own checks (conv indexing, causality, the decoder's layer list).
+    let python = std::env::var("WORLDLINE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ref/wan_vae_ref.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg("--selftest")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}; install Python 3 with numpy"));
+    assert!(
+        out.status.success(),
+        "wan_vae_ref.py --selftest failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -265,6 +265,8 @@ pub enum Resample {
     /// conv with stride 2 over the previous frame and each new pair, so `1 + 2n` → `1 + n`.
     Down3d {
         conv: FrameConv,
+        /// Weights only: the stride-2 window over `last` and the new frames is built here, so
+        /// its causal cache stays unused.
         time_conv: CausalConv3d,
         /// The last frame after the spatial conv (the stride-2 window's left end).
         last: Option<Tensor>,
