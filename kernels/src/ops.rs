@@ -661,6 +661,29 @@ pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
     }
 }
 
+/// Element-wise `limit · tanh(x / limit)`: a smooth clamp to `(−limit, limit)`, close to the
+/// identity near zero (the tiny video decoder's input `Clamp`, limit 3).
+pub fn soft_clamp(x: &Tensor, limit: f32) -> Result<Tensor> {
+    if !(limit.is_finite() && limit > 0.0) {
+        return Err(Error::Invalid {
+            op: "soft_clamp",
+            msg: format!("limit {limit} must be positive and finite"),
+        });
+    }
+    no_fp8("soft_clamp", x)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let out = x
+                .cpu_f32()
+                .iter()
+                .map(|&v| (v / limit).tanh() * limit)
+                .collect();
+            finish(out, x.shape(), x.dtype())
+        }
+        Storage::Cuda(_) => Err(not_on_cuda("soft_clamp", x)),
+    }
+}
+
 /// Quantizes to fp8 e4m3fn with `scale = max(amax / 448, MIN_SCALE)` over the whole tensor or
 /// per row (last dim).
 pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {

@@ -238,3 +238,27 @@ fn channel_affine_and_clamp() -> Result<()> {
     assert_err_names(ops::clamp(&x, 1.0, -1.0), "clamp");
     Ok(())
 }
+
+#[test]
+fn soft_clamp_is_scaled_tanh() -> Result<()> {
+    let mut rng = Rng::new(9);
+    let x = ops::axpby(
+        4.0,
+        &randn(Device::Cpu, &mut rng, &[2, 3, 5])?,
+        0.0,
+        &Tensor::zeros(&[2, 3, 5], DType::F32)?,
+    )?;
+    let xs = x.to_vec_f32();
+    let want: Vec<f64> = xs.iter().map(|&v| 3.0 * (v as f64 / 3.0).tanh()).collect();
+    let got = ops::soft_clamp(&x, 3.0)?;
+    assert_eq!(got.shape(), x.shape());
+    assert_f32_close("soft_clamp", &got, &want);
+    assert!(got.to_vec_f32().iter().all(|v| v.abs() < 3.0));
+    assert!(
+        xs.iter().any(|v| v.abs() > 3.0),
+        "the input reaches past the limit"
+    );
+    assert_err_names(ops::soft_clamp(&x, 0.0), "soft_clamp");
+    assert_err_names(ops::soft_clamp(&x, f32::NAN), "soft_clamp");
+    Ok(())
+}
