@@ -10,15 +10,20 @@
 //!
 //! The Rust tree mirrors the official state dict (`encoder.*`, `conv1`, `conv2`, `decoder.*`), so a
 //! converted `Wan2.1_VAE.pth` loads by name (see [`WanVae::load`]).
+//!
+//! [`tiny`] holds the real-time alternative: a TAEHV-kind decoder ([`TinyDecoder`]) for the same
+//! latents with the same frame counts.
 
 mod coder;
 pub mod layers;
+pub mod tiny;
 
 use kernels::{ops, DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 pub use coder::{Decoder3d, Encoder3d, Middle};
 pub use layers::{AttentionBlock, CausalConv3d, ResidualBlock};
+pub use tiny::{TinyDecoder, TinyDecoderConfig};
 
 use crate::weights::WeightStore;
 use crate::{Error, Result};

@@ -1,0 +1,380 @@
+//! A tiny streaming decoder of the TAEHV kind for Wan2.1 latents: per-frame 2-D convolutions,
+//! memory blocks that see the previous time step, and temporal ×2 growth, ~50× cheaper than the
+//! full VAE decoder.
+//!
+//! The network is one sequence of layers, numbered as in the official `taew2_1` checkpoint's
+//! `decoder.N.*` keys:
+//!
+//! ```text
+//! 0 soft clamp (3·tanh(x/3))   1 conv 3×3 z→w0   2 ReLU
+//! then per stage s = 0, 1, 2:  3 memory blocks (w_s), nearest ×2 in space,
+//!                              time growth ×2 (or ×1: a plain 1×1 conv), conv 3×3 w_s→w_{s+1} (no bias)
+//! ReLU, conv 3×3 w3→3
+//! ```
+//!
+//! A memory block at time step `t` sees its own input at `t − 1` (zeros before the stream), so
+//! the whole decoder is causal with one frame of state per block; streaming keeps that frame.
+//! With growth at two stages each latent yields four frames; the first three frames of a stream
+//! are dropped (upstream `frames_to_trim`), so a stream of `k` latents gives `1 + 4(k − 1)`
+//! frames, the Wan2.1 VAE's count, and later chunks of `k` latents give `4k`.
+//!
+//! Inputs are the DiT's normalised latents (as fed to the full VAE's `decode_chunk`); outputs
+//! are frames in `[−1, 1]` like the VAE's (upstream returns `[0, 1]`; users map `2x − 1`).
+
+use kernels::{ops, DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::layers::{cat_frames, check_video, frames};
+use crate::weights::{Vb, WeightStore};
+use crate::{Error, Result};
+
+/// The input soft clamp's limit (upstream `Clamp`: `tanh(x / 3) · 3`).
+const INPUT_LIMIT: f32 = 3.0;
+
+/// Shape of a tiny decoder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TinyDecoderConfig {
+    pub name: String,
+    /// Latent channels in.
+    pub latent_channels: usize,
+    /// Widths `[w0, w1, w2, w3]`: stage `s` runs at `w_s`, the output conv reads `w3`.
+    pub widths: [usize; 4],
+    /// Memory blocks per stage.
+    pub mem_blocks: usize,
+    /// Whether stage `s` doubles time (upstream `decoder_time_upscale`).
+    pub time_upscale: [bool; 3],
+}
+
+impl TinyDecoderConfig {
+    /// The official `taew2_1` decoder (Wan2.1 latents, 16 channels).
+    pub fn taew2_1() -> Self {
+        TinyDecoderConfig {
+            name: "taew2_1".into(),
+            latent_channels: 16,
+            widths: [256, 128, 64, 64],
+            mem_blocks: 3,
+            time_upscale: [false, true, true],
+        }
+    }
+
+    /// Ours: the official layout and names at small widths, for debug-build tests.
+    pub fn tiny() -> Self {
+        TinyDecoderConfig {
+            name: "tiny".into(),
+            widths: [8, 6, 4, 4],
+            ..Self::taew2_1()
+        }
+    }
+
+    pub fn by_name(name: &str) -> Result<Self> {
+        match name {
+            "taew2_1" => Ok(Self::taew2_1()),
+            "tiny" => Ok(Self::tiny()),
+            other => Err(Error::Config(format!(
+                "unknown tiny decoder config '{other}' (known: taew2_1, tiny)"
+            ))),
+        }
+    }
+
+    /// Frames per latent once the stream runs.
+    pub fn time_stride(&self) -> usize {
+        1 << self.time_upscale.iter().filter(|&&t| t).count()
+    }
+
+    /// Frames dropped at the start of a stream, so the first latent gives one frame.
+    pub fn frames_to_trim(&self) -> usize {
+        self.time_stride() - 1
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.latent_channels == 0 || self.widths.contains(&0) || self.mem_blocks == 0 {
+            return Err(Error::Config(format!(
+                "tiny decoder '{}': channels, widths and memory blocks must be non-zero",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A per-frame `Conv2d` with square kernel and "same" padding, weight `[cout, cin, k, k]`.
+#[derive(Clone, Debug)]
+pub struct Conv2d {
+    /// Held as `[cout, cin, 1, k, k]` for the 3-D convolution.
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pad: usize,
+}
+
+impl Conv2d {
+    pub fn load(vb: &Vb, cin: usize, cout: usize, k: usize, bias: bool) -> Result<Self> {
+        let w = vb.get(&[cout, cin, k, k], "weight")?;
+        Ok(Conv2d {
+            weight: w.reshape(&[cout, cin, 1, k, k])?,
+            bias: bias.then(|| vb.get_f32(&[cout], "bias")).transpose()?,
+            pad: (k - 1) / 2,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let p = [self.pad, self.pad];
+        Ok(ops::conv3d(
+            x,
+            &self.weight,
+            self.bias.as_ref(),
+            [1; 3],
+            [[0, 0], p, p],
+        )?)
+    }
+}
+
+fn relu(x: &Tensor) -> Result<Tensor> {
+    Ok(ops::clamp(x, 0.0, f32::INFINITY)?)
+}
+
+/// `MemBlock`: `ReLU(conv(cat[x_t, x_{t−1}]) + skip(x_t))` where `conv` is
+/// `conv3 → ReLU → conv3 → ReLU → conv3` (`conv.0`, `conv.2`, `conv.4`) and `skip` a bias-free
+/// 1×1 conv when the width changes (identity otherwise). `x_{−1}` is zero.
+#[derive(Clone, Debug)]
+pub struct MemBlock {
+    pub conv0: Conv2d,
+    pub conv2: Conv2d,
+    pub conv4: Conv2d,
+    pub skip: Option<Conv2d>,
+    /// The last input frame seen.
+    past: Option<Tensor>,
+}
+
+impl MemBlock {
+    pub fn load(vb: &Vb, cin: usize, cout: usize) -> Result<Self> {
+        let c = vb.pp("conv");
+        Ok(MemBlock {
+            conv0: Conv2d::load(&c.pp(0), 2 * cin, cout, 3, true)?,
+            conv2: Conv2d::load(&c.pp(2), cout, cout, 3, true)?,
+            conv4: Conv2d::load(&c.pp(4), cout, cout, 3, true)?,
+            skip: (cin != cout)
+                .then(|| Conv2d::load(&vb.pp("skip"), cin, cout, 1, false))
+                .transpose()?,
+            past: None,
+        })
+    }
+
+    pub fn reset(&mut self) {
+        self.past = None;
+    }
+
+    pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        let t = x.dim(1);
+        let before = match self.past.take() {
+            Some(p) => p,
+            None => Tensor::zeros(&[x.dim(0), 1, x.dim(2), x.dim(3)], x.dtype())?,
+        };
+        // Each frame's predecessor: the held frame, then this chunk's frames but the last.
+        let shifted = cat_frames(&[
+            Some(before),
+            (t > 1).then(|| frames(x, 0, t - 1)).transpose()?,
+        ])?
+        .ok_or_else(|| Error::Input("memory block: no frames".into()))?;
+        self.past = Some(frames(x, t - 1, 1)?);
+        let h = relu(&self.conv0.forward(&Tensor::cat(&[x, &shifted], 0)?)?)?;
+        let h = relu(&self.conv2.forward(&h)?)?;
+        let h = self.conv4.forward(&h)?;
+        let skip = match &self.skip {
+            Some(s) => s.forward(x)?,
+            None => x.clone(),
+        };
+        relu(&ops::add(&h, &skip)?)
+    }
+}
+
+/// `TGrow`: a bias-free 1×1 conv to `stride · c` channels whose channel block `j` becomes frame
+/// `stride · t + j` (stride 1: just the conv).
+#[derive(Clone, Debug)]
+pub struct TimeGrow {
+    pub conv: Conv2d,
+    stride: usize,
+}
+
+impl TimeGrow {
+    pub fn load(vb: &Vb, c: usize, stride: usize) -> Result<Self> {
+        let v = vb.pp("conv");
+        let conv = match Conv2d::load(&v, c, c * stride, 1, false) {
+            Ok(conv) => conv,
+            // Upstream loads checkpoints trained with growth at a stage now run without it by
+            // keeping the weight's last `c` rows (the last time step's channels).
+            Err(Error::WrongShape { found, .. }) if stride == 1 && found == [2 * c, c, 1, 1] => {
+                let w = v.get(&[2 * c, c, 1, 1], "weight")?;
+                Conv2d {
+                    weight: w.narrow(0, c, c)?.reshape(&[c, c, 1, 1, 1])?,
+                    bias: None,
+                    pad: 0,
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(TimeGrow { conv, stride })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.conv.forward(x)?;
+        if self.stride == 1 {
+            return Ok(y);
+        }
+        let (c, t, h, w) = (x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+        Ok(y.reshape(&[self.stride, c, t, h * w])?
+            .permute(&[1, 2, 0, 3])?
+            .reshape(&[c, self.stride * t, h, w])?)
+    }
+}
+
+/// One entry of the decoder's sequence.
+#[derive(Clone, Debug)]
+pub enum TinyLayer {
+    SoftClamp,
+    Conv(Conv2d),
+    Relu,
+    Mem(Box<MemBlock>),
+    /// Nearest-neighbour ×2 in space.
+    Upsample,
+    Grow(TimeGrow),
+}
+
+impl TinyLayer {
+    pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            TinyLayer::SoftClamp => Ok(ops::soft_clamp(x, INPUT_LIMIT)?),
+            TinyLayer::Conv(c) => c.forward(x),
+            TinyLayer::Relu => relu(x),
+            TinyLayer::Mem(m) => m.forward(x),
+            TinyLayer::Upsample => Ok(ops::upsample_nearest_2d(x, [2, 2])?),
+            TinyLayer::Grow(g) => g.forward(x),
+        }
+    }
+
+    pub fn reset(&mut self) {
+        if let TinyLayer::Mem(m) = self {
+            m.reset();
+        }
+    }
+}
+
+/// The tiny decoder with its stream: [`decode_chunk`](Self::decode_chunk) continues it,
+/// [`reset`](Self::reset) starts a new one.
+#[derive(Debug)]
+pub struct TinyDecoder {
+    cfg: TinyDecoderConfig,
+    /// `decoder.N` for `N` = index.
+    pub layers: Vec<TinyLayer>,
+    /// Frames still to drop at the start of the stream.
+    to_trim: usize,
+    /// `(h, w)` of the stream's latents, set by its first chunk.
+    hw: Option<(usize, usize)>,
+    /// `2x − 1` per output channel (from upstream's `[0, 1]` to the VAE's `[−1, 1]`).
+    two: Tensor,
+    minus_one: Tensor,
+}
+
+impl TinyDecoder {
+    /// Builds the decoder from a store by the official names (`decoder.N.…`). The official
+    /// `taew2_1.pth` converts with
+    /// `safetensors.torch.save_file(torch.load("taew2_1.pth", map_location="cpu"), "taew2_1.safetensors")`;
+    /// the published `taew2_1.safetensors` already has these names (encoder keys are unused).
+    pub fn load(cfg: &TinyDecoderConfig, store: &WeightStore) -> Result<Self> {
+        cfg.validate()?;
+        let vb = store.root().pp("decoder");
+        let w = cfg.widths;
+        let mut layers = vec![
+            TinyLayer::SoftClamp,
+            TinyLayer::Conv(Conv2d::load(&vb.pp(1), cfg.latent_channels, w[0], 3, true)?),
+            TinyLayer::Relu,
+        ];
+        for s in 0..3 {
+            for _ in 0..cfg.mem_blocks {
+                let m = MemBlock::load(&vb.pp(layers.len()), w[s], w[s])?;
+                layers.push(TinyLayer::Mem(Box::new(m)));
+            }
+            layers.push(TinyLayer::Upsample);
+            let stride = if cfg.time_upscale[s] { 2 } else { 1 };
+            let g = TimeGrow::load(&vb.pp(layers.len()), w[s], stride)?;
+            layers.push(TinyLayer::Grow(g));
+            let c = Conv2d::load(&vb.pp(layers.len()), w[s], w[s + 1], 3, false)?;
+            layers.push(TinyLayer::Conv(c));
+        }
+        layers.push(TinyLayer::Relu);
+        let out = Conv2d::load(&vb.pp(layers.len()), w[3], 3, 3, true)?;
+        layers.push(TinyLayer::Conv(out));
+        let dev = store.device();
+        Ok(TinyDecoder {
+            to_trim: cfg.frames_to_trim(),
+            hw: None,
+            two: Tensor::from_vec(vec![2.0; 3], &[3])?.to_device(dev)?,
+            minus_one: Tensor::from_vec(vec![-1.0; 3], &[3])?.to_device(dev)?,
+            cfg: cfg.clone(),
+            layers,
+        })
+    }
+
+    pub fn config(&self) -> &TinyDecoderConfig {
+        &self.cfg
+    }
+
+    /// Frames a chunk of `latents` latent frames decodes to, given whether the stream has begun.
+    pub fn frames_for(&self, latents: usize, started: bool) -> usize {
+        let n = self.cfg.time_stride() * latents;
+        if started {
+            n
+        } else {
+            n.saturating_sub(self.cfg.frames_to_trim())
+        }
+    }
+
+    /// Runs the layers over `x` without the output mapping or trimming (the raw network, state
+    /// carried).
+    pub fn forward_raw(&mut self, x: &Tensor) -> Result<Tensor> {
+        let mut x = x.clone();
+        for l in &mut self.layers {
+            x = l.forward(&x)?;
+        }
+        Ok(x)
+    }
+
+    /// Decodes the next `[z, k, h, w]` normalised latents of the stream to `[3, t, 8h, 8w]` frames
+    /// in `[−1, 1]`: `t = 1 + 4(k − 1)` for the stream's first chunk, `4k` after (official
+    /// config).
+    pub fn decode_chunk(&mut self, latents: &Tensor) -> Result<Tensor> {
+        check_video("tiny decode", latents, self.cfg.latent_channels)?;
+        let (h, w) = (latents.dim(2), latents.dim(3));
+        if let Some(hw) = self.hw.filter(|&hw| hw != (h, w)) {
+            return Err(Error::Input(format!(
+                "tiny decode: a stream keeps its size: started at {hw:?}, got {:?} (reset first)",
+                (h, w)
+            )));
+        }
+        self.hw = Some((h, w));
+        let y = self.forward_raw(&latents.to_dtype(DType::F32)?)?;
+        let y = ops::clamp(
+            &ops::channel_affine(&y, &self.two, &self.minus_one)?,
+            -1.0,
+            1.0,
+        )?;
+        let t = y.dim(1);
+        let drop = self.to_trim.min(t);
+        self.to_trim -= drop;
+        frames(&y, drop, t - drop)
+    }
+
+    /// Decodes a whole latent video as one stream (reset before and after).
+    pub fn decode(&mut self, latents: &Tensor) -> Result<Tensor> {
+        self.reset();
+        let out = self.decode_chunk(latents);
+        self.reset();
+        out
+    }
+
+    /// Starts a new stream.
+    pub fn reset(&mut self) {
+        self.layers.iter_mut().for_each(TinyLayer::reset);
+        self.to_trim = self.cfg.frames_to_trim();
+        self.hw = None;
+    }
+}
