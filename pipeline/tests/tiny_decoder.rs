@@ -204,3 +204,49 @@ fn official_config_has_the_official_names_and_size() {
     assert_eq!(frames.shape(), [3, 5, 8, 8]);
     assert!(frames.to_vec_f32().iter().all(|v| v.is_finite()));
 }
+
+#[test]
+fn loads_from_a_file_and_takes_the_last_rows_of_a_doubled_stage0_growth() {
+    // Upstream's `patch_tgrow_layers`: a checkpoint whose stage-0 growth was trained doubling
+    // time (weight [2c, c, 1, 1]) runs with the stride-1 layer by keeping the last c rows.
+    let cfg = TinyDecoderConfig::tiny();
+    let store = WeightStore::random(50, DType::F32);
+    let mut want = TinyDecoder::load(&cfg, &store).expect("random");
+    let c = cfg.widths[0];
+    let mut tensors = store.loaded_tensors().expect("tensors");
+    let grow = tensors
+        .iter_mut()
+        .find(|(k, _)| k == "decoder.7.conv.weight")
+        .expect("stage-0 growth");
+    let first_rows = random(51, &[c, c, 1, 1]);
+    grow.1 = Tensor::cat(&[&first_rows, &grow.1], 0).expect("doubled");
+    let path =
+        std::env::temp_dir().join(format!("worldline-tiny-{}.safetensors", std::process::id()));
+    let named: Vec<(String, &Tensor)> = tensors.iter().map(|(k, t)| (k.clone(), t)).collect();
+    pipeline::weights::save_safetensors(&path, &named).expect("save");
+    let file = WeightStore::open(&path, DType::F32);
+    let _ = std::fs::remove_file(&path);
+    let mut got = TinyDecoder::load(&cfg, &file.expect("open")).expect("from file");
+    let latents = random(52, &[16, 2, 2, 2]);
+    assert_bits_eq(
+        "file with doubled growth",
+        &got.decode(&latents).expect("file"),
+        &want.decode(&latents).expect("random"),
+    );
+    // Any other shape is refused by name.
+    let bad = TinyDecoderConfig {
+        widths: [8, 6, 4, 2],
+        ..cfg
+    };
+    let path = std::env::temp_dir().join(format!(
+        "worldline-tiny-bad-{}.safetensors",
+        std::process::id()
+    ));
+    pipeline::weights::save_safetensors(&path, &named).expect("save");
+    let file = WeightStore::open(&path, DType::F32);
+    let _ = std::fs::remove_file(&path);
+    let e = TinyDecoder::load(&bad, &file.expect("open"))
+        .expect_err("wrong widths")
+        .to_string();
+    assert!(e.contains("decoder.20.weight"), "{e}");
+}
