@@ -3,9 +3,12 @@
 //! in the official key layout. Needs `python3` with `numpy` and `safetensors`
 //! (`WORLDLINE_PYTHON` picks another interpreter); `.ci/run` installs them.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
+
+mod common;
+
+use common::{random, read_outputs, rel_l2, run_script, CaseDir, TOLERANCE};
 
 use kernels::{DType, Tensor};
 use pipeline::camera::{fold_rays, ray_map, relative_poses, CameraRig, Controls};
@@ -13,78 +16,6 @@ use pipeline::model::Attn;
 use pipeline::rng::NormalRng;
 use pipeline::weights::save_safetensors;
 use pipeline::{ChunkInputs, Engine, EngineConfig, ModelConfig, WanModel, WeightStore};
-
-const TOLERANCE: f64 = 1e-4;
-
-struct CaseDir(PathBuf);
-
-impl CaseDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("worldline-numpy-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("case dir");
-        CaseDir(p)
-    }
-}
-
-impl Drop for CaseDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn random(seed: u64, shape: &[usize]) -> Tensor {
-    let n = shape.iter().product();
-    Tensor::from_vec(NormalRng::new(seed).normals(n), shape).expect("tensor")
-}
-
-fn run_reference(dir: &Path) {
-    let python = std::env::var("WORLDLINE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ref/lingbot_ref.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(dir)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {python}: {e}; install Python 3 with `pip install numpy safetensors`"
-            )
-        });
-    assert!(
-        out.status.success(),
-        "the NumPy reference failed (needs `pip install numpy safetensors`):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn read_outputs(dir: &Path) -> std::collections::HashMap<String, Vec<f32>> {
-    let bytes = std::fs::read(dir.join("outputs.safetensors")).expect("outputs.safetensors");
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid outputs");
-    st.tensors()
-        .into_iter()
-        .map(|(k, v)| {
-            let vals = v
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            (k, vals)
-        })
-        .collect()
-}
-
-fn rel_l2(ours: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(ours.len(), reference.len());
-    let num: f64 = ours
-        .iter()
-        .zip(reference)
-        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
-        .sum();
-    let den: f64 = reference.iter().map(|b| (*b as f64).powi(2)).sum();
-    let e = (num / den).sqrt();
-    assert!(e.is_finite(), "non-finite output");
-    e
-}
 
 /// Writes the model config and its weights (every key the model loaded, official names).
 fn write_model(dir: &Path, cfg: &ModelConfig, store: &WeightStore, case: serde_json::Value) {
@@ -98,9 +29,7 @@ fn write_model(dir: &Path, cfg: &ModelConfig, store: &WeightStore, case: serde_j
         serde_json::to_string_pretty(&json).expect("json"),
     )
     .expect("config");
-    let tensors = store.loaded_tensors().expect("tensors");
-    let named: Vec<(String, &Tensor)> = tensors.iter().map(|(k, t)| (k.clone(), t)).collect();
-    save_safetensors(&dir.join("weights.safetensors"), &named).expect("weights");
+    common::write_weights(dir, store);
 }
 
 fn tiny_model(seed: u64) -> (ModelConfig, WeightStore, Arc<WanModel>) {
@@ -141,7 +70,7 @@ fn one_forward_matches_numpy() {
         .expect("forward")
         .expect("output");
 
-    run_reference(&dir.0);
+    run_script("lingbot_ref.py", &[dir.0.as_os_str()]);
     let reference = read_outputs(&dir.0);
     let e = rel_l2(&ours.to_vec_f32(), &reference["out"]);
     println!("forward: relative L2 {e:.2e}");
@@ -251,7 +180,7 @@ fn streaming_chunks_match_numpy() {
     let named: Vec<(String, &Tensor)> = inputs.iter().map(|(k, t)| (k.clone(), t)).collect();
     save_safetensors(&dir.0.join("inputs.safetensors"), &named).expect("inputs");
 
-    run_reference(&dir.0);
+    run_script("lingbot_ref.py", &[dir.0.as_os_str()]);
     let reference = read_outputs(&dir.0);
     for (c, x0) in ours.iter().enumerate() {
         let e = rel_l2(&x0.to_vec_f32(), &reference[&format!("x0.{c}")]);

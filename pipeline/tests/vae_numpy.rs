@@ -4,126 +4,22 @@
 //! checked too. Needs `python3` with `numpy` and `safetensors` (`WORLDLINE_PYTHON` picks another
 //! interpreter).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
+use common::{assert_close, random, streamed, CaseDir};
 use kernels::{DType, Tensor};
-use pipeline::rng::NormalRng;
 use pipeline::vae::layers::{ResidualBlock, Stage};
 use pipeline::vae::{VaeConfig, WanVae};
-use pipeline::weights::save_safetensors;
 use pipeline::WeightStore;
 
-const TOLERANCE: f64 = 1e-4;
-
-struct CaseDir(PathBuf);
-
-impl CaseDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("worldline-vae-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("case dir");
-        CaseDir(p)
-    }
-}
-
-impl Drop for CaseDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn random(seed: u64, shape: &[usize]) -> Tensor {
-    let n = shape.iter().product();
-    Tensor::from_vec(NormalRng::new(seed).normals(n), shape).expect("tensor")
-}
-
-/// Writes the case's config, every weight the store handed out, and the inputs; runs the
-/// reference; returns its outputs.
+/// Runs this file's reference on a case.
 fn run_reference(
-    dir: &Path,
+    dir: &std::path::Path,
     case: serde_json::Value,
     store: &WeightStore,
     inputs: &[(&str, &Tensor)],
-) -> HashMap<String, Vec<f32>> {
-    std::fs::write(dir.join("config.json"), case.to_string()).expect("config");
-    let tensors = store.loaded_tensors().expect("tensors");
-    let named: Vec<(String, &Tensor)> = tensors.iter().map(|(k, t)| (k.clone(), t)).collect();
-    save_safetensors(&dir.join("weights.safetensors"), &named).expect("weights");
-    let named: Vec<(String, &Tensor)> = inputs.iter().map(|(k, t)| (k.to_string(), *t)).collect();
-    save_safetensors(&dir.join("inputs.safetensors"), &named).expect("inputs");
-
-    let python = std::env::var("WORLDLINE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ref/wan_vae_ref.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(dir)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {python}: {e}; install Python 3 with `pip install numpy safetensors` \
-                 or point WORLDLINE_PYTHON at one"
-            )
-        });
-    assert!(
-        out.status.success(),
-        "the NumPy reference failed (needs `pip install numpy safetensors`):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bytes = std::fs::read(dir.join("outputs.safetensors")).expect("outputs.safetensors");
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid outputs");
-    st.tensors()
-        .into_iter()
-        .map(|(k, v)| {
-            let vals = v
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            (k, vals)
-        })
-        .collect()
-}
-
-#[track_caller]
-fn assert_close(what: &str, ours: &Tensor, reference: &HashMap<String, Vec<f32>>, key: &str) {
-    let r = reference
-        .get(key)
-        .unwrap_or_else(|| panic!("the reference wrote no '{key}'"));
-    let o = ours.to_vec_f32();
-    assert_eq!(
-        o.len(),
-        r.len(),
-        "{what}: {:?} against {} values",
-        ours.shape(),
-        r.len()
-    );
-    let num: f64 = o
-        .iter()
-        .zip(r)
-        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
-        .sum();
-    let den: f64 = r.iter().map(|b| (*b as f64).powi(2)).sum();
-    let e = (num / den).sqrt();
-    println!("{what}: relative L2 {e:.2e}");
-    assert!(
-        e.is_finite() && e < TOLERANCE,
-        "{what} differs from NumPy: relative L2 {e:.3e}"
-    );
-}
-
-/// Runs `x` through `f` in time pieces of the given lengths and concatenates the outputs.
-fn streamed(x: &Tensor, lens: &[usize], mut f: impl FnMut(&Tensor) -> Tensor) -> Tensor {
-    let mut at = 0;
-    let mut outs = Vec::new();
-    for &n in lens {
-        outs.push(f(&x.narrow(1, at, n).expect("piece")));
-        at += n;
-    }
-    assert_eq!(at, x.dim(1));
-    let refs: Vec<&Tensor> = outs.iter().collect();
-    Tensor::cat(&refs, 1).expect("cat")
+) -> std::collections::HashMap<String, Vec<f32>> {
+    common::run_reference("wan_vae_ref.py", dir, case, store, inputs)
 }
 
 fn config_json(cfg: &VaeConfig, case: &str) -> serde_json::Value {
@@ -216,16 +112,5 @@ fn encoder_matches_numpy() {
 #[test]
 fn reference_selftest_passes() {
     // The reference's own checks (conv indexing, causality, the decoder's layer list).
-    let python = std::env::var("WORLDLINE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ref/wan_vae_ref.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg("--selftest")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {python}: {e}; install Python 3 with numpy"));
-    assert!(
-        out.status.success(),
-        "wan_vae_ref.py --selftest failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_script("wan_vae_ref.py", &["--selftest".as_ref()]);
 }
