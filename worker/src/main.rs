@@ -2,14 +2,17 @@
 
 mod bench;
 mod bench_gpu;
+mod decode;
 mod setup;
+mod y4m;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use kernels::Device;
 use pipeline::camera::Controls;
-use pipeline::{ChunkInputs, Engine, EngineGroup};
+use pipeline::{Chunk, ChunkInputs, Engine, EngineGroup};
 use tracing::info;
 
 #[derive(Debug, Parser)]
@@ -25,6 +28,9 @@ struct Cli {
     /// Chunks to generate before exiting.
     #[arg(long, default_value_t = 8)]
     chunks: u64,
+
+    #[command(flatten)]
+    decode: decode::DecoderArgs,
 
     /// Log format: text or json.
     #[arg(long, default_value = "text", global = true)]
@@ -79,7 +85,7 @@ fn main() -> Result<()> {
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
         },
-        None => generate(&cli.model, cli.chunks),
+        None => generate(&cli.model, &cli.decode, cli.chunks),
     }
 }
 
@@ -89,25 +95,8 @@ enum Session {
     Group(EngineGroup),
 }
 
-/// Runs the chunk engine on the chosen model and reports each chunk. Serving sessions over
-/// WebSocket/WebRTC is the worker issue's work; until then this is how the engine is exercised.
-fn generate(args: &setup::ModelArgs, chunks: u64) -> Result<()> {
-    let loaded = setup::load(args)?;
-    let cfg = loaded.engine_config(args.seed);
-    let resolution = format!("{}x{}", cfg.width, cfg.height);
-    let mut session = match &loaded.model {
-        Some(model) if loaded.cards == 1 => {
-            Session::One(Box::new(Engine::new(model.clone(), cfg)?))
-        }
-        _ => Session::Group(loaded.engine_group(cfg)?),
-    };
-    info!(
-        model = %loaded.cfg.name,
-        resolution,
-        cards = loaded.cards,
-        "streaming {chunks} chunks (no HTTP serving yet: this build only runs the engine)"
-    );
-    // A fixed tour: forward, turn right, strafe, look up, so every control path runs.
+/// A fixed tour: forward, turn right, strafe, look up, so every control path runs.
+fn tour(i: u64) -> Controls {
     let tour = [
         Controls {
             w: true,
@@ -128,30 +117,64 @@ fn generate(args: &setup::ModelArgs, chunks: u64) -> Result<()> {
             ..Default::default()
         },
     ];
+    tour[(i % tour.len() as u64) as usize]
+}
+
+/// Logs one chunk: the engine's timings, the latents' RMS and what the decoder made of them.
+fn report(chunk: &Chunk, decoded: &decode::Decoded) {
+    let t = &chunk.timings;
+    let steps: Vec<String> = t
+        .steps
+        .iter()
+        .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
+        .collect();
+    let x = chunk.latents.to_vec_f32();
+    let rms = (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
+    info!(
+        chunk = chunk.index,
+        first_frame = chunk.first_frame,
+        camera_ms = format!("{:.1}", t.camera.as_secs_f64() * 1e3),
+        steps_ms = steps.join("/"),
+        refresh_ms = format!("{:.1}", t.refresh.as_secs_f64() * 1e3),
+        latent_rms = format!("{rms:.3}"),
+        frames = decoded.frames,
+        decode_ms = format!("{:.1}", decoded.time.as_secs_f64() * 1e3),
+        "chunk done"
+    );
+}
+
+/// Runs the chunk engine on the chosen model, decodes each chunk and reports it. Serving
+/// sessions over WebSocket/WebRTC is the worker issue's work; until then this is how the engine
+/// is exercised.
+fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> Result<()> {
+    let loaded = setup::load(args)?;
+    let cfg = loaded.engine_config(args.seed);
+    let resolution = format!("{}x{}", cfg.width, cfg.height);
+    let on_host = matches!(args.device.parse::<Device>(), Ok(Device::Cpu));
+    let tiny = loaded.cfg.name.starts_with("tiny");
+    let mut sink = decode::FrameSink::new(dec, args.seed, tiny, (cfg.width, cfg.height), on_host)?;
+    let mut session = match &loaded.model {
+        Some(model) if loaded.cards == 1 => {
+            Session::One(Box::new(Engine::new(model.clone(), cfg)?))
+        }
+        _ => Session::Group(loaded.engine_group(cfg)?),
+    };
+    info!(
+        model = %loaded.cfg.name,
+        resolution,
+        cards = loaded.cards,
+        "streaming {chunks} chunks (no HTTP serving yet: this build only runs the engine)"
+    );
     for i in 0..chunks {
-        let controls = tour[(i % tour.len() as u64) as usize];
-        let inputs = ChunkInputs { controls };
+        let inputs = ChunkInputs { controls: tour(i) };
         let chunk = match &mut session {
             Session::One(e) => e.next_chunk(&inputs)?,
             Session::Group(g) => g.next_chunk(&inputs)?,
         };
-        let t = &chunk.timings;
-        let steps: Vec<String> = t
-            .steps
-            .iter()
-            .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
-            .collect();
-        let x = chunk.latents.to_vec_f32();
-        let rms = (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
-        info!(
-            chunk = chunk.index,
-            first_frame = chunk.first_frame,
-            camera_ms = format!("{:.1}", t.camera.as_secs_f64() * 1e3),
-            steps_ms = steps.join("/"),
-            refresh_ms = format!("{:.1}", t.refresh.as_secs_f64() * 1e3),
-            latent_rms = format!("{rms:.3}"),
-            "chunk done"
-        );
+        let decoded = sink
+            .push(&chunk.latents)
+            .with_context(|| format!("chunk {}", chunk.index))?;
+        report(&chunk, &decoded);
     }
     Ok(())
 }

@@ -22,6 +22,9 @@ fn help_lists_the_model_flags() {
         "--device",
         "--cards",
         "--seed",
+        "--decoder",
+        "--decoder-weights",
+        "--out",
         "bench",
     ] {
         assert!(text.contains(flag), "--help lacks {flag}:\n{text}");
@@ -39,7 +42,7 @@ fn default_run_says_its_weights_are_random_and_streams_chunks() {
 
 #[test]
 fn bad_flags_fail_with_a_reason() {
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["--model", "giant"], "unknown model 'giant'"),
         (&["--cards", "3"], "do not split over 3 cards"),
         (
@@ -63,6 +66,18 @@ fn bad_flags_fail_with_a_reason() {
             &["--weights", "/nonexistent/w.safetensors"],
             "/nonexistent/w.safetensors",
         ),
+        (
+            &["--decoder", "bogus"],
+            "invalid value 'bogus' for '--decoder",
+        ),
+        (
+            &["--decoder-weights", "/nonexistent/d.safetensors"],
+            "opening --decoder-weights /nonexistent/d.safetensors",
+        ),
+        (
+            &["--out", "/nonexistent/dir/x.y4m"],
+            "creating --out /nonexistent/dir/x.y4m",
+        ),
     ];
     for (args, want) in cases {
         let out = worker(args);
@@ -79,4 +94,70 @@ fn cards_on_the_cpu_run_the_loopback_rank_group() {
     assert!(out.status.success(), "{log}");
     assert!(log.contains("\"cards\":4"), "{log}");
     assert_eq!(log.matches("chunk done").count(), 2, "{log}");
+}
+
+/// A fresh folder for one test's files.
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("worker-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Checks a YUV4MPEG2 file's header (`width`×`height`, 16:1, 4:2:0) and returns its frame count,
+/// failing unless every frame is a `FRAME` marker and `width·height·3/2` bytes.
+fn y4m_frames(bytes: &[u8], width: usize, height: usize) -> usize {
+    let end = bytes.iter().position(|&b| b == b'\n').expect("header line");
+    let header = std::str::from_utf8(&bytes[..end]).expect("ASCII header");
+    let fields: Vec<&str> = header.split(' ').collect();
+    assert_eq!(fields[0], "YUV4MPEG2", "{header}");
+    for want in [format!("W{width}"), format!("H{height}"), "F16:1".into()] {
+        assert!(fields.contains(&want.as_str()), "{header} lacks {want}");
+    }
+    assert!(
+        fields.contains(&"C420jpeg") || fields.contains(&"C420"),
+        "{header}"
+    );
+    let size = width * height * 3 / 2;
+    let mut rest = &bytes[end + 1..];
+    let mut frames = 0;
+    while !rest.is_empty() {
+        assert!(
+            rest.starts_with(b"FRAME\n"),
+            "frame {frames}: no FRAME marker"
+        );
+        rest = &rest[6..];
+        assert!(rest.len() >= size, "frame {frames}: {} bytes", rest.len());
+        rest = &rest[size..];
+        frames += 1;
+    }
+    frames
+}
+
+#[test]
+fn out_writes_every_decoded_frame_as_y4m() {
+    let dir = temp_dir("y4m");
+    for decoder in ["tiny", "vae"] {
+        let path = dir.join(format!("{decoder}.y4m"));
+        let path_arg = path.to_str().expect("UTF-8 temp path");
+        let args = ["--chunks", "2", "--decoder", decoder, "--out", path_arg];
+        let out = worker(&args);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{log}");
+        assert!(log.contains("RANDOM DECODER WEIGHTS"), "{log}");
+        assert!(log.contains("CPU-only"), "{log}");
+        let bytes = std::fs::read(&path).expect("the --out file");
+        // 3 latents per chunk: 1 + 4·2 = 9 frames, then 4·3 = 12.
+        assert_eq!(y4m_frames(&bytes, 128, 128), 21, "{decoder}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn each_chunk_logs_its_frames_and_decode_time() {
+    let out = worker(&["--chunks", "2", "--log-format", "json"]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("\"frames\":9"), "{log}");
+    assert!(log.contains("\"frames\":12"), "{log}");
+    assert_eq!(log.matches("\"decode_ms\"").count(), 2, "{log}");
 }

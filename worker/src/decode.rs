@@ -1,0 +1,166 @@
+//! Latents to frames: the decoder a session runs after each chunk, and where its frames go.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use kernels::{DType, Device, Tensor};
+use pipeline::vae::{TinyDecoder, TinyDecoderConfig};
+use pipeline::{VaeConfig, WanVae, WeightStore};
+use tracing::{info, warn};
+
+use crate::y4m::Y4mWriter;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DecoderKind {
+    /// The tiny TAEHV-kind decoder (taew2_1): fast.
+    Tiny,
+    /// The full Wan2.1 VAE decoder: much slower on a CPU.
+    Vae,
+}
+
+#[derive(Debug, Args)]
+pub struct DecoderArgs {
+    /// Decoder of each chunk's latents: tiny (TAEHV kind) or vae (the full Wan2.1 VAE, much
+    /// slower on a CPU).
+    #[arg(long, value_enum, default_value_t = DecoderKind::Tiny)]
+    pub decoder: DecoderKind,
+
+    /// Decoder checkpoint (.safetensors, official names: taew2_1 for tiny, Wan2.1_VAE for vae).
+    /// Without it the decoder is random from --seed.
+    #[arg(long)]
+    pub decoder_weights: Option<PathBuf>,
+
+    /// Append every decoded frame to this YUV4MPEG2 file (4:2:0, 16 fps).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// A loaded decoder with its stream state.
+enum Decoder {
+    Tiny(Box<TinyDecoder>),
+    Vae(Box<WanVae>),
+}
+
+impl Decoder {
+    fn decode_chunk(&mut self, latents: &Tensor) -> pipeline::Result<Tensor> {
+        match self {
+            Decoder::Tiny(d) => d.decode_chunk(latents),
+            Decoder::Vae(d) => d.decode_chunk(latents),
+        }
+    }
+}
+
+/// What one chunk decoded to.
+pub struct Decoded {
+    pub frames: usize,
+    pub time: Duration,
+}
+
+/// The session's decoder and, with `--out`, its file.
+pub struct FrameSink {
+    decoder: Decoder,
+    out: Option<Y4mWriter>,
+}
+
+/// Official configurations for real weights (and any full-size model); the small test ones for
+/// random weights on the `tiny` model, where only the plumbing is exercised.
+fn load_decoder(args: &DecoderArgs, small: bool, store: &WeightStore) -> Result<(Decoder, String)> {
+    Ok(match args.decoder {
+        DecoderKind::Tiny => {
+            let cfg = if small {
+                TinyDecoderConfig::tiny()
+            } else {
+                TinyDecoderConfig::taew2_1()
+            };
+            let d = TinyDecoder::load(&cfg, store).with_context(|| {
+                format!(
+                    "loading tiny decoder {} from {}",
+                    cfg.name,
+                    store.describe()
+                )
+            })?;
+            (Decoder::Tiny(Box::new(d)), format!("tiny/{}", cfg.name))
+        }
+        DecoderKind::Vae => {
+            let cfg = if small {
+                VaeConfig::tiny()
+            } else {
+                VaeConfig::wan21()
+            };
+            let d = WanVae::load(&cfg, store)
+                .with_context(|| format!("loading VAE {} from {}", cfg.name, store.describe()))?;
+            (Decoder::Vae(Box::new(d)), format!("vae/{}", cfg.name))
+        }
+    })
+}
+
+fn open_store(args: &DecoderArgs, seed: u64) -> Result<WeightStore> {
+    match &args.decoder_weights {
+        Some(path) => WeightStore::open(path, DType::F32)
+            .with_context(|| format!("opening --decoder-weights {}", path.display())),
+        None => {
+            warn!(
+                seed,
+                "RANDOM DECODER WEIGHTS: no --decoder-weights given, so the decoder is random from the seed; its frames are noise"
+            );
+            Ok(WeightStore::random(seed, DType::F32))
+        }
+    }
+}
+
+impl FrameSink {
+    /// Loads the decoder on the CPU and creates `--out`. `tiny_model`: the session runs the
+    /// `tiny` model (small decoder configs when the decoder weights are random).
+    pub fn new(
+        args: &DecoderArgs,
+        seed: u64,
+        tiny_model: bool,
+        (width, height): (usize, usize),
+        on_host: bool,
+    ) -> Result<Self> {
+        let store = open_store(args, seed)?;
+        let small = tiny_model && args.decoder_weights.is_none();
+        let started = Instant::now();
+        let (decoder, name) = load_decoder(args, small, &store)?;
+        let copy = if on_host {
+            ""
+        } else {
+            "; latents are copied to the host first"
+        };
+        info!(
+            decoder = %name,
+            weights = %store.describe(),
+            seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+            "decoder ready (decoding is CPU-only for now{copy})"
+        );
+        let out = match &args.out {
+            Some(path) => {
+                let w = Y4mWriter::create(path, width, height)?;
+                info!(out = %path.display(), width, height, "writing frames as YUV4MPEG2 4:2:0");
+                Some(w)
+            }
+            None => None,
+        };
+        Ok(FrameSink { decoder, out })
+    }
+
+    /// Decodes one chunk's latents on the CPU and appends the frames to `--out`.
+    pub fn push(&mut self, latents: &Tensor) -> Result<Decoded> {
+        let started = Instant::now();
+        let host = latents
+            .to_device(Device::Cpu)
+            .context("copying latents to the host")?;
+        let frames = self
+            .decoder
+            .decode_chunk(&host)
+            .context("decoding a chunk")?;
+        let time = started.elapsed();
+        let t = frames.dim(1);
+        if let Some(out) = &mut self.out {
+            out.append(&frames.to_vec_f32(), t)?;
+        }
+        Ok(Decoded { frames: t, time })
+    }
+}
