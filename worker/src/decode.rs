@@ -20,16 +20,16 @@ pub enum DecoderKind {
     Vae,
 }
 
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct DecoderArgs {
     /// Decoder of each chunk's latents: tiny (TAEHV kind) or vae (the full Wan2.1 VAE, much
     /// slower on a CPU).
-    #[arg(long, value_enum, default_value_t = DecoderKind::Tiny)]
+    #[arg(long, value_enum, default_value_t = DecoderKind::Tiny, global = true)]
     pub decoder: DecoderKind,
 
     /// Decoder checkpoint (.safetensors, official names: taew2_1 for tiny, Wan2.1_VAE for vae).
     /// Without it the decoder is random from --seed.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub decoder_weights: Option<PathBuf>,
 
     /// Append every decoded frame to this YUV4MPEG2 file (4:2:0, 16 fps).
@@ -53,6 +53,7 @@ impl Decoder {
 }
 
 /// What one chunk decoded to.
+#[derive(Debug)]
 pub struct Decoded {
     pub frames: usize,
     pub time: Duration,
@@ -62,6 +63,13 @@ pub struct Decoded {
 pub struct FrameSink {
     decoder: Decoder,
     out: Option<Y4mWriter>,
+    name: String,
+}
+
+impl std::fmt::Debug for FrameSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FrameSink({})", self.name)
+    }
 }
 
 /// Official configurations for real weights (and any full-size model); the small test ones for
@@ -143,11 +151,17 @@ impl FrameSink {
             }
             None => None,
         };
-        Ok(FrameSink { decoder, out })
+        Ok(FrameSink { decoder, out, name })
     }
 
-    /// Decodes one chunk's latents on the CPU and appends the frames to `--out`.
-    pub fn push(&mut self, latents: &Tensor) -> Result<Decoded> {
+    /// The decoder as `kind/config`, e.g. `tiny/taew2_1`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Decodes one chunk's latents on the CPU to frames `[3, t, H, W]` in `[-1, 1]`; the time
+    /// includes the copy to the host.
+    pub fn decode(&mut self, latents: &Tensor) -> Result<(Tensor, Duration)> {
         let started = Instant::now();
         let host = latents
             .to_device(Device::Cpu)
@@ -156,7 +170,20 @@ impl FrameSink {
             .decoder
             .decode_chunk(&host)
             .context("decoding a chunk")?;
-        let time = started.elapsed();
+        Ok((frames, started.elapsed()))
+    }
+
+    /// Starts the decoder's stream over (with the engine's `reset`).
+    pub fn reset(&mut self) {
+        match &mut self.decoder {
+            Decoder::Tiny(d) => d.reset(),
+            Decoder::Vae(d) => d.reset_decoder(),
+        }
+    }
+
+    /// Decodes one chunk's latents on the CPU and appends the frames to `--out`.
+    pub fn push(&mut self, latents: &Tensor) -> Result<Decoded> {
+        let (frames, time) = self.decode(latents)?;
         let t = frames.dim(1);
         if let Some(out) = &mut self.out {
             out.append(&frames.to_vec_f32(), t)?;

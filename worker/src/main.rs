@@ -2,9 +2,6 @@
 
 mod bench;
 mod bench_gpu;
-mod decode;
-mod setup;
-mod y4m;
 
 use std::path::PathBuf;
 
@@ -14,6 +11,7 @@ use kernels::Device;
 use pipeline::camera::Controls;
 use pipeline::{Chunk, ChunkInputs, Engine, EngineGroup};
 use tracing::info;
+use worker::{decode, server, setup};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +40,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve sessions over HTTP/WebSocket (see worker/PROTOCOL.md): `/v1/ws`, `/metrics`,
+    /// `/healthz`, `/readyz`, `/status`.
+    Serve(server::ServeArgs),
     /// Time the CPU reference: one `tiny` chunk and one lingbot-1.3b block at 480×832, with FLOPs
     /// counted and GFLOP/s against the GEMM crate's peak on this machine.
     Bench {
@@ -85,6 +86,7 @@ fn main() -> Result<()> {
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
         },
+        Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
         None => generate(&cli.model, &cli.decode, cli.chunks),
     }
 }
@@ -143,9 +145,8 @@ fn report(chunk: &Chunk, decoded: &decode::Decoded) {
     );
 }
 
-/// Runs the chunk engine on the chosen model, decodes each chunk and reports it. Serving
-/// sessions over WebSocket/WebRTC is the worker issue's work; until then this is how the engine
-/// is exercised.
+/// Runs the chunk engine on the chosen model, decodes each chunk and reports it: the engine
+/// without a network (`worker serve` serves sessions).
 fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> Result<()> {
     let loaded = setup::load(args)?;
     let cfg = loaded.engine_config(args.seed);
@@ -163,7 +164,7 @@ fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> 
         model = %loaded.cfg.name,
         resolution,
         cards = loaded.cards,
-        "streaming {chunks} chunks (no HTTP serving yet: this build only runs the engine)"
+        "streaming {chunks} chunks (no sessions: `worker serve` serves them)"
     );
     for i in 0..chunks {
         let inputs = ChunkInputs { controls: tour(i) };

@@ -53,6 +53,7 @@ pub fn frame_to_yuv420(rgb: [&[f32]; 3], width: usize, height: usize) -> Vec<u8>
 }
 
 /// A `.y4m` file being written.
+#[derive(Debug)]
 pub struct Y4mWriter {
     path: PathBuf,
     out: BufWriter<File>,

@@ -161,3 +161,39 @@ fn each_chunk_logs_its_frames_and_decode_time() {
     assert!(log.contains("\"frames\":12"), "{log}");
     assert_eq!(log.matches("\"decode_ms\"").count(), 2, "{log}");
 }
+
+#[test]
+fn serve_help_lists_its_flags() {
+    let out = worker(&["serve", "--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--listen",
+        "--max-sessions",
+        "--auth-token",
+        "--model",
+        "--device",
+        "--decoder",
+    ] {
+        assert!(text.contains(flag), "serve --help lacks {flag}:\n{text}");
+    }
+}
+
+#[test]
+fn serve_refuses_bad_flags_before_listening() {
+    for (args, why) in [
+        (
+            &["serve", "--max-sessions", "0"][..],
+            "--max-sessions must be at least 1",
+        ),
+        (
+            &["serve", "--listen", "nowhere"][..],
+            "binding --listen nowhere",
+        ),
+    ] {
+        let out = worker(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,8 @@
+//! The Worldline worker as a library: model setup, decoding, and the HTTP/WebSocket server
+//! (`server`). The `worker` binary is a thin command line over it; tests drive the server
+//! in-process through [`server::Server::run`].
+
+pub mod decode;
+pub mod server;
+pub mod setup;
+pub mod y4m;

@@ -1,0 +1,179 @@
+//! Prometheus metrics of the server, on a registry of its own (one per [`super::Server`], so
+//! tests can run several servers in one process). Names and labels are documented in
+//! `worker/PROTOCOL.md`; latency is per frame as DESIGN.md §6 defines it.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Seconds: 1 ms to 30 s, dense where a real-time frame budget lives (tens of ms to a second).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+    10.0, 30.0,
+];
+
+/// A chunk stage: the camera context, one DiT step, the KV refresh, the decoder, JPEG encoding.
+#[derive(Clone, Copy, Debug)]
+pub enum Stage {
+    Camera,
+    DitStep,
+    KvRefresh,
+    Decode,
+    Jpeg,
+}
+
+impl Stage {
+    fn label(self) -> &'static str {
+        match self {
+            Stage::Camera => "camera",
+            Stage::DitStep => "dit_step",
+            Stage::KvRefresh => "kv_refresh",
+            Stage::Decode => "decode",
+            Stage::Jpeg => "jpeg",
+        }
+    }
+}
+
+/// Why a frame was produced but never sent.
+#[derive(Clone, Copy, Debug)]
+pub enum Drop {
+    /// The client did not take a frame within the send timeout; its session is closed.
+    ClientStalled,
+    /// The session ended with frames still queued.
+    SessionEnd,
+}
+
+/// A bounded queue whose depth is exported.
+#[derive(Clone, Copy, Debug)]
+pub enum Queue {
+    /// Control messages received and not yet taken by a chunk (they coalesce into one).
+    Controls,
+    /// Encoded frames waiting for their send time.
+    Output,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub input_to_pixels: Histogram,
+    pub input_to_sent: Histogram,
+    pub first_frame: Histogram,
+    chunk_stage: HistogramVec,
+    pub frames_sent: IntCounter,
+    drops: IntCounterVec,
+    pub sessions: IntGauge,
+    queue_depth: IntGaugeVec,
+}
+
+fn histogram(name: &str, help: &str) -> prometheus::Result<Histogram> {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()))
+}
+
+impl Metrics {
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let m = Metrics {
+            input_to_pixels: histogram(
+                "worldline_input_to_pixels_seconds",
+                "Arrival of the newest control a frame depends on to the frame's pixels existing (decoded), per frame of the first chunk that uses that control",
+            )?,
+            input_to_sent: histogram(
+                "worldline_input_to_sent_seconds",
+                "Arrival of the newest control a frame depends on to the frame handed to the socket, per frame of the first chunk that uses that control",
+            )?,
+            first_frame: histogram(
+                "worldline_first_frame_seconds",
+                "Session accepted to its first frame handed to the socket",
+            )?,
+            chunk_stage: HistogramVec::new(
+                HistogramOpts::new(
+                    "worldline_chunk_stage_seconds",
+                    "Wall time of one stage of a chunk (dit_step: each step; jpeg: the chunk's frames)",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["stage"],
+            )?,
+            frames_sent: IntCounter::new(
+                "worldline_frames_sent_total",
+                "Frames handed to a session's socket",
+            )?,
+            drops: IntCounterVec::new(
+                Opts::new(
+                    "worldline_drops_total",
+                    "Frames produced but never sent, by reason",
+                ),
+                &["reason"],
+            )?,
+            sessions: IntGauge::new("worldline_sessions", "Active sessions")?,
+            queue_depth: IntGaugeVec::new(
+                Opts::new(
+                    "worldline_queue_depth",
+                    "Items waiting in a bounded queue, summed over sessions",
+                ),
+                &["queue"],
+            )?,
+            registry,
+        };
+        m.registry.register(Box::new(m.input_to_pixels.clone()))?;
+        m.registry.register(Box::new(m.input_to_sent.clone()))?;
+        m.registry.register(Box::new(m.first_frame.clone()))?;
+        m.registry.register(Box::new(m.chunk_stage.clone()))?;
+        m.registry.register(Box::new(m.frames_sent.clone()))?;
+        m.registry.register(Box::new(m.drops.clone()))?;
+        m.registry.register(Box::new(m.sessions.clone()))?;
+        m.registry.register(Box::new(m.queue_depth.clone()))?;
+        // Export every label value from the start, so a scrape shows zeros, not absences.
+        for s in [
+            Stage::Camera,
+            Stage::DitStep,
+            Stage::KvRefresh,
+            Stage::Decode,
+            Stage::Jpeg,
+        ] {
+            m.chunk_stage.with_label_values(&[s.label()]);
+        }
+        m.drop_counter(Drop::ClientStalled);
+        m.drop_counter(Drop::SessionEnd);
+        m.queue(Queue::Controls);
+        m.queue(Queue::Output);
+        Ok(m)
+    }
+
+    pub fn stage(&self, stage: Stage, time: Duration) {
+        self.chunk_stage
+            .with_label_values(&[stage.label()])
+            .observe(time.as_secs_f64());
+    }
+
+    fn drop_counter(&self, reason: Drop) -> IntCounter {
+        let label = match reason {
+            Drop::ClientStalled => "client_stalled",
+            Drop::SessionEnd => "session_end",
+        };
+        self.drops.with_label_values(&[label])
+    }
+
+    pub fn dropped(&self, reason: Drop, frames: u64) {
+        self.drop_counter(reason).inc_by(frames);
+    }
+
+    pub fn queue(&self, queue: Queue) -> IntGauge {
+        let label = match queue {
+            Queue::Controls => "controls",
+            Queue::Output => "output",
+        };
+        self.queue_depth.with_label_values(&[label])
+    }
+
+    /// The registry in Prometheus' text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            return format!("# encoding metrics failed: {e}\n");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}

@@ -1,0 +1,248 @@
+//! `worker serve`: sessions over WebSocket, with health, readiness, status and Prometheus
+//! metrics (DESIGN.md §6; the protocol is in `protocol` and `worker/PROTOCOL.md`).
+//!
+//! Layout: [`Server::run`] is the entry (a listener and a shutdown future, as in mini-redis),
+//! `routes` the HTTP handlers, `session` one WebSocket session and its engine thread,
+//! `pacer` output pacing, `metrics` the Prometheus registry.
+//!
+//! Shutdown: when the shutdown future completes, the server stops accepting, a broadcast tells
+//! every session to close (code 1001), and `run` waits up to the drain deadline for every engine
+//! thread to finish its chunk and hand its session slot back.
+//!
+//! Not here yet (issue 5): WebRTC, camera input, H.264 output, the browser client, the load
+//! generator, a text encoder for prompts, GPU memory metrics.
+
+mod metrics;
+mod pacer;
+pub mod protocol;
+mod routes;
+mod session;
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kernels::Device;
+use pipeline::{EngineConfig, WanModel};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, Semaphore};
+use tracing::{info, warn};
+
+use crate::decode::{DecoderArgs, FrameSink};
+use crate::setup::{self, ModelArgs};
+pub use pacer::Pacer;
+
+#[derive(Clone, Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0: any free port, logged).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+
+    /// Sessions served at once; one more gets HTTP 503 and `/readyz` says 503 while none is free.
+    #[arg(long, default_value_t = 1)]
+    pub max_sessions: usize,
+
+    /// When set, `/v1/ws` needs it as `?token=` or `Authorization: Bearer`.
+    #[arg(long)]
+    pub auth_token: Option<String>,
+
+    /// Seconds sessions get to finish after ctrl-c or SIGTERM.
+    #[arg(long, default_value_t = 5.0)]
+    pub drain_seconds: f64,
+}
+
+/// What `/status` reports that does not change while serving.
+#[derive(Debug, Serialize)]
+struct Info {
+    model: String,
+    weights: serde_json::Value,
+    decoder: String,
+    decoder_weights: serde_json::Value,
+    device: String,
+    resolution: String,
+    fps: u32,
+    backends: serde_json::Value,
+    versions: serde_json::Value,
+}
+
+/// State shared by the routes and the sessions.
+#[derive(Debug)]
+struct App {
+    model: Arc<WanModel>,
+    engine_cfg: EngineConfig,
+    decoder: DecoderArgs,
+    seed: u64,
+    tiny: bool,
+    on_host: bool,
+    max_sessions: usize,
+    slots: Arc<Semaphore>,
+    auth_token: Option<String>,
+    metrics: metrics::Metrics,
+    info: Info,
+    next_session: AtomicU64,
+    shutdown: broadcast::Sender<()>,
+}
+
+/// A loaded model ready to serve.
+#[derive(Debug)]
+pub struct Server {
+    app: Arc<App>,
+    drain: Duration,
+}
+
+fn weights_json(path: &Option<std::path::PathBuf>, seed: u64) -> serde_json::Value {
+    match path {
+        Some(p) => serde_json::json!({"state": "loaded", "path": p.display().to_string()}),
+        None => serde_json::json!({"state": "random", "seed": seed}),
+    }
+}
+
+/// Every backend and its state here: CPU always, CUDA if a driver and GPU answer, ROCm never.
+fn backends() -> serde_json::Value {
+    let cuda = match Device::Cuda(0).ensure_available() {
+        Ok(()) => "available".to_string(),
+        Err(e) => format!("unavailable: {e}"),
+    };
+    serde_json::json!([
+        {"name": "cpu", "state": "ok"},
+        {"name": "cuda", "state": cuda},
+        {"name": "rocm", "state": "not in this build, never run"},
+    ])
+}
+
+impl Server {
+    /// Loads the model (one card) and checks the decoder loads.
+    pub fn new(model: &ModelArgs, decoder: &DecoderArgs, serve: &ServeArgs) -> Result<Self> {
+        if serve.max_sessions == 0 {
+            bail!("--max-sessions must be at least 1");
+        }
+        if decoder.out.is_some() {
+            bail!("--out is for the default run; `serve` sends frames to its sessions");
+        }
+        if model.cards != 1 {
+            bail!("serve runs on one card for now (--cards {})", model.cards);
+        }
+        let loaded = setup::load(model)?;
+        let engine_cfg = loaded.engine_config(model.seed);
+        let tiny = loaded.cfg.name.starts_with("tiny");
+        let on_host = matches!(model.device.parse::<Device>(), Ok(Device::Cpu));
+        let Some(weights) = loaded.model.clone() else {
+            bail!("serve needs a model loaded on this card");
+        };
+        // Load the decoder once now, so bad decoder flags fail before serving.
+        let size = (engine_cfg.width, engine_cfg.height);
+        let probe = FrameSink::new(decoder, model.seed, tiny, size, on_host)?;
+        let info = Info {
+            model: loaded.cfg.name.clone(),
+            weights: weights_json(&model.weights, model.seed),
+            decoder: probe.name().to_string(),
+            decoder_weights: weights_json(&decoder.decoder_weights, model.seed),
+            device: model.device.clone(),
+            resolution: format!("{}x{}", engine_cfg.width, engine_cfg.height),
+            fps: session::FPS,
+            backends: backends(),
+            versions: serde_json::json!({
+                "worker": env!("CARGO_PKG_VERSION"),
+                "protocol": 1,
+            }),
+        };
+        let (shutdown, _) = broadcast::channel(1);
+        let app = App {
+            model: weights,
+            engine_cfg,
+            decoder: decoder.clone(),
+            seed: model.seed,
+            tiny,
+            on_host,
+            max_sessions: serve.max_sessions,
+            slots: Arc::new(Semaphore::new(serve.max_sessions)),
+            auth_token: serve.auth_token.clone(),
+            metrics: metrics::Metrics::new().context("creating the metrics")?,
+            info,
+            next_session: AtomicU64::new(0),
+            shutdown,
+        };
+        Ok(Server {
+            app: Arc::new(app),
+            drain: Duration::from_secs_f64(serve.drain_seconds.max(0.0)),
+        })
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then closes the sessions and waits up to
+    /// the drain deadline for their engine threads.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let app = self.app;
+        let notify = app.shutdown.clone();
+        let router = routes::router(app.clone());
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                info!("shutting down: closing sessions");
+                let _ = notify.send(());
+            })
+            .await
+            .context("serving")?;
+        let all = u32::try_from(app.max_sessions).unwrap_or(u32::MAX);
+        match tokio::time::timeout(self.drain, app.slots.acquire_many(all)).await {
+            Ok(_) => info!("all sessions drained"),
+            Err(_) => warn!(
+                busy = app.max_sessions - app.slots.available_permits(),
+                "drain deadline passed with sessions still running"
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// Resolves on ctrl-c or (on Unix) SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            warn!("cannot listen for ctrl-c: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// `worker serve`: loads the model, binds `--listen` and serves until ctrl-c/SIGTERM.
+pub fn serve_main(model: &ModelArgs, decoder: &DecoderArgs, serve: &ServeArgs) -> Result<()> {
+    let server = Server::new(model, decoder, serve)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let listener = TcpListener::bind(&serve.listen)
+            .await
+            .with_context(|| format!("binding --listen {}", serve.listen))?;
+        let addr = listener.local_addr().context("local address")?;
+        info!(%addr, max_sessions = serve.max_sessions, auth = serve.auth_token.is_some(), "serving");
+        server.run(listener, shutdown_signal()).await
+    })
+}
