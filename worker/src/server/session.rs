@@ -105,7 +105,7 @@ async fn serve(
     let started = Instant::now();
     let metrics = &app.metrics;
     metrics.sessions.inc();
-    let _live = Live(metrics);
+    let live = Live(metrics);
     let mut shutdown = app.shutdown.subscribe();
     let shared = Arc::new(Shared::default());
     let (tx, mut rx) = mpsc::channel(OUTPUT_FRAMES);
@@ -206,6 +206,8 @@ async fn serve(
     if pending.is_some() {
         metrics.dropped(Drop::SessionEnd, 1);
     }
+    // The gauge first: the engine thread frees the slot (and `/readyz`) once `stop` returns.
+    drop(live);
     stop(&shared, &mut rx, metrics);
     info!(
         ending,
