@@ -13,6 +13,7 @@ pub mod model;
 pub mod parallel;
 pub mod rng;
 pub mod sampler;
+pub mod text;
 pub mod vae;
 pub mod weights;
 

@@ -1,0 +1,391 @@
+//! The umT5 text encoder Wan conditions on (`umt5-xxl`, encoder only), under the names of Wan's
+//! `models_t5_umt5-xxl-enc-bf16.pth` (`wan/modules/t5.py`):
+//!
+//! ```text
+//! token_embedding.weight                      [vocab, dim]
+//! blocks.{i}.norm1.weight                     [dim]            T5 RMSNorm (no mean, no bias)
+//! blocks.{i}.attn.{q,k,v}.weight              [dim_attn, dim]  no biases
+//! blocks.{i}.attn.o.weight                    [dim, dim_attn]
+//! blocks.{i}.norm2.weight                     [dim]
+//! blocks.{i}.ffn.gate.0.weight                [dim_ffn, dim]   gelu(tanh) branch
+//! blocks.{i}.ffn.fc1.weight                   [dim_ffn, dim]   linear branch
+//! blocks.{i}.ffn.fc2.weight                   [dim, dim_ffn]
+//! blocks.{i}.pos_embedding.embedding.weight   [num_buckets, num_heads]  one per layer (umT5)
+//! norm.weight                                 [dim]
+//! ```
+//!
+//! A block is `x += o(attn(norm1 x))`, `x += fc2(fc1(h) · gelu(gate(h)))` with `h = norm2 x`;
+//! attention logits are `q·k` without the `1/sqrt(d)` scale, plus the layer's bidirectional
+//! relative-position bias; padded keys are masked out. The `.pth` is converted to safetensors
+//! with the same names (`torch.load` → `safetensors.torch.save_file`, no renames).
+//!
+//! [`T5Encoder::encode`] returns what Wan's DiT receives: the valid rows of the encoder output,
+//! then zero rows up to `text_len` (512). Rows of valid tokens only ever attend to valid keys, and
+//! the position bias depends only on offsets, so the valid rows are computed from the valid tokens
+//! alone: the same values as upstream's masked pass over the padded 512 ids, at a fraction of the
+//! cost (the NumPy reference runs the padded, masked pass).
+
+use kernels::{ops, DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::weights::Vb;
+use crate::{Error, Result, WeightStore};
+
+/// The encoder's shape (upstream `umt5_xxl` arguments, encoder half).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct T5Config {
+    pub name: String,
+    pub vocab: usize,
+    pub dim: usize,
+    pub dim_attn: usize,
+    pub dim_ffn: usize,
+    pub num_heads: usize,
+    pub num_layers: usize,
+    pub num_buckets: usize,
+    /// Offsets beyond this share the last log-spaced bucket.
+    pub max_dist: usize,
+    /// Rows of the context handed to the DiT (upstream pads to this with zeros).
+    pub text_len: usize,
+    pub eps: f32,
+}
+
+impl T5Config {
+    /// `umt5-xxl` as Wan uses it: ~5.7B encoder parameters.
+    pub fn umt5_xxl() -> Self {
+        T5Config {
+            name: "umt5-xxl".into(),
+            vocab: 256_384,
+            dim: 4096,
+            dim_attn: 4096,
+            dim_ffn: 10_240,
+            num_heads: 64,
+            num_layers: 24,
+            num_buckets: 32,
+            max_dist: 128,
+            text_len: 512,
+            eps: 1e-6,
+        }
+    }
+
+    /// Ours, for tests: the same layout and bucketing at toy widths.
+    pub fn tiny() -> Self {
+        T5Config {
+            name: "tiny".into(),
+            vocab: 64,
+            dim: 32,
+            dim_attn: 32,
+            dim_ffn: 48,
+            num_heads: 4,
+            num_layers: 2,
+            text_len: 16,
+            ..Self::umt5_xxl()
+        }
+    }
+
+    pub fn by_name(name: &str) -> Result<Self> {
+        match name {
+            "umt5-xxl" => Ok(Self::umt5_xxl()),
+            "tiny" => Ok(Self::tiny()),
+            other => Err(Error::Config(format!(
+                "unknown text encoder config '{other}' (known: umt5-xxl, tiny)"
+            ))),
+        }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.dim_attn / self.num_heads
+    }
+
+    /// Every checkpoint key with its shape, in load order.
+    pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let (d, a, f) = (self.dim, self.dim_attn, self.dim_ffn);
+        let mut out = vec![("token_embedding.weight".to_string(), vec![self.vocab, d])];
+        for i in 0..self.num_layers {
+            let p = |s: &str| format!("blocks.{i}.{s}");
+            out.push((p("norm1.weight"), vec![d]));
+            for n in ["q", "k", "v"] {
+                out.push((p(&format!("attn.{n}.weight")), vec![a, d]));
+            }
+            out.push((p("attn.o.weight"), vec![d, a]));
+            out.push((p("norm2.weight"), vec![d]));
+            out.push((p("ffn.gate.0.weight"), vec![f, d]));
+            out.push((p("ffn.fc1.weight"), vec![f, d]));
+            out.push((p("ffn.fc2.weight"), vec![d, f]));
+            out.push((
+                p("pos_embedding.embedding.weight"),
+                vec![self.num_buckets, self.num_heads],
+            ));
+        }
+        out.push(("norm.weight".to_string(), vec![d]));
+        out
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.weight_shapes()
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
+    }
+}
+
+/// T5's bidirectional relative-position bucket of `rel = key − query` (upstream
+/// `_relative_position_bucket`): half the buckets per sign (`rel > 0` in the upper half), exact
+/// below `half/2`, log-spaced up to `max_dist`, computed in f32 like the reference.
+pub fn relative_position_bucket(rel: i64, num_buckets: usize, max_dist: usize) -> usize {
+    let half = num_buckets / 2;
+    let base = if rel > 0 { half } else { 0 };
+    let r = rel.unsigned_abs() as usize;
+    let max_exact = half / 2;
+    if r < max_exact {
+        return base + r;
+    }
+    let scaled = (r as f32 / max_exact as f32).ln() / (max_dist as f32 / max_exact as f32).ln()
+        * (half - max_exact) as f32;
+    base + (max_exact + scaled as usize).min(half - 1)
+}
+
+fn linear_no_bias(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    Ok(ops::linear(x, w, None)?)
+}
+
+/// One encoder layer (`blocks.{i}`).
+#[derive(Clone, Debug)]
+pub struct T5Block {
+    pub norm1: Tensor,
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub o: Tensor,
+    pub norm2: Tensor,
+    pub gate: Tensor,
+    pub fc1: Tensor,
+    pub fc2: Tensor,
+    /// `[num_buckets, num_heads]`, kept in f32.
+    pub pos_embedding: Tensor,
+    num_heads: usize,
+    num_buckets: usize,
+    max_dist: usize,
+    eps: f32,
+}
+
+impl T5Block {
+    pub fn load(vb: &Vb, cfg: &T5Config) -> Result<Self> {
+        let (d, a, f) = (cfg.dim, cfg.dim_attn, cfg.dim_ffn);
+        if cfg.num_heads == 0 || a % cfg.num_heads != 0 {
+            return Err(Error::Config(format!(
+                "dim_attn {a} is not a multiple of {} heads",
+                cfg.num_heads
+            )));
+        }
+        let attn = vb.pp("attn");
+        let ffn = vb.pp("ffn");
+        Ok(T5Block {
+            norm1: vb.get(&[d], "norm1.weight")?,
+            q: attn.get(&[a, d], "q.weight")?,
+            k: attn.get(&[a, d], "k.weight")?,
+            v: attn.get(&[a, d], "v.weight")?,
+            o: attn.get(&[d, a], "o.weight")?,
+            norm2: vb.get(&[d], "norm2.weight")?,
+            gate: ffn.get(&[f, d], "gate.0.weight")?,
+            fc1: ffn.get(&[f, d], "fc1.weight")?,
+            fc2: ffn.get(&[d, f], "fc2.weight")?,
+            pos_embedding: vb.get_f32(
+                &[cfg.num_buckets, cfg.num_heads],
+                "pos_embedding.embedding.weight",
+            )?,
+            num_heads: cfg.num_heads,
+            num_buckets: cfg.num_buckets,
+            max_dist: cfg.max_dist,
+            eps: cfg.eps,
+        })
+    }
+
+    /// The bias `[heads, len, len]` (query-major) from this layer's bucket table.
+    fn position_bias(&self, len: usize) -> Vec<f32> {
+        let table = self.pos_embedding.cpu_f32();
+        let h = self.num_heads;
+        let mut out = vec![0f32; h * len * len];
+        for i in 0..len {
+            for j in 0..len {
+                let b =
+                    relative_position_bucket(j as i64 - i as i64, self.num_buckets, self.max_dist);
+                for n in 0..h {
+                    out[(n * len + i) * len + j] = table[b * h + n];
+                }
+            }
+        }
+        out
+    }
+
+    /// `x: [len, dim]`; keys at or after `mask_len` are padding (masked out of every query).
+    pub fn forward(&self, x: &Tensor, mask_len: usize) -> Result<Tensor> {
+        let len = x.dim(0);
+        if x.rank() != 2 || mask_len == 0 || mask_len > len {
+            return Err(Error::Input(format!(
+                "T5 block input {:?} with {mask_len} valid tokens",
+                x.shape()
+            )));
+        }
+        let h = ops::rms_norm(x, &self.norm1, self.eps)?;
+        let (q, k, v) = (
+            linear_no_bias(&h, &self.q)?,
+            linear_no_bias(&h, &self.k)?,
+            linear_no_bias(&h, &self.v)?,
+        );
+        let attn = self.attention(&q, &k, &v, mask_len)?;
+        let x = ops::add(x, &linear_no_bias(&attn, &self.o)?)?;
+
+        let h = ops::rms_norm(&x, &self.norm2, self.eps)?;
+        let g = ops::gelu_tanh(&linear_no_bias(&h, &self.gate)?)?;
+        let u = linear_no_bias(&h, &self.fc1)?;
+        let prod = mul(&u, &g)?;
+        Ok(ops::add(&x, &linear_no_bias(&prod, &self.fc2)?)?)
+    }
+
+    /// Unscaled multi-head attention with the position bias, on the host in f32 (the kernels'
+    /// attention has no additive bias yet); the result returns to the input's device and dtype.
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask_len: usize) -> Result<Tensor> {
+        let len = q.dim(0);
+        let width = q.dim(1);
+        let heads = self.num_heads;
+        let d = width / heads;
+        let (qs, ks, vs) = (
+            q.try_to_vec_f32()?,
+            k.try_to_vec_f32()?,
+            v.try_to_vec_f32()?,
+        );
+        let bias = self.position_bias(len);
+        let mut out = vec![0f32; len * width];
+        let mut scores = vec![0f32; mask_len];
+        for n in 0..heads {
+            for i in 0..len {
+                let qi = &qs[i * width + n * d..i * width + (n + 1) * d];
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    let kj = &ks[j * width + n * d..j * width + (n + 1) * d];
+                    let dot: f32 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                    *s = dot + bias[(n * len + i) * len + j];
+                    max = max.max(*s);
+                }
+                let mut sum = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                let o = &mut out[i * width + n * d..i * width + (n + 1) * d];
+                for (j, s) in scores.iter().enumerate() {
+                    let w = s / sum;
+                    let vj = &vs[j * width + n * d..j * width + (n + 1) * d];
+                    for (oc, vc) in o.iter_mut().zip(vj) {
+                        *oc += w * vc;
+                    }
+                }
+            }
+        }
+        Ok(Tensor::from_f32(out, q.shape(), q.dtype())?.to_device(q.device())?)
+    }
+}
+
+/// Element-wise product of two same-shape tensors (host f32; back on the inputs' device).
+fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if a.shape() != b.shape() {
+        return Err(Error::Input(format!(
+            "product of {:?} and {:?}",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let (x, y) = (a.try_to_vec_f32()?, b.try_to_vec_f32()?);
+    let data: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p * q).collect();
+    Ok(Tensor::from_f32(data, a.shape(), a.dtype())?.to_device(a.device())?)
+}
+
+/// The umT5 encoder.
+#[derive(Clone, Debug)]
+pub struct T5Encoder {
+    pub cfg: T5Config,
+    /// `[vocab, dim]`.
+    pub token_embedding: Tensor,
+    pub blocks: Vec<T5Block>,
+    pub norm: Tensor,
+}
+
+impl T5Encoder {
+    /// Loads by the official names (random weights from the store's seed when it has none).
+    pub fn load(cfg: &T5Config, store: &WeightStore) -> Result<Self> {
+        let root = store.root();
+        let token_embedding = root.get(&[cfg.vocab, cfg.dim], "token_embedding.weight")?;
+        let blocks = (0..cfg.num_layers)
+            .map(|i| T5Block::load(&root.pp("blocks").pp(i), cfg))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = root.get(&[cfg.dim], "norm.weight")?;
+        Ok(T5Encoder {
+            cfg: cfg.clone(),
+            token_embedding,
+            blocks,
+            norm,
+        })
+    }
+
+    /// The embedding rows of `ids` as `[len, dim]` in the table's dtype and device.
+    fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let dim = self.cfg.dim;
+        let mut rows = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let id = id as usize;
+            if id >= self.cfg.vocab {
+                return Err(Error::Input(format!(
+                    "token id {id} outside the vocabulary of {}",
+                    self.cfg.vocab
+                )));
+            }
+            rows.push(self.token_embedding.narrow(0, id, 1)?);
+        }
+        let refs: Vec<&Tensor> = rows.iter().collect();
+        Ok(Tensor::cat(&refs, 0)?.reshape(&[ids.len(), dim])?)
+    }
+
+    /// The final-normed hidden states `[ids.len(), dim]` of a masked pass: `ids` may carry
+    /// padding after the first `mask_len` tokens (as upstream's tokenizer output does).
+    pub fn forward(&self, ids: &[u32], mask_len: usize) -> Result<Tensor> {
+        let mut x = self.embed(ids)?;
+        for block in &self.blocks {
+            x = block.forward(&x, mask_len)?;
+        }
+        Ok(ops::rms_norm(&x, &self.norm, self.cfg.eps)?)
+    }
+
+    /// Wan's context: `[text_len, dim]` in f32, the encoder output of the `mask_len` valid tokens
+    /// of `token_ids` (padding after them is ignored) followed by zero rows.
+    pub fn encode(&self, token_ids: &[u32], mask_len: usize) -> Result<Tensor> {
+        let (text_len, dim) = (self.cfg.text_len, self.cfg.dim);
+        if mask_len > token_ids.len() || mask_len > text_len {
+            return Err(Error::Input(format!(
+                "{mask_len} valid tokens of {} ids (text_len {text_len})",
+                token_ids.len()
+            )));
+        }
+        let mut data = vec![0f32; text_len * dim];
+        if mask_len > 0 {
+            let valid = self.forward(&token_ids[..mask_len], mask_len)?;
+            data[..mask_len * dim].copy_from_slice(&valid.try_to_vec_f32()?);
+        }
+        let out = Tensor::from_f32(data, &[text_len, dim], DType::F32)?;
+        Ok(out.to_device(self.token_embedding.device())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_small_offsets_are_exact() {
+        for r in 0..8 {
+            assert_eq!(relative_position_bucket(-r, 32, 128), r as usize);
+        }
+        for r in 1..8 {
+            assert_eq!(relative_position_bucket(r, 32, 128), 16 + r as usize);
+        }
+    }
+}
