@@ -25,8 +25,14 @@
 //! alone: the same values as upstream's masked pass over the padded 512 ids, at a fraction of the
 //! cost (the NumPy reference runs the padded, masked pass).
 
+mod tokenizer;
+
+use std::collections::HashMap;
+
 use kernels::{ops, DType, Tensor};
 use serde::{Deserialize, Serialize};
+
+pub use tokenizer::T5Tokenizer;
 
 use crate::weights::Vb;
 use crate::{Error, Result, WeightStore};
@@ -372,6 +378,47 @@ impl T5Encoder {
         }
         let out = Tensor::from_f32(data, &[text_len, dim], DType::F32)?;
         Ok(out.to_device(self.token_embedding.device())?)
+    }
+}
+
+/// Prompt → context, with the contexts of earlier prompts kept: a prompt seen before costs a
+/// lookup, a new one one encode.
+#[derive(Debug)]
+pub struct TextConditioner {
+    pub tokenizer: T5Tokenizer,
+    pub encoder: T5Encoder,
+    cache: HashMap<String, Tensor>,
+    /// Encoder passes run so far (cache misses).
+    pub encodes: usize,
+}
+
+impl TextConditioner {
+    pub fn new(tokenizer: T5Tokenizer, encoder: T5Encoder) -> Result<Self> {
+        if tokenizer.text_len() != encoder.cfg.text_len {
+            return Err(Error::Config(format!(
+                "tokenizer text_len {} against the encoder's {}",
+                tokenizer.text_len(),
+                encoder.cfg.text_len
+            )));
+        }
+        Ok(TextConditioner {
+            tokenizer,
+            encoder,
+            cache: HashMap::new(),
+            encodes: 0,
+        })
+    }
+
+    /// The `[text_len, dim]` context of `prompt`.
+    pub fn context(&mut self, prompt: &str) -> Result<Tensor> {
+        if let Some(t) = self.cache.get(prompt) {
+            return Ok(t.clone());
+        }
+        let (ids, valid) = self.tokenizer.encode(prompt)?;
+        let ctx = self.encoder.encode(&ids, valid)?;
+        self.encodes += 1;
+        self.cache.insert(prompt.to_string(), ctx.clone());
+        Ok(ctx)
     }
 }
 
