@@ -2,15 +2,12 @@
 //! frame counts equal the Wan2.1 VAE's, the official layout's names and size, and refusals that
 //! leave a stream usable.
 
+mod common;
+
+use common::{assert_bits_eq, in_pieces, random};
 use kernels::{DType, Tensor};
-use pipeline::rng::NormalRng;
 use pipeline::vae::{TinyDecoder, TinyDecoderConfig, VaeConfig, WanVae};
 use pipeline::WeightStore;
-
-fn random(seed: u64, shape: &[usize]) -> Tensor {
-    let n = shape.iter().product();
-    Tensor::from_vec(NormalRng::new(seed).normals(n), shape).expect("tensor")
-}
 
 fn tiny_decoder(seed: u64) -> TinyDecoder {
     TinyDecoder::load(
@@ -18,35 +15,6 @@ fn tiny_decoder(seed: u64) -> TinyDecoder {
         &WeightStore::random(seed, DType::F32),
     )
     .expect("tiny decoder")
-}
-
-#[track_caller]
-fn assert_bits_eq(what: &str, a: &Tensor, b: &Tensor) {
-    assert_eq!(a.shape(), b.shape(), "{what}: shape");
-    let (a, b) = (a.to_vec_f32(), b.to_vec_f32());
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert!(
-            x.to_bits() == y.to_bits(),
-            "{what}: element {i} differs ({x:e} vs {y:e})"
-        );
-    }
-}
-
-/// Splits `x` along time into pieces of the given lengths and feeds them to `f` in order.
-fn in_pieces(
-    x: &Tensor,
-    lens: &[usize],
-    mut f: impl FnMut(&Tensor) -> pipeline::Result<Tensor>,
-) -> Tensor {
-    let mut at = 0;
-    let mut outs = Vec::new();
-    for &n in lens {
-        outs.push(f(&x.narrow(1, at, n).expect("piece")).expect("chunk"));
-        at += n;
-    }
-    assert_eq!(at, x.dim(1), "pieces cover the input");
-    let refs: Vec<&Tensor> = outs.iter().collect();
-    Tensor::cat(&refs, 1).expect("cat")
 }
 
 #[test]

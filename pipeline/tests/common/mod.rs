@@ -1,4 +1,4 @@
-//! The harness shared by the NumPy cross-checks: a case folder, the reference scripts under
+//! Helpers shared by the pipeline tests. The NumPy cross-checks use a case folder, the reference scripts under
 //! `tests/ref/` run by `python3` (or `WORLDLINE_PYTHON`) with numpy and safetensors, and the
 //! comparison. Each reference reads `CASE_DIR/{config.json, weights.safetensors,
 //! inputs.safetensors}` and writes `CASE_DIR/outputs.safetensors` (f32).
@@ -145,13 +145,35 @@ pub fn assert_close(what: &str, ours: &Tensor, reference: &HashMap<String, Vec<f
 
 /// Runs `x` through `f` in time pieces of the given lengths and concatenates the outputs.
 pub fn streamed(x: &Tensor, lens: &[usize], mut f: impl FnMut(&Tensor) -> Tensor) -> Tensor {
+    in_pieces(x, lens, |piece| Ok(f(piece)))
+}
+
+/// Splits `x` along time (dim 1) into pieces of the given lengths, feeds them to `f` in order
+/// and concatenates what it returns.
+pub fn in_pieces(
+    x: &Tensor,
+    lens: &[usize],
+    mut f: impl FnMut(&Tensor) -> pipeline::Result<Tensor>,
+) -> Tensor {
     let mut at = 0;
     let mut outs = Vec::new();
     for &n in lens {
-        outs.push(f(&x.narrow(1, at, n).expect("piece")));
+        outs.push(f(&x.narrow(1, at, n).expect("piece")).expect("chunk"));
         at += n;
     }
-    assert_eq!(at, x.dim(1));
+    assert_eq!(at, x.dim(1), "pieces cover the input");
     let refs: Vec<&Tensor> = outs.iter().collect();
     Tensor::cat(&refs, 1).expect("cat")
+}
+
+#[track_caller]
+pub fn assert_bits_eq(what: &str, a: &Tensor, b: &Tensor) {
+    assert_eq!(a.shape(), b.shape(), "{what}: shape");
+    let (a, b) = (a.to_vec_f32(), b.to_vec_f32());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            x.to_bits() == y.to_bits(),
+            "{what}: element {i} differs ({x:e} vs {y:e})"
+        );
+    }
 }
