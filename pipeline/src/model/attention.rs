@@ -175,14 +175,25 @@ pub struct CrossAttention {
 }
 
 impl CrossAttention {
+    /// The checkpoint layout is self-attention's (`q, k, v, o, norm_q, norm_k`), so it loads
+    /// the same way.
     pub fn load(vb: &Vb, dim: usize, heads: usize, eps: f32) -> Result<Self> {
+        let SelfAttention {
+            q,
+            k,
+            v,
+            o,
+            norm_q,
+            norm_k,
+            heads,
+        } = SelfAttention::load(vb, dim, heads, eps)?;
         Ok(CrossAttention {
-            q: Linear::load(&vb.pp("q"), dim, dim)?,
-            k: Linear::load(&vb.pp("k"), dim, dim)?,
-            v: Linear::load(&vb.pp("v"), dim, dim)?,
-            o: Linear::load(&vb.pp("o"), dim, dim)?,
-            norm_q: RmsNorm::load(&vb.pp("norm_q"), dim, eps)?,
-            norm_k: RmsNorm::load(&vb.pp("norm_k"), dim, eps)?,
+            q,
+            k,
+            v,
+            o,
+            norm_q,
+            norm_k,
             heads,
         })
     }
