@@ -97,7 +97,7 @@ def substitute(expr):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("prometheus")
-    ap.add_argument("rules", nargs="+")
+    ap.add_argument("rules", nargs="*")
     ap.add_argument("--dashboard", action="append", default=[])
     args = ap.parse_args()
     base = args.prometheus

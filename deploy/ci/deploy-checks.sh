@@ -131,6 +131,17 @@ if wait_http "http://127.0.0.1:$wport/healthz" 120 && wait_http "http://127.0.0.
   else
     fail "an expression returned no data (above)"
   fi
+  # The checker itself fails, naming the expression, on one that returns nothing.
+  printf '{"panels":[{"title":"bogus","targets":[{"refId":"A","expr":"worldline_no_such_metric"}]}]}' \
+    >"$tmp/bogus.json"
+  if bogus=$("$venv/bin/python" deploy/ci/check_queries.py "http://127.0.0.1:$pport" \
+    --dashboard "$tmp/bogus.json" 2>&1); then
+    fail "check_queries.py passed a dashboard whose expression returns nothing"
+  elif [[ "$bogus" == *"'bogus' A: worldline_no_such_metric"* ]]; then
+    pass "check_queries.py names an expression that returns no data"
+  else
+    fail "check_queries.py did not catch an empty expression"
+  fi
   if wait "$loadgen"; then
     pass "loadgen streamed from the worker (report above)"
   else

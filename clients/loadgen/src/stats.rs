@@ -343,6 +343,7 @@ mod tests {
                 input_us,
                 pixels_us,
                 sent_us: pixels_us + 1000,
+                ..FrameHeader::default()
             },
             bytes: 10,
             at,

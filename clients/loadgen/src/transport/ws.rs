@@ -11,7 +11,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{connect_async, tungstenite};
 
 use super::{Event, Outgoing, Target};
-use crate::wire::{self, FrameHeader, FRAME_HEADER_LEN};
+use crate::wire::{self, FrameHeader};
 use crate::Error;
 
 /// How long to wait for the worker's close after ours before giving up on the connection.
@@ -66,7 +66,7 @@ pub(super) async fn connect(
                             None => "closed by the worker".to_string(),
                         },
                         Some(Ok(Message::Binary(b))) => match FrameHeader::parse(&b) {
-                            Some(header) => Event::Frame { header, bytes: b.len() - FRAME_HEADER_LEN, at },
+                            Some(header) => Event::Frame { header, bytes: b.len() - header.len, at },
                             None => Event::Garbled(format!("a binary message of {} bytes without a frame header", b.len())),
                         },
                         Some(Ok(Message::Text(t))) => match serde_json::from_str::<serde_json::Value>(&t) {
