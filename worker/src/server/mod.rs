@@ -11,7 +11,7 @@
 //! thread to finish its chunk and hand its session slot back.
 //!
 //! Not here yet (issue 5): the browser client, prompts that change the stream, edit mode's use
-//! of the camera, GPU memory metrics.
+//! of the camera.
 
 mod engine;
 mod ingest;
@@ -200,6 +200,19 @@ impl Server {
                 "protocol": protocol::PROTOCOL,
             }),
         };
+        let metrics = metrics::Metrics::new().context("creating the metrics")?;
+        let weights_state = if model.weights.is_some() {
+            "loaded"
+        } else {
+            "random"
+        };
+        metrics.model(
+            &info.model,
+            &info.device,
+            &info.decoder,
+            weights_state,
+            info.fps,
+        );
         let (shutdown, _) = broadcast::channel(1);
         let app = App {
             model: weights,
@@ -211,7 +224,7 @@ impl Server {
             max_sessions: serve.max_sessions,
             slots: Arc::new(Semaphore::new(serve.max_sessions)),
             auth_token: serve.auth_token.clone(),
-            metrics: metrics::Metrics::new().context("creating the metrics")?,
+            metrics,
             info,
             next_session: AtomicU64::new(0),
             shutdown,
