@@ -43,6 +43,11 @@ impl Camera {
         })
     }
 
+    /// (width, height)
+    pub fn size(&self) -> (usize, usize) {
+        (self.width, self.height)
+    }
+
     /// The pattern at content time `t`, as RGB bytes.
     pub fn rgb(&self, t: Duration) -> Vec<u8> {
         let (w, h) = (self.width, self.height);

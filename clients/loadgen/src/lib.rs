@@ -8,6 +8,8 @@
 //! synthetic inputs).
 
 pub mod camera;
+#[cfg(feature = "media")]
+pub mod h264;
 pub mod script;
 mod session;
 pub mod stats;
@@ -37,6 +39,16 @@ pub enum Error {
     Camera(String),
 }
 
+/// How the synthetic camera is coded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CameraCodec {
+    /// Baseline JPEG of each frame.
+    Jpeg,
+    /// libx264 at zero latency (feature `media`).
+    H264,
+}
+
 /// What a run does.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -51,6 +63,8 @@ pub struct Config {
     pub prompt: Option<String>,
     /// Send synthetic camera frames (the worker must accept camera input).
     pub camera: bool,
+    /// The camera's coding over WebSocket (WebRTC always sends H.264).
+    pub camera_codec: CameraCodec,
     pub camera_fps: f64,
     pub camera_quality: u8,
 }
@@ -66,6 +80,7 @@ impl Config {
             controls_every: Duration::from_millis(100),
             prompt: Some("a stone bridge over a river at dusk".into()),
             camera: false,
+            camera_codec: CameraCodec::Jpeg,
             camera_fps: 16.0,
             camera_quality: 80,
         }
@@ -112,7 +127,7 @@ pub async fn run(cfg: &Config) -> Result<Report, Error> {
             async move {
                 let started = Instant::now();
                 let mut record = stats::SessionRecord::new(index, started);
-                match cfg.transport.connect(&cfg.target).await {
+                match cfg.transport.connect(&cfg.target, cfg.camera).await {
                     Ok(link) => session::drive(link, &cfg, record).await,
                     Err(e) => {
                         warn!("{e}");

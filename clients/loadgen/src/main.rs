@@ -11,7 +11,8 @@ use loadgen::{Config, Target, Transport};
 #[derive(Debug, Parser)]
 #[command(name = "loadgen", version, about)]
 struct Cli {
-    /// The worker's session URL.
+    /// The worker's session URL (WebRTC: `http://HOST:PORT/v1/webrtc/offer`; a `ws://` URL is
+    /// turned into that).
     #[arg(long, default_value = "ws://127.0.0.1:8080/v1/ws")]
     url: String,
     #[arg(long, value_enum, default_value_t = Transport::Ws)]
@@ -39,6 +40,9 @@ struct Cli {
     camera: bool,
     #[arg(long, default_value_t = 16.0)]
     camera_fps: f64,
+    /// How the camera is coded over WebSocket (WebRTC always sends H.264).
+    #[arg(long, value_enum, default_value_t = loadgen::CameraCodec::Jpeg)]
+    camera_codec: loadgen::CameraCodec,
     /// Write the report here as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -60,10 +64,11 @@ fn main() -> Result<()> {
     if !(cli.seconds.is_finite() && cli.seconds > 0.0 && cli.seconds <= 86_400.0) {
         bail!("--seconds must be in (0, 86400]");
     }
+    let url = webrtc_url(cli.transport, &cli.url);
     let mut cfg = Config::new(
         cli.transport,
         Target {
-            url: cli.url.clone(),
+            url,
             token: cli.token.clone(),
         },
     );
@@ -73,6 +78,7 @@ fn main() -> Result<()> {
     cfg.prompt = (!cli.no_prompt).then(|| cli.prompt.clone());
     cfg.camera = cli.camera;
     cfg.camera_fps = cli.camera_fps;
+    cfg.camera_codec = cli.camera_codec;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -99,4 +105,17 @@ fn main() -> Result<()> {
         bail!("the worker refused every session");
     }
     Ok(())
+}
+
+/// For WebRTC, `ws://host:port/...` becomes `http://host:port/v1/webrtc/offer`.
+fn webrtc_url(transport: Transport, url: &str) -> String {
+    #[cfg(feature = "media")]
+    if transport == Transport::Webrtc {
+        if let Some(rest) = url.strip_prefix("ws://") {
+            let host = rest.split('/').next().unwrap_or(rest);
+            return format!("http://{host}/v1/webrtc/offer");
+        }
+    }
+    let _ = transport;
+    url.to_string()
 }

@@ -27,6 +27,7 @@ pub async fn drive(mut link: Link, cfg: &Config, mut record: SessionRecord) -> S
     let mut camera_tick = interval_at(tstart, camera_every);
     camera_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut camera: Option<Camera> = None;
+    let mut coder = Coder::new(cfg);
     let (mut next_control, mut next_camera) = (0u64, 0u64);
     let mut prompt_sent = false;
     let mut closing = false;
@@ -76,11 +77,12 @@ pub async fn drive(mut link: Link, cfg: &Config, mut record: SessionRecord) -> S
             _ = camera_tick.tick(), if streaming && camera.is_some() => {
                 let Some(cam) = camera.as_ref() else { continue };
                 let t = start.elapsed();
-                match cam.jpeg(t) {
-                    Ok(jpeg) => {
+                match coder.picture(cam, t) {
+                    Ok(data) => {
                         next_camera += 1;
                         let capture_us = u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
-                        if link.tx.send(Outgoing::Camera { id: next_camera, capture_us, jpeg }).await.is_err() {
+                        let h264 = coder.h264();
+                        if link.tx.send(Outgoing::Camera { id: next_camera, capture_us, h264, data }).await.is_err() {
                             closing = true;
                         }
                         record.camera_frames_sent = next_camera;
@@ -131,6 +133,48 @@ fn new_camera(
         Err(e) => {
             record.errors.push(format!("camera: {e}"));
             None
+        }
+    }
+}
+
+/// Codes the camera's pictures: JPEG, or H.264 (asked for, or WebRTC, whose track is H.264).
+enum Coder {
+    Jpeg,
+    #[cfg(feature = "media")]
+    H264(Option<crate::h264::Encoder>),
+}
+
+impl Coder {
+    fn new(cfg: &Config) -> Coder {
+        #[cfg(feature = "media")]
+        if cfg.camera_codec == crate::CameraCodec::H264
+            || cfg.transport == crate::Transport::Webrtc
+        {
+            return Coder::H264(None);
+        }
+        let _ = cfg;
+        Coder::Jpeg
+    }
+
+    fn h264(&self) -> bool {
+        !matches!(self, Coder::Jpeg)
+    }
+
+    fn picture(&mut self, cam: &Camera, t: Duration) -> Result<Vec<u8>, crate::Error> {
+        match self {
+            Coder::Jpeg => cam.jpeg(t),
+            #[cfg(feature = "media")]
+            Coder::H264(enc) => {
+                let first = enc.is_none();
+                if first {
+                    let (w, h) = cam.size();
+                    *enc = Some(crate::h264::Encoder::new(w, h, 16)?);
+                }
+                match enc.as_mut() {
+                    Some(e) => e.encode(&cam.rgb(t), first),
+                    None => Err(crate::Error::Camera("no encoder".into())),
+                }
+            }
         }
     }
 }

@@ -90,13 +90,34 @@ pub fn prompt(text: &str) -> String {
 /// reserved bytes, the client frame id and capture time (µs on the client's session clock),
 /// little-endian, then the JPEG.
 pub fn camera_frame(id: u64, capture_us: u64, jpeg: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(CAMERA_HEADER_LEN + jpeg.len());
+    camera_frame_coded(0, id, capture_us, jpeg)
+}
+
+/// A camera frame of codec `codec` (0 JPEG, 1 H.264 Annex-B access unit).
+pub fn camera_frame_coded(codec: u8, id: u64, capture_us: u64, picture: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CAMERA_HEADER_LEN + picture.len());
     out.extend_from_slice(&CAMERA_MAGIC);
-    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&[codec, 0, 0, 0]);
     out.extend_from_slice(&id.to_le_bytes());
     out.extend_from_slice(&capture_us.to_le_bytes());
-    out.extend_from_slice(jpeg);
+    out.extend_from_slice(picture);
     out
+}
+
+/// A WebRTC `frame` message (the data channel's per-frame metadata) as a header; `None` when
+/// a field is missing.
+pub fn header_from_json(v: &serde_json::Value) -> Option<FrameHeader> {
+    let f = |k: &str| v[k].as_u64();
+    Some(FrameHeader {
+        index: f("index")?,
+        control_id: f("control_id")?,
+        input_us: f("input_us")?,
+        pixels_us: f("pixels_us")?,
+        sent_us: f("sent_us")?,
+        camera_id: f("camera_id")?,
+        camera_us: f("camera_us")?,
+        len: 0,
+    })
 }
 
 #[cfg(test)]

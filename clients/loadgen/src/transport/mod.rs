@@ -3,6 +3,8 @@
 //! clock; everything above it (the session script, the statistics) is the same for every
 //! transport. Adding one: a variant of [`Transport`] and a `connect` that returns a [`Link`].
 
+#[cfg(feature = "media")]
+mod webrtc;
 mod ws;
 
 use std::time::Instant;
@@ -20,6 +22,10 @@ const QUEUE: usize = 64;
 pub enum Transport {
     /// `GET /v1/ws`: JSON controls, binary frames (worker/PROTOCOL.md).
     Ws,
+    /// `POST /v1/webrtc/offer`: H.264 camera track, `controls` data channel, H.264 output track
+    /// decoded on arrival (feature `media`).
+    #[cfg(feature = "media")]
+    Webrtc,
 }
 
 /// Where and how to connect.
@@ -40,10 +46,12 @@ pub enum Outgoing {
         mouse: [f64; 2],
     },
     Prompt(String),
+    /// One camera picture: a JPEG, or an H.264 Annex-B access unit when `h264`.
     Camera {
         id: u64,
         capture_us: u64,
-        jpeg: Vec<u8>,
+        h264: bool,
+        data: Vec<u8>,
     },
     /// Close politely; the transport keeps delivering frames until the worker's close.
     Close,
@@ -75,11 +83,17 @@ pub struct Link {
 }
 
 impl Transport {
-    pub async fn connect(self, target: &Target) -> Result<Link, Error> {
+    /// `camera`: the session will send camera frames (WebRTC offers a camera track for them).
+    pub async fn connect(self, target: &Target, camera: bool) -> Result<Link, Error> {
         let (out_tx, out_rx) = mpsc::channel(QUEUE);
         let (ev_tx, ev_rx) = mpsc::channel(QUEUE);
         match self {
-            Transport::Ws => ws::connect(target, out_rx, ev_tx).await?,
+            Transport::Ws => {
+                let _ = camera;
+                ws::connect(target, out_rx, ev_tx).await?
+            }
+            #[cfg(feature = "media")]
+            Transport::Webrtc => webrtc::connect(target, camera, out_rx, ev_tx).await?,
         }
         Ok(Link {
             tx: out_tx,

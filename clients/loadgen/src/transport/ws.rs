@@ -90,8 +90,8 @@ pub(super) async fn connect(
                         }
                         Some(Outgoing::Controls { id, keys, mouse }) => Message::text(wire::controls(id, keys, mouse)),
                         Some(Outgoing::Prompt(text)) => Message::text(wire::prompt(&text)),
-                        Some(Outgoing::Camera { id, capture_us, jpeg }) => {
-                            Message::binary(wire::camera_frame(id, capture_us, &jpeg))
+                        Some(Outgoing::Camera { id, capture_us, h264, data }) => {
+                            Message::binary(wire::camera_frame_coded(u8::from(h264), id, capture_us, &data))
                         }
                     };
                     if let Err(e) = sink.send(msg).await {
