@@ -49,8 +49,10 @@ impl std::fmt::Debug for Encoder {
 impl Encoder {
     pub fn new(width: usize, height: usize, fps: u32) -> Result<Self, Error> {
         init()?;
-        if width % 2 != 0 || height % 2 != 0 {
-            return Err(Error::Config(format!("H.264 camera {width}x{height}: sides must be even")));
+        if !width.is_multiple_of(2) || !height.is_multiple_of(2) {
+            return Err(Error::Config(format!(
+                "H.264 camera {width}x{height}: sides must be even"
+            )));
         }
         let x264 = ffmpeg_next::encoder::find_by_name("libx264")
             .ok_or_else(|| Error::Camera("this FFmpeg has no libx264".into()))?;
@@ -72,10 +74,21 @@ impl Encoder {
         opts.set("tune", "zerolatency");
         opts.set("profile", "baseline");
         opts.set("forced-idr", "1");
-        opts.set("x264-params", "repeat-headers=1:bframes=0:rc-lookahead=0:annexb=1");
+        opts.set(
+            "x264-params",
+            "repeat-headers=1:bframes=0:rc-lookahead=0:annexb=1",
+        );
         let inner = enc.open_with(opts).map_err(ff("opening libx264"))?;
-        let scaler = scaling::Context::get(Pixel::RGB24, w, h, Pixel::YUV420P, w, h, scaling::Flags::BILINEAR)
-            .map_err(ff("colour conversion"))?;
+        let scaler = scaling::Context::get(
+            Pixel::RGB24,
+            w,
+            h,
+            Pixel::YUV420P,
+            w,
+            h,
+            scaling::Flags::BILINEAR,
+        )
+        .map_err(ff("colour conversion"))?;
         Ok(Encoder {
             inner,
             scaler,
@@ -98,10 +111,16 @@ impl Encoder {
         for (y, src) in rgb.chunks_exact(row).enumerate() {
             plane[y * stride..y * stride + row].copy_from_slice(src);
         }
-        self.scaler.run(&self.rgb, &mut self.yuv).map_err(ff("colour conversion"))?;
+        self.scaler
+            .run(&self.rgb, &mut self.yuv)
+            .map_err(ff("colour conversion"))?;
         self.yuv.set_pts(Some(self.pts));
         self.pts += 1;
-        self.yuv.set_kind(if keyframe { picture::Type::I } else { picture::Type::None });
+        self.yuv.set_kind(if keyframe {
+            picture::Type::I
+        } else {
+            picture::Type::None
+        });
         self.inner.send_frame(&self.yuv).map_err(ff("encoding"))?;
         let mut au = Vec::new();
         let mut packet = Packet::empty();
@@ -136,7 +155,10 @@ impl Decoder {
             .ok_or_else(|| Error::Camera("this FFmpeg has no H.264 decoder".into()))?;
         let mut ctx = codec::Context::new_with_codec(h264);
         ctx.set_flags(codec::Flags::LOW_DELAY);
-        let inner = ctx.decoder().video().map_err(ff("opening the H.264 decoder"))?;
+        let inner = ctx
+            .decoder()
+            .video()
+            .map_err(ff("opening the H.264 decoder"))?;
         Ok(Decoder {
             inner,
             picture: frame::Video::empty(),
@@ -150,7 +172,10 @@ impl Decoder {
             .map_err(ff("decoding the output"))?;
         let mut out = Vec::new();
         while self.inner.receive_frame(&mut self.picture).is_ok() {
-            out.push((self.picture.width() as usize, self.picture.height() as usize));
+            out.push((
+                self.picture.width() as usize,
+                self.picture.height() as usize,
+            ));
         }
         Ok(out)
     }

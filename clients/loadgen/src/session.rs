@@ -147,8 +147,7 @@ enum Coder {
 impl Coder {
     fn new(cfg: &Config) -> Coder {
         #[cfg(feature = "media")]
-        if cfg.camera_codec == crate::CameraCodec::H264
-            || cfg.transport == crate::Transport::Webrtc
+        if cfg.camera_codec == crate::CameraCodec::H264 || cfg.transport == crate::Transport::Webrtc
         {
             return Coder::H264(None);
         }

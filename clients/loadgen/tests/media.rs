@@ -29,7 +29,13 @@ struct Flags {
     serve: ServeArgs,
 }
 
-async fn start(extra: &[&str]) -> (SocketAddr, oneshot::Sender<()>, JoinHandle<anyhow::Result<()>>) {
+async fn start(
+    extra: &[&str],
+) -> (
+    SocketAddr,
+    oneshot::Sender<()>,
+    JoinHandle<anyhow::Result<()>>,
+) {
     let mut args = vec!["worker", "--model", "tiny"];
     args.extend_from_slice(extra);
     let f = Flags::try_parse_from(args).expect("flags");
@@ -99,9 +105,15 @@ async fn loadgen_sends_an_h264_camera_over_websocket() {
     assert!(s.frames > 0 && s.fresh_frames > 0, "{s:#?}");
     assert!(s.errors.is_empty() && s.garbled.is_empty(), "{s:#?}");
     assert!(s.camera_frames_sent > 0);
-    assert_eq!(sample(&text, "worldline_frames_sent_total"), s.frames as f64);
+    assert_eq!(
+        sample(&text, "worldline_frames_sent_total"),
+        s.frames as f64
+    );
     let decoded = sample(&text, "worldline_camera_frames_total");
-    assert!(decoded > 0.0 && decoded <= s.camera_frames_sent as f64, "{decoded}");
+    assert!(
+        decoded > 0.0 && decoded <= s.camera_frames_sent as f64,
+        "{decoded}"
+    );
     let _ = stop.send(());
     done.await.expect("join").expect("run");
 }

@@ -37,7 +37,7 @@ impl H264Encoder {
     /// `fps` is the content clock; `gop` the most frames between keyframes.
     pub fn new(width: usize, height: usize, fps: u32, gop: u32) -> Result<Self, MediaError> {
         init()?;
-        if width % 2 != 0 || height % 2 != 0 || width == 0 || height == 0 {
+        if !width.is_multiple_of(2) || !height.is_multiple_of(2) || width == 0 || height == 0 {
             return Err(MediaError::Other(format!(
                 "H.264 output needs even sides, not {width}×{height}"
             )));
@@ -64,7 +64,10 @@ impl H264Encoder {
         // Constrained baseline: what every browser decodes (WebRTC's 42e01f).
         opts.set("profile", "baseline");
         opts.set("forced-idr", "1");
-        opts.set("x264-params", "repeat-headers=1:bframes=0:rc-lookahead=0:annexb=1");
+        opts.set(
+            "x264-params",
+            "repeat-headers=1:bframes=0:rc-lookahead=0:annexb=1",
+        );
         let inner = enc
             .open_with(opts)
             .map_err(ff("opening the H.264 encoder (libx264)"))?;

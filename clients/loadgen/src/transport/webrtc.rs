@@ -54,9 +54,11 @@ fn rtc(what: &str) -> impl FnOnce(webrtc::Error) -> Error + '_ {
 
 /// `http://host:port/path` → (host:port, path).
 fn split_url(url: &str) -> Result<(String, String), Error> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| Error::Config(format!("{url}: the WebRTC URL must be http://host:port/v1/webrtc/offer")))?;
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        Error::Config(format!(
+            "{url}: the WebRTC URL must be http://host:port/v1/webrtc/offer"
+        ))
+    })?;
     let (host, path) = rest.split_once('/').unwrap_or((rest, "v1/webrtc/offer"));
     Ok((host.to_string(), format!("/{path}")))
 }
@@ -67,7 +69,9 @@ async fn post(url: &str, body: &str, token: Option<&str>) -> Result<(u16, String
     let mut s = TcpStream::connect(&host)
         .await
         .map_err(|e| Error::Connect(format!("{host}: {e}")))?;
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     let req = format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
         body.len()
@@ -86,7 +90,10 @@ async fn post(url: &str, body: &str, token: Option<&str>) -> Result<(u16, String
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| Error::Connect("no HTTP status line in the answer".into()))?;
-    let body = text.split_once("\r\n\r\n").map(|b| b.1.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|b| b.1.to_string())
+        .unwrap_or_default();
     Ok((code, body))
 }
 
@@ -98,7 +105,8 @@ pub(super) async fn connect(
 ) -> Result<(), Error> {
     let mut media = MediaEngine::default();
     media.register_default_codecs().map_err(rtc("codecs"))?;
-    let registry = register_default_interceptors(Registry::new(), &mut media).map_err(rtc("interceptors"))?;
+    let registry =
+        register_default_interceptors(Registry::new(), &mut media).map_err(rtc("interceptors"))?;
     let mut settings = SettingEngine::default();
     // Loopback only: the load generator talks to a worker on this machine, and mDNS would
     // send multicast.
@@ -122,7 +130,8 @@ pub(super) async fn connect(
             RTCRtpCodecCapability {
                 mime_type: MIME_TYPE_H264.into(),
                 clock_rate: 90000,
-                sdp_fmtp_line: "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=42e01f".into(),
+                sdp_fmtp_line:
+                    "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=42e01f".into(),
                 ..Default::default()
             },
             "camera".into(),
@@ -157,22 +166,34 @@ pub(super) async fn connect(
         let t = t.clone();
         let at = Instant::now();
         Box::pin(async move {
-            let _ = t.send(Inbound::Text(String::from_utf8_lossy(&m.data).into_owned(), at)).await;
+            let _ = t
+                .send(Inbound::Text(
+                    String::from_utf8_lossy(&m.data).into_owned(),
+                    at,
+                ))
+                .await;
         })
     }));
     let t = tx.clone();
     dc.on_close(Box::new(move || {
         let t = t.clone();
         Box::pin(async move {
-            let _ = t.send(Inbound::Closed("the controls channel closed".into())).await;
+            let _ = t
+                .send(Inbound::Closed("the controls channel closed".into()))
+                .await;
         })
     }));
     let t = tx.clone();
     pc.on_peer_connection_state_change(Box::new(move |s| {
         let t = t.clone();
         Box::pin(async move {
-            if matches!(s, RTCPeerConnectionState::Failed | RTCPeerConnectionState::Closed) {
-                let _ = t.send(Inbound::Closed(format!("peer connection {s}"))).await;
+            if matches!(
+                s,
+                RTCPeerConnectionState::Failed | RTCPeerConnectionState::Closed
+            ) {
+                let _ = t
+                    .send(Inbound::Closed(format!("peer connection {s}")))
+                    .await;
             }
         })
     }));
@@ -184,7 +205,9 @@ pub(super) async fn connect(
             let mut decoder = match h264::Decoder::new() {
                 Ok(d) => d,
                 Err(e) => {
-                    let _ = t.send(Inbound::Closed(format!("output decoder: {e}"))).await;
+                    let _ = t
+                        .send(Inbound::Closed(format!("output decoder: {e}")))
+                        .await;
                     return;
                 }
             };
@@ -192,10 +215,18 @@ pub(super) async fn connect(
                 builder.push(p);
                 while let Some(s) = builder.pop() {
                     // A picture that does not decode is not counted as delivered.
-                    let Ok(pictures) = decoder.decode(&s.data) else { continue };
+                    let Ok(pictures) = decoder.decode(&s.data) else {
+                        continue;
+                    };
                     for _ in pictures {
                         let at = Instant::now();
-                        if t.send(Inbound::Picture { bytes: s.data.len(), at }).await.is_err() {
+                        if t.send(Inbound::Picture {
+                            bytes: s.data.len(),
+                            at,
+                        })
+                        .await
+                        .is_err()
+                        {
                             return;
                         }
                     }
@@ -206,7 +237,9 @@ pub(super) async fn connect(
     }));
     let offer = pc.create_offer(None).await.map_err(rtc("offer"))?;
     let mut gathered = pc.gathering_complete_promise().await;
-    pc.set_local_description(offer).await.map_err(rtc("local description"))?;
+    pc.set_local_description(offer)
+        .await
+        .map_err(rtc("local description"))?;
     let _ = tokio::time::timeout(SETUP, gathered.recv()).await;
     let sdp = pc
         .local_description()
@@ -221,19 +254,26 @@ pub(super) async fn connect(
             .ok()
             .and_then(|v| v["message"].as_str().map(str::to_string))
             .unwrap_or(answer);
-        return Err(Error::Refused { status: code, body: message });
+        return Err(Error::Refused {
+            status: code,
+            body: message,
+        });
     }
-    let answer: serde_json::Value =
-        serde_json::from_str(&answer).map_err(|e| Error::Connect(format!("the answer is not JSON: {e}")))?;
+    let answer: serde_json::Value = serde_json::from_str(&answer)
+        .map_err(|e| Error::Connect(format!("the answer is not JSON: {e}")))?;
     let sdp = answer["sdp"]
         .as_str()
         .ok_or_else(|| Error::Connect("the answer has no sdp".into()))?
         .to_string();
     let desc = RTCSessionDescription::answer(sdp).map_err(rtc("answer"))?;
-    pc.set_remote_description(desc).await.map_err(rtc("remote description"))?;
+    pc.set_remote_description(desc)
+        .await
+        .map_err(rtc("remote description"))?;
     if tokio::time::timeout(SETUP, open.recv()).await.is_err() {
         let _ = pc.close().await;
-        return Err(Error::Connect("the controls channel did not open in time".into()));
+        return Err(Error::Connect(
+            "the controls channel did not open in time".into(),
+        ));
     }
     tokio::spawn(async move {
         // `frame` messages and decoded pictures, paired in order.
