@@ -394,11 +394,16 @@ fn gemm_row_stability(
             .to_device(dev)?)
     };
     let mut out = Vec::new();
-    for (k, n) in [
+    let patch: usize = cfg.patch.iter().product();
+    // Projections, FFN in and out, the patch embedding and the head.
+    let shapes = [
         (cfg.dim, cfg.dim),
         (cfg.dim, cfg.ffn_dim),
         (cfg.ffn_dim, cfg.dim),
-    ] {
+        (cfg.in_dim * patch, cfg.dim),
+        (cfg.dim, cfg.out_dim * patch),
+    ];
+    for (k, n) in shapes {
         let x = rand(1, &[tokens, k], 1.0)?;
         let wt = rand(2, &[n, k], 1.0 / (k as f32).sqrt())?;
         let whole = ops::linear(&x, &wt, None)?
