@@ -395,13 +395,15 @@ fn gemm_row_stability(
     };
     let mut out = Vec::new();
     let patch: usize = cfg.patch.iter().product();
-    // Projections, FFN in and out, the patch embedding and the head.
+    // Projections, FFN in and out, the patch embedding, the head and the camera embedding.
     let shapes = [
         (cfg.dim, cfg.dim),
         (cfg.dim, cfg.ffn_dim),
         (cfg.ffn_dim, cfg.dim),
         (cfg.in_dim * patch, cfg.dim),
         (cfg.dim, cfg.out_dim * patch),
+        // The camera's ray-token embedding (`patch_embedding_wancamctrl`).
+        (cfg.control_dim.unwrap_or(6) * 64 * 4, cfg.dim),
     ];
     for (k, n) in shapes {
         let x = rand(1, &[tokens, k], 1.0)?;
