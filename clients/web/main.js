@@ -1,0 +1,375 @@
+// The Worldline browser client: wires the page to a session (WebSocket or WebRTC), the camera,
+// keys and mouse, and the live overlay. Settings (transport, auth token, prompt, mode, first
+// image) outlive a session: a reconnect sends them again.
+
+import { Camera } from "./camera.js";
+import { Renderer } from "./frames.js";
+import { Controls } from "./input.js";
+import { RtcTransport } from "./rtc.js";
+import { Stats } from "./stats.js";
+import { WsTransport } from "./ws.js";
+
+const $ = (id) => document.getElementById(id);
+const RETRY_MS = [1000, 2000, 4000, 8000];
+const STORE = "worldline.settings";
+const LOG_LINES = 40;
+
+const settings = { transport: "ws", token: "", prompt: "", mode: "world", ...loadSettings() };
+const stats = new Stats();
+const renderer = new Renderer($("output"));
+const camera = new Camera($("preview"));
+const controls = new Controls((msg) => {
+  stats.controlSent(msg.id, performance.now());
+  send(msg);
+}, showKeys);
+
+let session = null; // the open (or opening) transport
+let wanted = false; // the user asked for a session: reconnect when it drops
+let retries = 0;
+let retryTimer = null;
+let workerSaid = null; // the last error the worker sent in this session
+let image = null; // the first image: {type, data (base64)}, sent again on reconnect
+
+// ---- sessions -------------------------------------------------------------------------------
+
+function connect() {
+  wanted = true;
+  retries = 0;
+  start();
+}
+
+function disconnect() {
+  wanted = false;
+  clearTimeout(retryTimer);
+  const s = session;
+  session = null;
+  s?.close();
+  setState("idle", "disconnected");
+  refreshCaps();
+  refreshStatus();
+}
+
+async function start() {
+  clearTimeout(retryTimer);
+  setState("connecting", retries ? `reconnecting (try ${retries + 1})` : "connecting");
+  stats.reset();
+  workerSaid = null;
+  const on = { status: onStatus, meta: (m) => stats.meta(m), frame: onFrame, error: onWorkerError };
+  const t =
+    settings.transport === "webrtc"
+      ? new RtcTransport(settings.token, { prompt: settings.prompt, mode: settings.mode }, $("remote"), on)
+      : new WsTransport(settings.token, on);
+  on.closed = (info) => session === t && onClosed(info);
+  session = t;
+  try {
+    const hello = await t.open(camera.stream);
+    if (session === t) onOpen(hello);
+  } catch (e) {
+    if (session !== t) return; // the user disconnected meanwhile
+    session = null;
+    t.close();
+    await onFailed(e);
+  }
+}
+
+function onOpen(hello) {
+  retries = 0;
+  hideError();
+  setState("live", `live · session ${hello.session}`);
+  log(`session ${hello.session}: ${hello.model} ${hello.width}×${hello.height} @ ${hello.fps} fps over ${settings.transport}`);
+  $("placeholder").hidden = true;
+  refreshCaps();
+  // What the session was set to before: the worker starts every session from scratch.
+  if (settings.prompt) send({ type: "prompt", text: settings.prompt });
+  if (session.accepts.has("mode")) send({ type: "mode", mode: settings.mode });
+  if (image && session.accepts.has("image")) send({ type: "image", ...image });
+  if (camera.on) cameraToSession();
+  controls.flush(); // held keys stay held; the first frames then carry a control id
+  refreshStatus();
+}
+
+/** The session had opened and now ended. */
+function onClosed({ code, reason }) {
+  session = null;
+  refreshCaps();
+  if (!wanted) return;
+  const why = reason || (code ? `code ${code}` : "connection lost");
+  if (workerSaid) {
+    // The worker said why: trying again would only repeat it.
+    wanted = false;
+    setState("error", "closed by the worker");
+    showError(`The worker closed the session: ${workerSaid}`);
+    return;
+  }
+  log(`session ended: ${why}`);
+  retry();
+}
+
+/** The session never opened. */
+async function onFailed(e) {
+  if (e.status === 401 || e.status === 403) return fatal(`The worker refused the session: wrong or missing auth token (${e.message})`);
+  if (e.status === 404) return fatal("This worker has no WebRTC endpoint (built without the media feature?): use WebSocket");
+  if (e.status === 503) return retry(`worker busy: every session slot is taken`, e.retryAfter * 1000);
+  if (e.status >= 400 && e.status < 500) return fatal(e.message);
+  if (settings.transport === "ws") {
+    // A browser does not see why a WebSocket upgrade failed: ask the worker whether it is busy.
+    const ready = await fetch("/readyz", { cache: "no-store" }).then((r) => r.status, () => 0);
+    if (ready === 0) return retry("the worker is unreachable");
+    if (ready === 503) return retry("worker busy: every session slot is taken");
+    if (workerSaid) return fatal(`The worker refused the session: ${workerSaid}`);
+    return fatal("The worker refused the WebSocket: wrong or missing auth token?");
+  }
+  retry(e.message);
+}
+
+function retry(why, delayMs) {
+  if (!wanted) return;
+  const delay = delayMs || RETRY_MS[Math.min(retries, RETRY_MS.length - 1)];
+  retries += 1;
+  if (why) log(why);
+  setState("connecting", `reconnecting in ${Math.round(delay / 1000)} s`);
+  retryTimer = setTimeout(start, delay);
+}
+
+function fatal(message) {
+  wanted = false;
+  setState("error", "not connected");
+  showError(message);
+  refreshCaps();
+}
+
+function send(msg) {
+  return session?.send(msg) ?? false;
+}
+
+// ---- what the worker sends ------------------------------------------------------------------
+
+function onStatus(msg) {
+  if (msg.session !== undefined) return; // the hello, shown by onOpen
+  const { type, ...rest } = msg;
+  log(`worker: ${Object.entries(rest).map(([k, v]) => `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`).join(" · ")}`);
+}
+
+function onWorkerError(message) {
+  workerSaid = message;
+  log(`worker error: ${message}`, true);
+  showError(message);
+}
+
+function onFrame(bitmap, header) {
+  renderer.draw(bitmap, bitmap.width, bitmap.height);
+  bitmap.close();
+  stats.drawn(performance.now(), header.controlId);
+}
+
+/** WebRTC output plays in a hidden <video>; each new frame is drawn on the canvas. */
+function pumpVideo() {
+  const video = $("remote");
+  if (!video.requestVideoFrameCallback) return;
+  const onVideoFrame = () => {
+    if (session && video.videoWidth) {
+      renderer.draw(video, video.videoWidth, video.videoHeight);
+      // The video frame does not carry its metadata: the newest metadata's control id stands in.
+      stats.drawn(performance.now(), stats.lastControl);
+    }
+    video.requestVideoFrameCallback(onVideoFrame);
+  };
+  video.requestVideoFrameCallback(onVideoFrame);
+}
+
+// ---- the page -------------------------------------------------------------------------------
+
+function setState(state, text) {
+  $("state").dataset.state = state;
+  $("state").textContent = text;
+  const busy = state === "live" || state === "connecting";
+  $("connect").textContent = busy ? "Disconnect" : "Connect";
+  $("connect").classList.toggle("primary", !busy);
+  $("transport").disabled = busy;
+  $("token").disabled = busy;
+  if (!busy) $("placeholder").hidden = false;
+}
+
+/** Enables what the session takes; with no session every setting can be chosen for the next. */
+function refreshCaps() {
+  const can = (kind) => !session?.hello || session.accepts.has(kind);
+  for (const r of document.querySelectorAll("input[name=mode]")) r.disabled = !can("mode");
+  $("image").disabled = !can("image");
+  $("reset").disabled = !session?.hello;
+  const note = [];
+  if (!can("mode")) note.push("mode: this worker streams world mode only");
+  if (!can("image")) note.push("first image: not taken by this worker yet");
+  $("image").title = $("image").disabled ? "not taken by this worker yet" : "";
+  cameraNote(note);
+}
+
+function cameraNote(extra = []) {
+  let text = "";
+  if (camera.on && session?.hello && !session.accepts.has("camera")) {
+    text = `Preview only: this worker does not take camera frames over ${settings.transport === "ws" ? "WebSocket" : "this transport"} yet.`;
+  }
+  $("camera-note").textContent = [text, ...extra].filter(Boolean).join(" ");
+}
+
+function showError(message) {
+  $("error-text").textContent = message;
+  $("error").hidden = false;
+}
+
+function hideError() {
+  $("error").hidden = true;
+}
+
+function log(text, isError = false) {
+  const li = document.createElement("li");
+  li.textContent = `${new Date().toLocaleTimeString()} ${text}`;
+  li.classList.toggle("error", isError);
+  $("log").prepend(li);
+  while ($("log").children.length > LOG_LINES) $("log").lastChild.remove();
+}
+
+function showKeys(held) {
+  for (const k of document.querySelectorAll("kbd[data-key]")) k.classList.toggle("held", held.has(k.dataset.key));
+}
+
+function ms(p50, p90) {
+  return Number.isNaN(p50) ? "–" : `${p50.toFixed(0)} / ${p90.toFixed(0)} ms`;
+}
+
+function drawOverlay() {
+  const s = stats.summary(performance.now());
+  $("ov-fps").textContent = s.fps.toFixed(1);
+  $("ov-pixels").textContent = ms(s.pixelsP50, s.pixelsP90);
+  $("ov-screen").textContent = ms(s.screenP50, s.screenP90);
+  $("ov-frames").textContent = String(s.frames);
+  $("ov-drops").textContent = String(s.drops);
+}
+
+async function refreshStatus() {
+  try {
+    const s = await fetch("/status", { cache: "no-store" }).then((r) => r.json());
+    $("worker-info").textContent = `${s.model} · ${s.device} · ${s.resolution} @ ${s.fps} fps · sessions ${s.sessions.active}/${s.sessions.max}`;
+    const random = s.weights?.state === "random";
+    $("weights").hidden = !random;
+    $("weights").textContent = "random weights: the output is noise";
+  } catch {
+    $("worker-info").textContent = "worker status unavailable";
+  }
+}
+
+// ---- settings -------------------------------------------------------------------------------
+
+function loadSettings() {
+  try {
+    return JSON.parse(sessionStorage.getItem(STORE)) ?? {};
+  } catch {
+    return {};
+  }
+}
+
+function saveSettings() {
+  sessionStorage.setItem(STORE, JSON.stringify(settings));
+}
+
+async function readImage(file) {
+  if (!file.type.startsWith("image/")) throw new Error(`${file.name} is not an image`);
+  const bitmap = await createImageBitmap(file);
+  // Sent at the stream's size, as a JPEG: the worker never sees the original file.
+  const { width, height } = session?.hello ?? { width: bitmap.width, height: bitmap.height };
+  const canvas = new OffscreenCanvas(width, height);
+  canvas.getContext("2d").drawImage(bitmap, 0, 0, width, height);
+  bitmap.close();
+  const blob = await canvas.convertToBlob({ type: "image/jpeg", quality: 0.85 });
+  const bytes = new Uint8Array(await blob.arrayBuffer());
+  let binary = "";
+  for (const b of bytes) binary += String.fromCharCode(b);
+  return { format: "jpeg", data: btoa(binary) };
+}
+
+function cameraToSession() {
+  if (!session?.hello) return;
+  session.setCamera(camera.stream);
+  cameraNote();
+}
+
+// ---- wiring ---------------------------------------------------------------------------------
+
+function wire() {
+  $("transport").value = settings.transport;
+  $("token").value = settings.token;
+  $("prompt").value = settings.prompt;
+  for (const r of document.querySelectorAll("input[name=mode]")) r.checked = r.value === settings.mode;
+
+  $("connect").onclick = () => (wanted ? disconnect() : connect());
+  $("transport").onchange = (e) => {
+    settings.transport = e.target.value;
+    saveSettings();
+  };
+  $("token").onchange = (e) => {
+    settings.token = e.target.value;
+    saveSettings();
+  };
+  $("prompt-form").onsubmit = (e) => {
+    e.preventDefault();
+    settings.prompt = $("prompt").value.trim();
+    saveSettings();
+    if (send({ type: "prompt", text: settings.prompt })) log(`prompt sent: ${settings.prompt || "(empty)"}`);
+    else log("prompt saved: it is sent when a session starts");
+  };
+  for (const r of document.querySelectorAll("input[name=mode]")) {
+    r.onchange = () => {
+      settings.mode = r.value;
+      saveSettings();
+      if (session?.accepts.has("mode")) send({ type: "mode", mode: settings.mode });
+    };
+  }
+  $("image").onchange = async (e) => {
+    const file = e.target.files[0];
+    if (!file) return;
+    try {
+      image = await readImage(file);
+      if (session?.accepts.has("image") && send({ type: "image", ...image })) log(`first image sent: ${file.name}`);
+    } catch (err) {
+      showError(`The first image could not be read: ${err.message}`);
+    }
+  };
+  $("reset").onclick = () => send({ type: "reset" });
+  $("camera").onclick = async () => {
+    try {
+      if (camera.on) camera.stop();
+      else await camera.start();
+    } catch (err) {
+      showError(`The camera did not start: ${err.message}`);
+    }
+    $("camera").textContent = camera.on ? "Camera off" : "Camera on";
+    $("camera").setAttribute("aria-pressed", String(camera.on));
+    cameraToSession();
+  };
+  $("error-close").onclick = hideError;
+
+  const typing = (el) => el.closest?.("input, textarea, select");
+  addEventListener("keydown", (e) => !typing(e.target) && controls.key(e, true) && e.preventDefault());
+  addEventListener("keyup", (e) => controls.key(e, false));
+  addEventListener("blur", () => controls.releaseAll());
+  const stage = $("stage");
+  stage.onclick = () => session?.hello && stage.requestPointerLock?.();
+  addEventListener("mousemove", (e) => {
+    if (document.pointerLockElement === stage) controls.move(e.movementX, e.movementY);
+  });
+
+  setInterval(drawOverlay, 250);
+  pumpVideo();
+  refreshStatus();
+  refreshCaps();
+  renderer.clear();
+}
+
+wire();
+
+// For the console and the browser test: the live numbers and the session.
+window.worldline = {
+  summary: () => stats.summary(performance.now()),
+  get session() {
+    return session;
+  },
+};
