@@ -2,7 +2,7 @@
 // keys and mouse, and the live overlay. Settings (transport, auth token, prompt, mode, first
 // image) outlive a session: a reconnect sends them again.
 
-import { Camera } from "./camera.js";
+import { Camera, toJpeg } from "./camera.js";
 import { Renderer } from "./frames.js";
 import { Controls } from "./input.js";
 import { RtcTransport } from "./rtc.js";
@@ -15,6 +15,8 @@ const STORE = "worldline.settings";
 const LOG_LINES = 40;
 
 const settings = { transport: "ws", token: "", prompt: "", mode: "world", ...loadSettings() };
+const TRANSPORTS = ["ws", "ws-h264", "webrtc"];
+if (!TRANSPORTS.includes(settings.transport)) settings.transport = "ws";
 const stats = new Stats();
 const renderer = new Renderer($("output"));
 const camera = new Camera($("preview"));
@@ -28,7 +30,7 @@ let wanted = false; // the user asked for a session: reconnect when it drops
 let retries = 0;
 let retryTimer = null;
 let workerSaid = null; // the last error the worker sent in this session
-let image = null; // the first image: {type, data (base64)}, sent again on reconnect
+let image = null; // the first image as a JPEG (ArrayBuffer), sent again on reconnect
 
 // ---- sessions -------------------------------------------------------------------------------
 
@@ -57,8 +59,8 @@ async function start() {
   const on = { status: onStatus, meta: (m) => stats.meta(m), frame: onFrame, error: onWorkerError };
   const t =
     settings.transport === "webrtc"
-      ? new RtcTransport(settings.token, { prompt: settings.prompt, mode: settings.mode }, $("remote"), on)
-      : new WsTransport(settings.token, on);
+      ? new RtcTransport(settings.token, $("remote"), on)
+      : new WsTransport(settings.token, settings.transport === "ws-h264" ? "h264" : "jpeg", on);
   on.closed = (info) => session === t && onClosed(info);
   session = t;
   try {
@@ -76,14 +78,15 @@ function onOpen(hello) {
   retries = 0;
   hideError();
   setState("live", `live · session ${hello.session}`);
-  log(`session ${hello.session}: ${hello.model} ${hello.width}×${hello.height} @ ${hello.fps} fps over ${settings.transport}`);
+  const output = hello.output ?? "jpeg";
+  log(`session ${hello.session}: ${hello.model} ${hello.width}×${hello.height} @ ${hello.fps} fps, ${output} over ${settings.transport === "webrtc" ? "WebRTC" : "WebSocket"}`);
   $("placeholder").hidden = true;
   refreshCaps();
   // What the session was set to before: the worker starts every session from scratch.
   if (settings.prompt) send({ type: "prompt", text: settings.prompt });
   if (session.accepts.has("mode")) send({ type: "mode", mode: settings.mode });
-  if (image && session.accepts.has("image")) send({ type: "image", ...image });
-  if (camera.on) cameraToSession();
+  if (image) session.sendImage(image);
+  cameraNote();
   controls.flush(); // held keys stay held; the first frames then carry a control id
   refreshStatus();
 }
@@ -156,9 +159,10 @@ function onWorkerError(message) {
   showError(message);
 }
 
-function onFrame(bitmap, header) {
-  renderer.draw(bitmap, bitmap.width, bitmap.height);
-  bitmap.close();
+/** A decoded WebSocket frame: an ImageBitmap (JPEG) or a VideoFrame (H.264). */
+function onFrame(picture, header) {
+  renderer.draw(picture, picture.displayWidth ?? picture.width, picture.displayHeight ?? picture.height);
+  picture.close();
   stats.drawn(performance.now(), header.controlId);
 }
 
@@ -206,7 +210,9 @@ function refreshCaps() {
 function cameraNote(extra = []) {
   let text = "";
   if (camera.on && session?.hello && !session.accepts.has("camera")) {
-    text = `Preview only: this worker does not take camera frames over ${settings.transport === "ws" ? "WebSocket" : "this transport"} yet.`;
+    text = "Preview only: this worker does not take camera frames on this transport.";
+  } else if (camera.on && session?.hello) {
+    text = "Sent to the worker.";
   }
   $("camera-note").textContent = [text, ...extra].filter(Boolean).join(" ");
 }
@@ -276,14 +282,11 @@ async function readImage(file) {
   const bitmap = await createImageBitmap(file);
   // Sent at the stream's size, as a JPEG: the worker never sees the original file.
   const { width, height } = session?.hello ?? { width: bitmap.width, height: bitmap.height };
-  const canvas = new OffscreenCanvas(width, height);
-  canvas.getContext("2d").drawImage(bitmap, 0, 0, width, height);
-  bitmap.close();
-  const blob = await canvas.convertToBlob({ type: "image/jpeg", quality: 0.85 });
-  const bytes = new Uint8Array(await blob.arrayBuffer());
-  let binary = "";
-  for (const b of bytes) binary += String.fromCharCode(b);
-  return { format: "jpeg", data: btoa(binary) };
+  try {
+    return await toJpeg(bitmap, width, height, 0.9);
+  } finally {
+    bitmap.close();
+  }
 }
 
 function cameraToSession() {
@@ -328,7 +331,8 @@ function wire() {
     if (!file) return;
     try {
       image = await readImage(file);
-      if (session?.accepts.has("image") && send({ type: "image", ...image })) log(`first image sent: ${file.name}`);
+      if (session?.sendImage(image)) log(`first image sent: ${file.name}`);
+      else log(`first image kept: it is sent when a session that takes it starts`);
     } catch (err) {
       showError(`The first image could not be read: ${err.message}`);
     }

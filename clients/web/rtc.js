@@ -6,16 +6,15 @@
 const GATHER_MS = 5000; // longest wait for ICE gathering; loopback and LAN finish far sooner
 const OPEN_MS = 15000; // longest wait for the data channel after the answer
 const QUEUE_MAX = 64; // messages kept while the channel is not open yet
-const ACCEPTS = ["controls", "prompt", "reset", "mode", "image"];
+const ACCEPTS = ["controls", "prompt", "reset", "camera"];
 
 export class RtcTransport {
   /**
    * `video`: the <video> the output plays in. `on` as for WsTransport, except that frames are
    * not handed over: they play in `video` and `meta` comes from the data channel.
    */
-  constructor(token, settings, video, on) {
+  constructor(token, video, on) {
     this.token = token;
-    this.settings = settings;
     this.video = video;
     this.on = on;
     this.pc = null;
@@ -55,7 +54,9 @@ export class RtcTransport {
   async post(sdp) {
     const headers = { "content-type": "application/json" };
     if (this.token) headers.authorization = `Bearer ${this.token}`;
-    const body = { type: "offer", sdp, settings: this.settings };
+    // No `settings`: the page sends its prompt on the data channel once it opens, as it does
+    // over WebSocket, so both transports start a session the same way.
+    const body = { type: "offer", sdp };
     if (this.token) body.token = this.token;
     const res = await fetch("/v1/webrtc/offer", { method: "POST", headers, body: JSON.stringify(body) });
     const text = await res.text();
@@ -84,7 +85,7 @@ export class RtcTransport {
         if (msg.type === "frame") return this.on.meta(frameMeta(msg));
         if (!this.hello && msg.type === "status" && msg.session !== undefined) {
           this.hello = msg;
-          this.accepts = new Set(msg.accepts ?? ACCEPTS);
+          this.accepts = new Set(ACCEPTS);
           resolve(msg);
         }
         if (msg.type === "error") this.on.error(msg.message);
@@ -112,6 +113,11 @@ export class RtcTransport {
     else if (this.channel?.readyState === "connecting" && this.queue.length < QUEUE_MAX) this.queue.push(text);
     else return false;
     return true;
+  }
+
+  /** World mode's first image: not taken over WebRTC. */
+  sendImage() {
+    return false;
   }
 
   /** Swaps the sent camera track (null: none) without renegotiating. */

@@ -17,18 +17,22 @@ use worker::{decode, server, setup};
 #[command(
     name = "worker",
     version,
-    about = "Real-time streaming world-model worker (LingBot-World / Wan DiT)"
+    about = "Real-time streaming world-model worker (LingBot-World / Wan DiT)",
+    long_about = "Real-time streaming world-model worker (LingBot-World / Wan DiT).\n\n\
+        With no subcommand it serves (as `worker serve`): the browser client at \
+        http://127.0.0.1:8080/, WebSocket sessions, metrics.",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(flatten)]
     model: setup::ModelArgs,
 
-    /// Chunks to generate before exiting.
-    #[arg(long, default_value_t = 8)]
-    chunks: u64,
-
     #[command(flatten)]
     decode: decode::DecoderArgs,
+
+    /// `worker` alone serves: these are `worker serve`'s flags.
+    #[command(flatten)]
+    serve: server::ServeArgs,
 
     /// Log format: text or json.
     #[arg(long, default_value = "text", global = true)]
@@ -40,9 +44,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve sessions over HTTP/WebSocket (see worker/PROTOCOL.md): `/v1/ws`, `/metrics`,
-    /// `/healthz`, `/readyz`, `/status`.
+    /// Serve sessions over HTTP/WebSocket (see worker/PROTOCOL.md): the browser client at `/`,
+    /// `/v1/ws`, `/metrics`, `/healthz`, `/readyz`, `/status`. The default.
     Serve(server::ServeArgs),
+    /// Run the chunk engine without a network: generate, decode and log chunks (`--out` writes
+    /// the frames as YUV4MPEG2).
+    Generate {
+        /// Chunks to generate before exiting.
+        #[arg(long, default_value_t = 8)]
+        chunks: u64,
+    },
     /// Time the CPU reference: one `tiny` chunk and one lingbot-1.3b block at 480×832, with FLOPs
     /// counted and GFLOP/s against the GEMM crate's peak on this machine.
     Bench {
@@ -74,8 +85,11 @@ fn init_logging(format: &str) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_logging(&cli.log_format)?;
+    // `auto` becomes a device here, once, so every later step (and the log) names it.
+    let device = cli.model.device()?;
+    cli.model.device = device.to_string();
     match cli.command {
         Some(Command::Bench {
             json,
@@ -87,7 +101,8 @@ fn main() -> Result<()> {
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
         },
         Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
-        None => generate(&cli.model, &cli.decode, cli.chunks),
+        None => server::serve_main(&cli.model, &cli.decode, &cli.serve),
+        Some(Command::Generate { chunks }) => generate(&cli.model, &cli.decode, chunks),
     }
 }
 
@@ -151,7 +166,7 @@ fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> 
     let loaded = setup::load(args)?;
     let cfg = loaded.engine_config(args.seed);
     let resolution = format!("{}x{}", cfg.width, cfg.height);
-    let on_host = matches!(args.device.parse::<Device>(), Ok(Device::Cpu));
+    let on_host = args.device()? == Device::Cpu;
     let tiny = loaded.cfg.name.starts_with("tiny");
     let mut sink = decode::FrameSink::new(dec, args.seed, tiny, (cfg.width, cfg.height), on_host)?;
     let mut session = match &loaded.model {

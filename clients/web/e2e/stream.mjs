@@ -47,7 +47,7 @@ try {
     executablePath: opt.chromium,
     headless: true,
     args: FLAGS,
-    viewport: { width: 1280, height: 720 },
+    viewport: { width: 1280, height: 860 },
   });
   const page = context.pages()[0] ?? (await context.newPage());
   page.on("pageerror", (e) => pageErrors.push(`page error: ${e.message}`));
@@ -62,6 +62,7 @@ try {
   await page.fill("#token", opt.token);
   await page.dispatchEvent("#token", "change");
   await page.fill("#prompt", "a castle at dusk");
+  await page.click("#prompt-form button"); // kept, and sent when a session starts
 
   step("camera on");
   await page.click("#camera");
@@ -88,14 +89,17 @@ try {
     const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
     let sum = 0;
     let sq = 0;
+    const values = new Set();
     const n = d.length / 4;
     for (let i = 0; i < d.length; i += 4) {
       const y = (d[i] + d[i + 1] + d[i + 2]) / 3;
       sum += y;
       sq += y * y;
+      values.add(d[i] | (d[i + 1] << 8) | (d[i + 2] << 16));
     }
     const mean = sum / n;
-    return { width: c.width, height: c.height, mean, std: Math.sqrt(Math.max(0, sq / n - mean * mean)) };
+    const std = Math.sqrt(Math.max(0, sq / n - mean * mean));
+    return { width: c.width, height: c.height, mean, std, colours: values.size };
   });
   const overlayFrames = Number(await page.textContent("#ov-frames"));
   const first = await summary();

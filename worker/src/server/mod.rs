@@ -17,6 +17,7 @@ mod pacer;
 pub mod protocol;
 mod routes;
 mod session;
+mod web;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
@@ -121,7 +122,7 @@ impl Server {
             bail!("--max-sessions must be at least 1");
         }
         if decoder.out.is_some() {
-            bail!("--out is for the default run; `serve` sends frames to its sessions");
+            bail!("--out is for `worker generate`; `serve` sends frames to its sessions");
         }
         if model.cards != 1 {
             bail!("serve runs on one card for now (--cards {})", model.cards);
@@ -129,7 +130,7 @@ impl Server {
         let loaded = setup::load(model)?;
         let engine_cfg = loaded.engine_config(model.seed);
         let tiny = loaded.cfg.name.starts_with("tiny");
-        let on_host = matches!(model.device.parse::<Device>(), Ok(Device::Cpu));
+        let on_host = model.device()? == Device::Cpu;
         let Some(weights) = loaded.model.clone() else {
             bail!("serve needs a model loaded on this card");
         };

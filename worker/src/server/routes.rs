@@ -1,4 +1,4 @@
-//! HTTP routes: `/healthz`, `/readyz`, `/status`, `/metrics` and the WebSocket upgrade at
+//! HTTP routes: the browser client at `/` (`web`), `/healthz`, `/readyz`, `/status`, `/metrics` and the WebSocket upgrade at
 //! `/v1/ws` (authorisation and admission happen before the upgrade).
 
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 use super::protocol::MAX_MESSAGE;
-use super::{session, App};
+use super::{session, web, App};
 
 pub(super) fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -21,6 +21,7 @@ pub(super) fn router(app: Arc<App>) -> Router {
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .route("/v1/ws", get(ws))
+        .merge(web::routes())
         .with_state(app)
 }
 
