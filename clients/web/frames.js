@@ -66,7 +66,6 @@ export class Renderer {
     if (this.canvas.width !== width || this.canvas.height !== height) {
       this.canvas.width = width;
       this.canvas.height = height;
-      this.canvas.style.setProperty("--aspect", `${width} / ${height}`);
     }
     this.ctx.drawImage(source, 0, 0, width, height);
   }

@@ -29,6 +29,7 @@ let session = null; // the open (or opening) transport
 let wanted = false; // the user asked for a session: reconnect when it drops
 let retries = 0;
 let retryTimer = null;
+let refusals = 0; // WebSocket upgrades refused in a row while the worker said it was ready
 let workerSaid = null; // the last error the worker sent in this session
 let image = null; // the first image as a JPEG (ArrayBuffer), sent again on reconnect
 
@@ -37,6 +38,7 @@ let image = null; // the first image as a JPEG (ArrayBuffer), sent again on reco
 function connect() {
   wanted = true;
   retries = 0;
+  refusals = 0;
   start();
 }
 
@@ -63,6 +65,7 @@ async function start() {
       : new WsTransport(settings.token, settings.transport === "ws-h264" ? "h264" : "jpeg", on);
   on.closed = (info) => session === t && onClosed(info);
   session = t;
+  showOutput(settings.transport);
   try {
     const hello = await t.open(camera.stream);
     if (session === t) onOpen(hello);
@@ -76,11 +79,13 @@ async function start() {
 
 function onOpen(hello) {
   retries = 0;
+  refusals = 0;
   hideError();
   setState("live", `live · session ${hello.session}`);
   const output = hello.output ?? "jpeg";
   log(`session ${hello.session}: ${hello.model} ${hello.width}×${hello.height} @ ${hello.fps} fps, ${output} over ${settings.transport === "webrtc" ? "WebRTC" : "WebSocket"}`);
   $("placeholder").hidden = true;
+  $("stage").style.setProperty("--aspect", `${hello.width} / ${hello.height}`);
   refreshCaps();
   // What the session was set to before: the worker starts every session from scratch.
   if (settings.prompt) send({ type: "prompt", text: settings.prompt });
@@ -114,13 +119,17 @@ async function onFailed(e) {
   if (e.status === 404) return fatal("This worker has no WebRTC endpoint (built without the media feature?): use WebSocket");
   if (e.status === 503) return retry(`worker busy: every session slot is taken`, e.retryAfter * 1000);
   if (e.status >= 400 && e.status < 500) return fatal(e.message);
-  if (settings.transport === "ws") {
+  if (settings.transport !== "webrtc") {
     // A browser does not see why a WebSocket upgrade failed: ask the worker whether it is busy.
     const ready = await fetch("/readyz", { cache: "no-store" }).then((r) => r.status, () => 0);
     if (ready === 0) return retry("the worker is unreachable");
     if (ready === 503) return retry("worker busy: every session slot is taken");
     if (workerSaid) return fatal(`The worker refused the session: ${workerSaid}`);
-    return fatal("The worker refused the WebSocket: wrong or missing auth token?");
+    // Ready now, but a slot may have come free just after the refusal: try once more first.
+    refusals += 1;
+    if (refusals < 2) return retry("the worker refused the WebSocket; trying once more", 500);
+    const h264 = settings.transport === "ws-h264" ? ", or it has no H.264 output (a build without media)" : "";
+    return fatal(`The worker refused the WebSocket: wrong or missing auth token${h264}?`);
   }
   retry(e.message);
 }
@@ -166,19 +175,22 @@ function onFrame(picture, header) {
   stats.drawn(performance.now(), header.controlId);
 }
 
-/** WebRTC output plays in a hidden <video>; each new frame is drawn on the canvas. */
-function pumpVideo() {
+/** WebRTC output plays in its <video>; each frame it shows is counted. */
+function countVideoFrames() {
   const video = $("remote");
   if (!video.requestVideoFrameCallback) return;
   const onVideoFrame = () => {
-    if (session && video.videoWidth) {
-      renderer.draw(video, video.videoWidth, video.videoHeight);
-      // The video frame does not carry its metadata: the newest metadata's control id stands in.
-      stats.drawn(performance.now(), stats.lastControl);
-    }
+    // A video frame does not carry its metadata: the newest metadata's control id stands in.
+    if (session) stats.drawn(performance.now(), stats.lastControl);
     video.requestVideoFrameCallback(onVideoFrame);
   };
   video.requestVideoFrameCallback(onVideoFrame);
+}
+
+/** The canvas shows WebSocket frames, the <video> WebRTC's track. */
+function showOutput(transport) {
+  $("output").hidden = transport === "webrtc";
+  $("remote").hidden = transport !== "webrtc";
 }
 
 // ---- the page -------------------------------------------------------------------------------
@@ -306,6 +318,7 @@ function wire() {
   $("connect").onclick = () => (wanted ? disconnect() : connect());
   $("transport").onchange = (e) => {
     settings.transport = e.target.value;
+    showOutput(settings.transport);
     saveSettings();
   };
   $("token").onchange = (e) => {
@@ -362,7 +375,8 @@ function wire() {
   });
 
   setInterval(drawOverlay, 250);
-  pumpVideo();
+  showOutput(settings.transport);
+  countVideoFrames();
   refreshStatus();
   refreshCaps();
   renderer.clear();

@@ -84,8 +84,13 @@ try {
   if (opt.screenshot) await page.screenshot({ path: opt.screenshot });
   await page.keyboard.up("w");
 
+  // What the output element shows now (the canvas, or WebRTC's <video>), as pixels.
   const canvas = await page.evaluate(() => {
-    const c = document.getElementById("output");
+    const out = [document.getElementById("output"), document.getElementById("remote")].find((e) => !e.hidden);
+    const c = document.createElement("canvas");
+    c.width = out.videoWidth ?? out.width;
+    c.height = out.videoHeight ?? out.height;
+    c.getContext("2d").drawImage(out, 0, 0);
     const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
     let sum = 0;
     let sq = 0;
