@@ -139,6 +139,8 @@ pub struct Engine {
     /// rig, sampler) is replicated on every rank and evolves identically; the DiT runs on the
     /// rank's token shard and its caches hold the rank's heads.
     comm: Option<Arc<dyn Communicator>>,
+    /// Measurement only: see [`set_resend_window`](Self::set_resend_window).
+    resend_window: bool,
 }
 
 impl Engine {
@@ -203,7 +205,15 @@ impl Engine {
             next_chunk: 0,
             cfg,
             comm,
+            resend_window: false,
         })
+    }
+
+    /// Under sequence parallelism, makes every attention call also move the cached window's
+    /// K/V through the links as the stock Ulysses layout must, so `worker bench sp` measures
+    /// both exchanges on one run. The output does not change.
+    pub fn set_resend_window(&mut self, on: bool) {
+        self.resend_window = on;
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -356,6 +366,7 @@ impl Engine {
             let attn = Attn::Cache {
                 caches: &mut self.caches,
                 kv_only: false,
+                resend_window: self.resend_window,
             };
             let v = dit(
                 &model,
@@ -381,6 +392,7 @@ impl Engine {
         let attn = Attn::Cache {
             caches: &mut self.caches,
             kv_only: true,
+            resend_window: self.resend_window,
         };
         dit(
             &model,

@@ -22,6 +22,7 @@ enum Job {
     Prompt(Tensor),
     FirstFrame(Tensor),
     Reset,
+    ResendWindow(bool),
 }
 
 #[derive(Debug)]
@@ -46,6 +47,10 @@ impl RankWorker<Job> for RankEngine {
             }
             Job::Reset => {
                 self.engine.reset();
+                None
+            }
+            Job::ResendWindow(on) => {
+                self.engine.set_resend_window(on);
                 None
             }
         };
@@ -159,6 +164,12 @@ impl EngineGroup {
     /// [`Engine::reset`] on every rank.
     pub fn reset(&mut self) -> Result<()> {
         self.group.run(Job::Reset)?;
+        Ok(())
+    }
+
+    /// [`Engine::set_resend_window`] on every rank.
+    pub fn set_resend_window(&mut self, on: bool) -> Result<()> {
+        self.group.run(Job::ResendWindow(on))?;
         Ok(())
     }
 

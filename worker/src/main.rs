@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_gpu;
+mod bench_sp;
 
 use std::path::PathBuf;
 
@@ -64,7 +65,8 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         repeat: usize,
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
-        /// on --device, at LingBot's shapes.
+        /// on --device, at LingBot's shapes. `sp`: the streaming loop of --model on 1, 2, 4 …
+        /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks.
         #[arg(default_value = "cpu")]
         suite: String,
     },
@@ -98,7 +100,8 @@ fn main() -> Result<()> {
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
-            other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
+            "sp" => bench_sp::run(&cli.model, cli.chunks as usize, json.as_deref()),
+            other => anyhow::bail!("unknown bench suite '{other}' (expected cpu, kernels or sp)"),
         },
         Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
         None => server::serve_main(&cli.model, &cli.decode, &cli.serve),
