@@ -69,6 +69,9 @@ enum Command {
         /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks.
         #[arg(default_value = "cpu")]
         suite: String,
+        /// `sp`: timed chunks per run.
+        #[arg(long, default_value_t = 8)]
+        chunks: u64,
     },
 }
 
@@ -97,10 +100,11 @@ fn main() -> Result<()> {
             json,
             repeat,
             suite,
+            chunks,
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
-            "sp" => bench_sp::run(&cli.model, cli.chunks as usize, json.as_deref()),
+            "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref()),
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu, kernels or sp)"),
         },
         Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
