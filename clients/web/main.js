@@ -58,7 +58,7 @@ async function start() {
   setState("connecting", retries ? `reconnecting (try ${retries + 1})` : "connecting");
   stats.reset();
   workerSaid = null;
-  const on = { status: onStatus, meta: (m) => stats.meta(m), frame: onFrame, error: onWorkerError };
+  const on = { status: onStatus, meta: (m) => stats.meta(m), frame: onFrame, error: onWorkerError, warn: onWarning };
   const t =
     settings.transport === "webrtc"
       ? new RtcTransport(settings.token, $("remote"), on)
@@ -169,6 +169,11 @@ function onWorkerError(message) {
 }
 
 /** A decoded WebSocket frame: an ImageBitmap (JPEG) or a VideoFrame (H.264). */
+function onWarning(message) {
+  log(message, true);
+  showError(message);
+}
+
 function onFrame(picture, header) {
   renderer.draw(picture, picture.displayWidth ?? picture.width, picture.displayHeight ?? picture.height);
   picture.close();

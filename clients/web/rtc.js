@@ -81,7 +81,7 @@ export class RtcTransport {
       };
       channel.onmessage = (e) => {
         const msg = typeof e.data === "string" ? parseJson(e.data) : null;
-        if (!msg) return this.on.error("the worker sent a data channel message that is not JSON");
+        if (!msg) return this.on.warn("the worker sent a data channel message that is not JSON");
         if (msg.type === "frame") return this.on.meta(frameMeta(msg));
         if (!this.hello && msg.type === "status" && msg.session !== undefined) {
           this.hello = msg;

@@ -12,8 +12,9 @@ export class WsTransport {
   /**
    * `output`: "jpeg" or "h264" (WebCodecs). `on`: { status(msg), meta(header),
    * frame(picture, header) (an ImageBitmap or a VideoFrame; the callee closes it),
-   * error(message), closed({code, reason}) }; `closed` only for a session that had opened
-   * (before that, `open` rejects).
+   * error(message) (the worker's error message), warn(message) (a problem on this side),
+   * closed({code, reason}) }; `closed` only for a session that had opened (before that, `open`
+   * rejects).
    */
   constructor(token, output, on) {
     this.token = token;
@@ -43,7 +44,7 @@ export class WsTransport {
       socket.onmessage = (e) => {
         if (typeof e.data !== "string") return this.onFrame(e.data);
         const msg = parseJson(e.data);
-        if (!msg) return this.on.error("the worker sent a message that is not JSON");
+        if (!msg) return this.on.warn("the worker sent a message that is not JSON");
         if (!this.hello && msg.type === "status" && msg.session !== undefined) {
           this.hello = msg;
           // Protocol 1 took controls only; protocol 2 added camera pictures and the first image.
@@ -66,7 +67,7 @@ export class WsTransport {
 
   onFrame(buffer) {
     const header = parseHeader(buffer);
-    if (!header) return this.on.error("the worker sent a binary message that is not a frame");
+    if (!header) return this.on.warn("the worker sent a binary message that is not a frame");
     this.on.meta(header);
     const picture = new Uint8Array(buffer, header.offset);
     if (header.codec === "h264") return this.decodeH264(picture, header);
@@ -77,14 +78,14 @@ export class WsTransport {
     this.chain = this.chain
       .then(() => decoded)
       .then((bitmap) => this.on.frame(bitmap, header))
-      .catch((e) => this.on.error(`a frame did not decode: ${e.message}`))
+      .catch((e) => this.on.warn(`a frame did not decode: ${e.message}`))
       .finally(() => (this.decoding -= 1));
   }
 
   /** H.264 Annex-B access units through WebCodecs; after an error, waits for the next IDR. */
   decodeH264(data, header) {
     if (!this.decoder) {
-      if (typeof VideoDecoder === "undefined") return this.on.error("this browser has no WebCodecs: choose WebSocket (JPEG)");
+      if (typeof VideoDecoder === "undefined") return this.on.warn("this browser has no WebCodecs: choose WebSocket (JPEG)");
       if (!header.keyframe) return; // a decoder starts at a keyframe
       this.decoder = new VideoDecoder({
         output: (frame) => {
@@ -94,7 +95,7 @@ export class WsTransport {
           this.on.frame(frame, h ?? header);
         },
         error: (e) => {
-          this.on.error(`H.264 decoding failed (${e.message}); waiting for the next keyframe`);
+          this.on.warn(`H.264 decoding failed (${e.message}); waiting for the next keyframe`);
           this.decoder = null;
           this.headers.clear();
         },
@@ -103,7 +104,13 @@ export class WsTransport {
     }
     this.headers.set(header.index, header);
     const type = header.keyframe ? "key" : "delta";
-    this.decoder.decode(new EncodedVideoChunk({ type, timestamp: header.index * US_PER_FRAME, data }));
+    try {
+      this.decoder.decode(new EncodedVideoChunk({ type, timestamp: header.index * US_PER_FRAME, data }));
+    } catch (e) {
+      this.on.warn(`H.264 decoding failed (${e.message}); waiting for the next keyframe`);
+      this.decoder = null;
+      this.headers.clear();
+    }
   }
 
   send(msg) {

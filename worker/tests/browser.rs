@@ -104,10 +104,14 @@ fn sample(metrics: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"))
 }
 
-/// Serves `tiny` on the CPU with an auth token and one session slot, runs the page over
-/// `transport`, and returns what the page saw and the worker's `/metrics` after it.
-async fn stream_in_chromium(tools: &Tools, transport: &str) -> (serde_json::Value, String) {
-    let args = [
+/// Serves `tiny` on the CPU with an auth token, one session slot and `extra` flags, runs the
+/// page over `transport`, and returns what the page saw and the worker's `/metrics` after it.
+async fn stream_in_chromium(
+    tools: &Tools,
+    transport: &str,
+    extra: &[&str],
+) -> (serde_json::Value, String) {
+    let mut args = vec![
         "worker",
         "--model",
         "tiny",
@@ -118,6 +122,7 @@ async fn stream_in_chromium(tools: &Tools, transport: &str) -> (serde_json::Valu
         "--auth-token",
         TOKEN,
     ];
+    args.extend_from_slice(extra);
     let f = Flags::try_parse_from(args).expect("flags");
     let server = Server::new(&f.model, &f.decoder, &f.serve).expect("server");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -220,6 +225,6 @@ async fn websocket_session_streams_into_the_page() {
     let Some(tools) = tools_or_skip("websocket_session_streams_into_the_page") else {
         return;
     };
-    let (seen, metrics) = stream_in_chromium(&tools, "ws").await;
+    let (seen, metrics) = stream_in_chromium(&tools, "ws", &[]).await;
     check_streaming(&seen, &metrics);
 }

@@ -3,7 +3,7 @@
 // reconnect with its settings, disconnect. Prints what it saw as one JSON line on stdout; the
 // Rust test judges it. Never downloads a browser: it runs the Chromium it is given.
 //
-//   node stream.mjs --url http://127.0.0.1:PORT/ --transport ws|webrtc [--token T]
+//   node stream.mjs --url http://127.0.0.1:PORT/ --transport ws|ws-h264|webrtc [--token T]
 //        [--chromium /usr/bin/chromium] [--screenshot out.png]
 
 import { mkdtempSync, rmSync } from "node:fs";
@@ -36,6 +36,10 @@ const FLAGS = [
   "--disable-sync",
   "--use-fake-device-for-media-stream",
   "--use-fake-ui-for-media-stream",
+  // WebRTC on loopback: the worker's candidates are 127.0.0.1 (its --ice-loopback), which
+  // Chromium pairs with only when it gathers loopback candidates itself, without mDNS names.
+  "--allow-loopback-in-peer-connection",
+  "--disable-features=WebRtcHideLocalIpsWithMdns",
 ];
 
 const profile = mkdtempSync(join(tmpdir(), "worldline-chromium-"));
