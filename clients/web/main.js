@@ -217,21 +217,21 @@ function refreshCaps() {
   for (const r of document.querySelectorAll("input[name=mode]")) r.disabled = !can("mode");
   $("image").disabled = !can("image");
   $("reset").disabled = !session?.hello;
-  const note = [];
-  if (!can("mode")) note.push("mode: this worker streams world mode only");
-  if (!can("image")) note.push("first image: not taken by this worker yet");
-  $("image").title = $("image").disabled ? "not taken by this worker yet" : "";
-  cameraNote(note);
+  const notes = [];
+  if (!can("mode")) notes.push("This worker streams world mode only.");
+  if (!can("image")) notes.push("It takes no first image on this transport.");
+  $("session-note").textContent = notes.join(" ");
+  cameraNote();
 }
 
-function cameraNote(extra = []) {
+function cameraNote() {
   let text = "";
-  if (camera.on && session?.hello && !session.accepts.has("camera")) {
-    text = "Preview only: this worker does not take camera frames on this transport.";
-  } else if (camera.on && session?.hello) {
-    text = "Sent to the worker.";
+  if (camera.on && session?.hello) {
+    text = session.accepts.has("camera")
+      ? "Sent to the worker."
+      : "Preview only: this worker takes no camera frames on this transport.";
   }
-  $("camera-note").textContent = [text, ...extra].filter(Boolean).join(" ");
+  $("camera-note").textContent = text;
 }
 
 function showError(message) {
