@@ -5,5 +5,9 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 source deploy/debian/prereqs.sh
-cargo build --release -p worker
+if [ "${WORLDLINE_NO_MEDIA:-0}" = 1 ]; then
+  cargo build --release -p worker --no-default-features # no FFmpeg: WebSocket JPEG sessions only
+else
+  cargo build --release -p worker
+fi
 exec ./target/release/worker "$@"
