@@ -49,6 +49,11 @@ struct Run {
     /// Against the one-card run, over every chunk both ran.
     max_abs_diff: f64,
     rel_l2: f64,
+    /// Rank 0's stages of a steady-state chunk (medians), ms: camera conditioning, the
+    /// denoising steps, the clean-context refresh.
+    camera_ms: f64,
+    steps_ms: f64,
+    refresh_ms: f64,
 }
 
 /// The same controls for every card count: forward with a slow turn, a strafe, a look up.
@@ -67,6 +72,8 @@ fn controls(i: usize) -> ChunkInputs {
 /// What a run keeps: chunk times, per-chunk comm deltas of rank 0, and every chunk's latents.
 struct Trace {
     times: Vec<f64>,
+    /// (camera, steps, refresh) seconds per chunk.
+    stages: Vec<[f64; 3]>,
     comm: Vec<CommStats>,
     latents: Vec<Vec<f32>>,
 }
@@ -77,13 +84,16 @@ enum Runner {
 }
 
 impl Runner {
-    fn chunk(&mut self, i: usize) -> Result<Vec<f32>> {
+    fn chunk(&mut self, i: usize) -> Result<(Vec<f32>, [f64; 3])> {
         let c = match self {
             Runner::One(e) => e.next_chunk(&controls(i))?,
             Runner::Group(g) => g.next_chunk(&controls(i))?,
         };
+        let t = &c.timings;
+        let steps = t.steps.iter().map(|d| d.as_secs_f64()).sum();
+        let stages = [t.camera.as_secs_f64(), steps, t.refresh.as_secs_f64()];
         // Copying to the host ends the chunk's device work: the time is the chunk's.
-        Ok(c.latents.to_vec_f32())
+        Ok((c.latents.to_vec_f32(), stages))
     }
 
     fn stats(&self) -> CommStats {
@@ -96,14 +106,16 @@ impl Runner {
     fn run(&mut self, chunks: usize, first: usize) -> Result<Trace> {
         let mut t = Trace {
             times: Vec::new(),
+            stages: Vec::new(),
             comm: Vec::new(),
             latents: Vec::new(),
         };
         for i in first..first + chunks {
             let before = self.stats();
             let started = Instant::now();
-            let lat = self.chunk(i)?;
+            let (lat, stages) = self.chunk(i)?;
             t.times.push(started.elapsed().as_secs_f64());
+            t.stages.push(stages);
             t.comm.push(self.stats() - before);
             t.latents.push(lat);
         }
@@ -211,6 +223,8 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
         let warm = runner.run(WARMUP, 0)?;
         let timed = runner.run(chunks, WARMUP)?;
         let chunk_s = median(&timed.times);
+        let stage = |k: usize| median(&timed.stages.iter().map(|s| s[k]).collect::<Vec<_>>()) * 1e3;
+        let (camera_ms, steps_ms, refresh_ms) = (stage(0), stage(1), stage(2));
         let (a2a, coll_ms) = mean_comm(&timed.comm);
         let (stock_s, stock_a2a, stock_ms) = if let Runner::Group(g) = &mut runner {
             g.set_resend_window(true)?;
@@ -254,6 +268,9 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
             stock_kv_bytes: kv + (stock_a2a - a2a).max(0.0),
             max_abs_diff: max_abs,
             rel_l2: rel,
+            camera_ms,
+            steps_ms,
+            refresh_ms,
         };
         info!(?run, "card count done");
         runs.push(run);
@@ -286,6 +303,15 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
         "max|d|",
         "rel L2"
     );
+    let stages: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            format!(
+                "  {} card(s): camera {:.1} ms, steps {:.1} ms, refresh {:.1} ms",
+                r.cards, r.camera_ms, r.steps_ms, r.refresh_ms
+            )
+        })
+        .collect();
     for r in &runs {
         println!(
             "{:>5} {:>9.1} {:>7.2} {:>7.2} {:>5.2} {:>10.1} {:>8.1} {:>10.1} {:>10.1} {:>8.1} {:>6.1} {:>9.2e} {:>9.2e}",
@@ -304,8 +330,28 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
             r.rel_l2
         );
     }
+    println!(
+        "rank 0's stages of a chunk (median):\n{}",
+        stages.join("\n")
+    );
+    let stability = gemm_row_stability(&cfg, Device::Cuda(gpus[0]), dtype, &ecfg, gpus.len())?;
+    println!(
+        "GEMM rows of a {}-card shard against the same rows of the whole chunk:",
+        gpus.len()
+    );
+    for (what, same) in &stability {
+        println!(
+            "  {what}: {}",
+            if *same {
+                "bit-identical"
+            } else {
+                "DIFFERENT (the library picks another kernel for this row count)"
+            }
+        );
+    }
     if let Some(path) = json {
         let doc = serde_json::json!({
+            "gemm_row_stability": stability,
             "model": cfg.name,
             "weights": format!("random, seed {}", args.seed),
             "dtype": dtype.name(),
@@ -320,4 +366,82 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `worker bench gemm-rows`: only the row-stability check, for `--model` split over `--cards`.
+pub fn gemm_rows(args: &ModelArgs) -> Result<()> {
+    let cfg = ModelConfig::by_name(&args.model)?;
+    let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        matches!(device, Device::Cuda(_)),
+        "bench gemm-rows needs --device cuda"
+    );
+    let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
+    let ecfg = EngineConfig::lingbot(args.seed);
+    let cards = args.cards.max(2);
+    println!(
+        "{} GEMM rows of a {cards}-card shard against the whole chunk ({}):",
+        cfg.name,
+        dtype.name()
+    );
+    for (what, same) in gemm_row_stability(&cfg, device, dtype, &ecfg, cards)? {
+        println!(
+            "  {what}: {}",
+            if same { "bit-identical" } else { "DIFFERENT" }
+        );
+    }
+    Ok(())
+}
+
+/// Whether a linear layer gives the same bits for a shard's rows as for those rows inside the
+/// whole chunk, at each of the model's GEMM shapes: where it does not, card counts cannot agree
+/// bit for bit (the library chose a different kernel, e.g. split-K, for the other row count).
+fn gemm_row_stability(
+    cfg: &ModelConfig,
+    dev: Device,
+    dtype: DType,
+    ecfg: &EngineConfig,
+    cards: usize,
+) -> Result<Vec<(String, bool)>> {
+    use kernels::{ops, Tensor};
+    use pipeline::rng::NormalRng;
+    let (h, w) = ecfg.latent_hw();
+    let tokens = ecfg.chunk_frames * (h / cfg.patch[1]) * (w / cfg.patch[2]);
+    let shard = tokens.div_ceil(cards.max(1));
+    let rand = |seed: u64, shape: &[usize], scale: f32| -> Result<Tensor> {
+        let v = NormalRng::new(seed)
+            .normals(shape.iter().product())
+            .into_iter()
+            .map(|x| x * scale)
+            .collect();
+        Ok(Tensor::from_vec(v, shape)?
+            .to_dtype(dtype)?
+            .to_device(dev)?)
+    };
+    let mut out = Vec::new();
+    let patch: usize = cfg.patch.iter().product();
+    // Projections, FFN in and out, the patch embedding, the head and the camera embedding.
+    let shapes = [
+        (cfg.dim, cfg.dim),
+        (cfg.dim, cfg.ffn_dim),
+        (cfg.ffn_dim, cfg.dim),
+        (cfg.in_dim * patch, cfg.dim),
+        (cfg.dim, cfg.out_dim * patch),
+        // The camera's ray-token embedding (`patch_embedding_wancamctrl`).
+        (cfg.control_dim.unwrap_or(6) * 64 * 4, cfg.dim),
+    ];
+    for (k, n) in shapes {
+        let x = rand(1, &[tokens, k], 1.0)?;
+        let wt = rand(2, &[n, k], 1.0 / (k as f32).sqrt())?;
+        let whole = ops::linear(&x, &wt, None)?
+            .narrow(0, 0, shard)?
+            .to_vec_f32();
+        let part = ops::linear(&x.narrow(0, 0, shard)?, &wt, None)?.to_vec_f32();
+        let same = whole
+            .iter()
+            .zip(&part)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        out.push((format!("{tokens}/{shard} rows × {k} → {n}"), same));
+    }
+    Ok(out)
 }

@@ -10,8 +10,7 @@
 //! every session to close (code 1001), and `run` waits up to the drain deadline for every engine
 //! thread to finish its chunk and hand its session slot back.
 //!
-//! Not here yet (issue 5): the browser client, prompts that change the stream, edit mode's use
-//! of the camera, GPU memory metrics.
+//! Not here yet (issue 5): prompts that change the stream, edit mode's use of the camera.
 
 mod engine;
 mod ingest;
@@ -145,7 +144,8 @@ fn weights_json(path: &Option<std::path::PathBuf>, seed: u64) -> serde_json::Val
     }
 }
 
-/// Every backend and its state here: CPU always, CUDA if a driver and GPU answer, ROCm never.
+/// Every backend and its state here: CPU always, CUDA if a driver and GPU answer; for ROCm what
+/// the probe found (the op backend is not written yet, so never usable).
 fn backends() -> serde_json::Value {
     let cuda = match Device::Cuda(0).ensure_available() {
         Ok(()) => "available".to_string(),
@@ -154,7 +154,7 @@ fn backends() -> serde_json::Value {
     serde_json::json!([
         {"name": "cpu", "state": "ok"},
         {"name": "cuda", "state": cuda},
-        {"name": "rocm", "state": "not in this build, never run"},
+        {"name": "rocm", "state": kernels::rocm::status_line()},
     ])
 }
 
@@ -201,6 +201,19 @@ impl Server {
                 "protocol": protocol::PROTOCOL,
             }),
         };
+        let metrics = metrics::Metrics::new().context("creating the metrics")?;
+        let weights_state = if model.weights.is_some() {
+            "loaded"
+        } else {
+            "random"
+        };
+        metrics.model(
+            &info.model,
+            &info.device,
+            &info.decoder,
+            weights_state,
+            info.fps,
+        );
         let (shutdown, _) = broadcast::channel(1);
         let app = App {
             model: weights,
@@ -212,7 +225,7 @@ impl Server {
             max_sessions: serve.max_sessions,
             slots: Arc::new(Semaphore::new(serve.max_sessions)),
             auth_token: serve.auth_token.clone(),
-            metrics: metrics::Metrics::new().context("creating the metrics")?,
+            metrics,
             info,
             next_session: AtomicU64::new(0),
             shutdown,
