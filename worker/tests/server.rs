@@ -113,7 +113,7 @@ async fn next_frame(ws: &mut Ws) -> (FrameHeader, Vec<u8>) {
     match next(ws).await {
         Some(Message::Binary(b)) => {
             assert!(b.len() > HEADER_LEN);
-            assert_eq!(&b[..4], b"WLF1");
+            assert_eq!(&b[..4], b"WLF2");
             let h = FrameHeader::read(&b).expect("header");
             (h, b[HEADER_LEN..].to_vec())
         }
@@ -229,7 +229,7 @@ async fn bad_input_closes_only_its_own_session() {
             "unknown key",
         ),
         (Message::text(oversized), "over the limit"),
-        (Message::binary(vec![0u8; 10]), "binary messages"),
+        (Message::binary(vec![0u8; 10]), "bad camera message"),
     ];
     for (msg, why) in cases {
         let (mut bad, _) = connect(srv.addr, "").await;
