@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the worker (release) and runs it; arguments go to `worker` (try --help).
-# With none, it runs the embedded default: the `tiny` model on the CPU.
+# With none, it serves the `tiny` model on the best device present at http://127.0.0.1:8080/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"

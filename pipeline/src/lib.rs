@@ -18,7 +18,7 @@ pub mod vae;
 pub mod weights;
 
 pub use config::ModelConfig;
-pub use engine::{Chunk, ChunkInputs, Engine, EngineConfig};
+pub use engine::{Chunk, ChunkInputs, Edit, Engine, EngineConfig};
 pub use error::{Error, Result};
 pub use model::WanModel;
 pub use parallel::{EngineGroup, ModelLoader};

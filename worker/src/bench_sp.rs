@@ -368,6 +368,31 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
+/// `worker bench gemm-rows`: only the row-stability check, for `--model` split over `--cards`.
+pub fn gemm_rows(args: &ModelArgs) -> Result<()> {
+    let cfg = ModelConfig::by_name(&args.model)?;
+    let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        matches!(device, Device::Cuda(_)),
+        "bench gemm-rows needs --device cuda"
+    );
+    let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
+    let ecfg = EngineConfig::lingbot(args.seed);
+    let cards = args.cards.max(2);
+    println!(
+        "{} GEMM rows of a {cards}-card shard against the whole chunk ({}):",
+        cfg.name,
+        dtype.name()
+    );
+    for (what, same) in gemm_row_stability(&cfg, device, dtype, &ecfg, cards)? {
+        println!(
+            "  {what}: {}",
+            if same { "bit-identical" } else { "DIFFERENT" }
+        );
+    }
+    Ok(())
+}
+
 /// Whether a linear layer gives the same bits for a shard's rows as for those rows inside the
 /// whole chunk, at each of the model's GEMM shapes: where it does not, card counts cannot agree
 /// bit for bit (the library chose a different kernel, e.g. split-K, for the other row count).
@@ -395,13 +420,15 @@ fn gemm_row_stability(
     };
     let mut out = Vec::new();
     let patch: usize = cfg.patch.iter().product();
-    // Projections, FFN in and out, the patch embedding and the head.
+    // Projections, FFN in and out, the patch embedding, the head and the camera embedding.
     let shapes = [
         (cfg.dim, cfg.dim),
         (cfg.dim, cfg.ffn_dim),
         (cfg.ffn_dim, cfg.dim),
         (cfg.in_dim * patch, cfg.dim),
         (cfg.dim, cfg.out_dim * patch),
+        // The camera's ray-token embedding (`patch_embedding_wancamctrl`).
+        (cfg.control_dim.unwrap_or(6) * 64 * 4, cfg.dim),
     ];
     for (k, n) in shapes {
         let x = rand(1, &[tokens, k], 1.0)?;

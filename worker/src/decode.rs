@@ -32,8 +32,8 @@ pub struct DecoderArgs {
     #[arg(long, global = true)]
     pub decoder_weights: Option<PathBuf>,
 
-    /// Append every decoded frame to this YUV4MPEG2 file (4:2:0, 16 fps).
-    #[arg(long)]
+    /// `generate`: append every decoded frame to this YUV4MPEG2 file (4:2:0, 16 fps).
+    #[arg(long, global = true)]
     pub out: Option<PathBuf>,
 }
 

@@ -21,8 +21,8 @@ pub struct ModelArgs {
     #[arg(long, global = true)]
     pub weights: Option<PathBuf>,
 
-    /// Device: cpu, cuda[:N] or rocm[:N].
-    #[arg(long, default_value = "cpu", global = true)]
+    /// Device: auto (the first CUDA GPU when one answers, else cpu), cpu, cuda[:N] or rocm[:N].
+    #[arg(long, default_value = "auto", global = true)]
     pub device: String,
 
     /// Cards for Ulysses sequence parallelism (the head count must divide by it).
@@ -41,6 +41,20 @@ pub struct ModelArgs {
     /// Run dtype of the weights: f32 or bf16.
     #[arg(long, default_value = "f32", global = true)]
     pub dtype: String,
+}
+
+impl ModelArgs {
+    /// `--device`, with `auto` resolved to the best device present: a CUDA GPU that answers,
+    /// else the CPU. (ROCm is not in this build, so `auto` never picks it.)
+    pub fn device(&self) -> Result<Device> {
+        if self.device == "auto" {
+            return Ok(match Device::Cuda(0).ensure_available() {
+                Ok(()) => Device::Cuda(0),
+                Err(_) => Device::Cpu,
+            });
+        }
+        self.device.parse().map_err(anyhow::Error::msg)
+    }
 }
 
 pub struct Loaded {
@@ -148,7 +162,7 @@ fn check_idle(gpus: &[usize]) -> Result<()> {
 
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let cfg = ModelConfig::by_name(&args.model)?;
-    let mut device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
+    let mut device = args.device()?;
     sp::heads_per_card(cfg.num_heads, args.cards)?;
     if args.gpus.is_some() && device.is_cpu() {
         bail!("--gpus needs --device cuda or rocm");

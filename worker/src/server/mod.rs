@@ -10,8 +10,7 @@
 //! every session to close (code 1001), and `run` waits up to the drain deadline for every engine
 //! thread to finish its chunk and hand its session slot back.
 //!
-//! Not here yet (issue 5): the browser client, prompts that change the stream, edit mode's use
-//! of the camera.
+//! Not here yet (issue 5): prompts that change the stream, edit mode's use of the camera.
 
 mod engine;
 mod ingest;
@@ -20,6 +19,7 @@ mod pacer;
 pub mod protocol;
 mod routes;
 mod session;
+mod web;
 #[cfg(feature = "media")]
 mod webrtc;
 
@@ -147,7 +147,8 @@ fn weights_json(path: &Option<std::path::PathBuf>, seed: u64) -> serde_json::Val
     }
 }
 
-/// Every backend and its state here: CPU always, CUDA if a driver and GPU answer, ROCm never.
+/// Every backend and its state here: CPU always, CUDA if a driver and GPU answer; for ROCm what
+/// the probe found (the op backend is not written yet, so never usable).
 fn backends() -> serde_json::Value {
     let cuda = match Device::Cuda(0).ensure_available() {
         Ok(()) => "available".to_string(),
@@ -156,7 +157,7 @@ fn backends() -> serde_json::Value {
     serde_json::json!([
         {"name": "cpu", "state": "ok"},
         {"name": "cuda", "state": cuda},
-        {"name": "rocm", "state": "not in this build, never run"},
+        {"name": "rocm", "state": kernels::rocm::status_line()},
     ])
 }
 
@@ -167,7 +168,7 @@ impl Server {
             bail!("--max-sessions must be at least 1");
         }
         if decoder.out.is_some() {
-            bail!("--out is for the default run; `serve` sends frames to its sessions");
+            bail!("--out is for `worker generate`; `serve` sends frames to its sessions");
         }
         #[cfg(not(feature = "media"))]
         if !serve.ice_servers.is_empty() || serve.ice_loopback {
@@ -182,7 +183,7 @@ impl Server {
             (engine_cfg.width, engine_cfg.height) = parse_resolution(r)?;
         }
         let tiny = loaded.cfg.name.starts_with("tiny");
-        let on_host = matches!(model.device.parse::<Device>(), Ok(Device::Cpu));
+        let on_host = model.device()? == Device::Cpu;
         let Some(weights) = loaded.model.clone() else {
             bail!("serve needs a model loaded on this card");
         };

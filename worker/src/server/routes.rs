@@ -1,4 +1,4 @@
-//! HTTP routes: `/healthz`, `/readyz`, `/status`, `/metrics` and the WebSocket upgrade at
+//! HTTP routes: the browser client at `/` (`web`), `/healthz`, `/readyz`, `/status`, `/metrics` and the WebSocket upgrade at
 //! `/v1/ws` (authorisation and admission happen before the upgrade).
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use axum::{Json, Router};
 
 use super::metrics::Refusal;
 use super::protocol::{Codec, MAX_CAMERA};
-use super::{session, App};
+use super::{session, web, App};
 
 pub(super) fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -23,6 +23,7 @@ pub(super) fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/ws", get(ws))
         .merge(webrtc_routes())
+        .merge(web::routes())
         .with_state(app)
 }
 

@@ -28,6 +28,16 @@ pub enum Transport {
     Webrtc,
 }
 
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Ws => "ws",
+            #[cfg(feature = "media")]
+            Transport::Webrtc => "webrtc",
+        })
+    }
+}
+
 /// Where and how to connect.
 #[derive(Clone, Debug)]
 pub struct Target {
