@@ -79,7 +79,10 @@ async fn h264_camera_in_and_h264_frames_out_over_websocket() {
         }
         saw_control |= h.control_id > 0;
         frames += 1;
-        assert!(frames < 400, "no frame ever depended on the camera or controls");
+        assert!(
+            frames < 400,
+            "no frame ever depended on the camera or controls"
+        );
     }
     assert_eq!(pictures as u64, frames, "one picture per access unit");
     ws.close(None).await.expect("close");
@@ -116,7 +119,10 @@ async fn bad_camera_frames_close_only_their_session() {
             camera_message(Codec::H264, 0, 1, &noise),
             "not an Annex-B access unit",
         ),
-        (camera_message(Codec::H264, 0, 1, &noisy_h264), "camera frame 1"),
+        (
+            camera_message(Codec::H264, 0, 1, &noisy_h264),
+            "camera frame 1",
+        ),
         (
             camera_message(Codec::H264, 0, 1, &idr[..idr.len() / 2]),
             "camera frame 1",

@@ -26,7 +26,12 @@ async fn a_webrtc_session_streams_h264_and_takes_camera_and_controls() {
     let mut hello = None;
     let (mut pictures, mut metas, mut n) = (0u64, Vec::new(), 0u64);
     let mut prompt_reply = None;
-    while pictures < 24 || prompt_reply.is_none() || !metas.iter().any(|m: &serde_json::Value| m["camera_id"].as_u64() > Some(0) && m["control_id"].as_u64() > Some(0)) {
+    while pictures < 24
+        || prompt_reply.is_none()
+        || !metas.iter().any(|m: &serde_json::Value| {
+            m["camera_id"].as_u64() > Some(0) && m["control_id"].as_u64() > Some(0)
+        })
+    {
         n += 1;
         let (au, _) = camera
             .encode(&pattern(CAM.0, CAM.1, n as usize), n == 1)
@@ -55,18 +60,31 @@ async fn a_webrtc_session_streams_h264_and_takes_camera_and_controls() {
             }
             RtcEvent::Open => {}
         }
-        assert!(n < 2000, "the session never reflected the camera and controls");
+        assert!(
+            n < 2000,
+            "the session never reflected the camera and controls"
+        );
     }
     let hello = hello.expect("hello");
     assert_eq!(hello["output"], "h264", "{hello}");
     assert_eq!(metas[0]["keyframe"], true, "the first frame is a keyframe");
     let prompt = prompt_reply.expect("prompt reply");
-    assert!(prompt["prompt"].as_str().expect("prompt").contains("ignored"), "{prompt}");
+    assert!(
+        prompt["prompt"]
+            .as_str()
+            .expect("prompt")
+            .contains("ignored"),
+        "{prompt}"
+    );
     assert!(pictures <= metas.len() as u64 + 1);
     let received = metas.len() as f64;
     peer.pc.close().await.expect("close");
     tokio::time::timeout(PATIENCE, async {
-        while get(srv.addr, "/metrics").await.1.contains("worldline_sessions 1") {
+        while get(srv.addr, "/metrics")
+            .await
+            .1
+            .contains("worldline_sessions 1")
+        {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     })
@@ -108,7 +126,13 @@ async fn offers_that_cannot_work_get_clear_errors_and_another_session_streams_on
     )
     .await;
     assert_eq!(code, 400, "{body}");
-    assert!(body["message"].as_str().expect("message").contains("bad SDP"), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .expect("message")
+            .contains("bad SDP"),
+        "{body}"
+    );
     one_more_picture(&mut good).await;
 
     // Only codecs the worker does not take.
@@ -130,20 +154,29 @@ async fn offers_that_cannot_work_get_clear_errors_and_another_session_streams_on
     .await;
     assert_eq!(code, 400, "{body}");
     let msg = body["message"].as_str().expect("message");
-    assert!(msg.contains("unsupported codec") && msg.contains("VP9"), "{msg}");
+    assert!(
+        msg.contains("unsupported codec") && msg.contains("VP9"),
+        "{msg}"
+    );
     pc.close().await.expect("close");
     one_more_picture(&mut good).await;
 
     // A wrong token, and none.
     for token in [Some("open"), None] {
-        let err = rtc::connect(srv.addr, false, token).await.err().expect("refused");
+        let err = rtc::connect(srv.addr, false, token)
+            .await
+            .err()
+            .expect("refused");
         assert_eq!(err.0, 401, "{err:?}");
     }
     // A request that is not the offer JSON.
     let (code, body) = rtc::post_offer(srv.addr, &serde_json::json!({"sdp": 3})).await;
     assert_eq!(code, 400, "{body}");
     // A good offer while the one slot is taken: busy.
-    let err = rtc::connect(srv.addr, false, Some("sesame")).await.err().expect("busy");
+    let err = rtc::connect(srv.addr, false, Some("sesame"))
+        .await
+        .err()
+        .expect("busy");
     assert_eq!(err.0, 503, "{err:?}");
     assert!(err.1["message"].as_str().expect("message").contains("busy"));
     one_more_picture(&mut good).await;
@@ -153,7 +186,10 @@ async fn offers_that_cannot_work_get_clear_errors_and_another_session_streams_on
     loop {
         if let RtcEvent::Text(v) = good.next().await {
             if v["type"] == "error" {
-                assert!(v["message"].as_str().expect("message").contains("unknown variant"));
+                assert!(v["message"]
+                    .as_str()
+                    .expect("message")
+                    .contains("unknown variant"));
                 break;
             }
         }

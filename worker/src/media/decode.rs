@@ -135,8 +135,9 @@ impl Decoder {
         }
         let stale = !matches!(&self.scaler, Some((_, p, sw, sh)) if (*p, *sw, *sh) == (fmt, w, h));
         if stale {
-            let ctx = scaling::Context::get(fmt, w, h, Pixel::RGB24, w, h, scaling::Flags::BILINEAR)
-                .map_err(ff("setting up the colour conversion"))?;
+            let ctx =
+                scaling::Context::get(fmt, w, h, Pixel::RGB24, w, h, scaling::Flags::BILINEAR)
+                    .map_err(ff("setting up the colour conversion"))?;
             self.scaler = Some((ctx, fmt, w, h));
         }
         let Some((scaler, ..)) = self.scaler.as_mut() else {
@@ -164,7 +165,12 @@ impl Decoder {
 /// Checks what FFmpeg would skip over silently: an H.264 access unit must be Annex-B NAL units
 /// (start code first, no forbidden bit, a defined type); a JPEG must run from SOI to EOI.
 fn check_framing(codec: CameraCodec, data: &[u8]) -> Result<(), MediaError> {
-    let bad = |why: &str| Err(MediaError::Other(format!("bad {} frame: {why}", codec.name())));
+    let bad = |why: &str| {
+        Err(MediaError::Other(format!(
+            "bad {} frame: {why}",
+            codec.name()
+        )))
+    };
     match codec {
         CameraCodec::Jpeg => {
             if !data.starts_with(&[0xFF, 0xD8]) {
@@ -176,7 +182,8 @@ fn check_framing(codec: CameraCodec, data: &[u8]) -> Result<(), MediaError> {
         }
         CameraCodec::H264 => {
             let nals = annexb_nals(data);
-            if nals.is_empty() || !(data.starts_with(&[0, 0, 1]) || data.starts_with(&[0, 0, 0, 1])) {
+            if nals.is_empty() || !(data.starts_with(&[0, 0, 1]) || data.starts_with(&[0, 0, 0, 1]))
+            {
                 return bad("not an Annex-B access unit (it must start with 00 00 01)");
             }
             for nal in nals {

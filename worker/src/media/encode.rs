@@ -64,7 +64,10 @@ impl H264Encoder {
         // Constrained baseline: what every browser decodes (WebRTC's 42e01f).
         opts.set("profile", "baseline");
         opts.set("forced-idr", "1");
-        opts.set("x264-params", "repeat-headers=1:bframes=0:rc-lookahead=0:annexb=1");
+        opts.set(
+            "x264-params",
+            "repeat-headers=1:bframes=0:rc-lookahead=0:annexb=1",
+        );
         let inner = enc
             .open_with(opts)
             .map_err(ff("opening the H.264 encoder (libx264)"))?;

@@ -18,8 +18,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 /// Seconds: 50 µs to 1 s, for the worker's own per-frame work (decode, encode, send).
 const OVERHEAD_BUCKETS: &[f64] = &[
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025,
-    0.05, 0.1, 0.25, 1.0,
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05,
+    0.1, 0.25, 1.0,
 ];
 
 /// A chunk stage: the camera context, one DiT step, the KV refresh, the decoder, and the video

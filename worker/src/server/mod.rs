@@ -87,7 +87,10 @@ fn parse_resolution(s: &str) -> Result<(usize, usize)> {
         .split_once(['x', 'X'])
         .with_context(|| format!("--resolution {s}: expected WxH, e.g. 832x480"))?;
     let side = |v: &str| -> Result<usize> {
-        let n: usize = v.trim().parse().with_context(|| format!("--resolution {s}"))?;
+        let n: usize = v
+            .trim()
+            .parse()
+            .with_context(|| format!("--resolution {s}"))?;
         if n == 0 || n % 16 != 0 || n > 4096 {
             bail!("--resolution {s}: each side must be a multiple of 16 from 16 to 4096");
         }

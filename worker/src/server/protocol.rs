@@ -523,9 +523,13 @@ mod tests {
         }
         let mut odd = b.clone();
         odd[4] = 9;
-        assert!(CameraHeader::split(&odd).expect_err("codec").contains("codec byte 9"));
+        assert!(CameraHeader::split(&odd)
+            .expect_err("codec")
+            .contains("codec byte 9"));
         let mut big = b.clone();
         big.resize(MAX_CAMERA + 1, 0);
-        assert!(CameraHeader::split(&big).expect_err("big").contains("over the limit"));
+        assert!(CameraHeader::split(&big)
+            .expect_err("big")
+            .contains("over the limit"));
     }
 }

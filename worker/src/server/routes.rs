@@ -29,7 +29,10 @@ pub(super) fn router(app: Arc<App>) -> Router {
 
 #[cfg(feature = "media")]
 fn webrtc_routes() -> Router<Arc<App>> {
-    Router::new().route("/v1/webrtc/offer", axum::routing::post(super::webrtc::offer))
+    Router::new().route(
+        "/v1/webrtc/offer",
+        axum::routing::post(super::webrtc::offer),
+    )
 }
 
 #[cfg(not(feature = "media"))]

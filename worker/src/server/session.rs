@@ -73,10 +73,23 @@ async fn serve(
     let live = Live(metrics);
     let mut shutdown = app.shutdown.subscribe();
     let shared = Arc::new(Shared::default());
-    let mut rx = match engine::spawn(app.clone(), shared.clone(), output, started, span, permit, id) {
+    let mut rx = match engine::spawn(
+        app.clone(),
+        shared.clone(),
+        output,
+        started,
+        span,
+        permit,
+        id,
+    ) {
         Ok(rx) => rx,
         Err(e) => {
-            fail(&mut socket, CLOSE_ERROR, &format!("starting the engine: {e}")).await;
+            fail(
+                &mut socket,
+                CLOSE_ERROR,
+                &format!("starting the engine: {e}"),
+            )
+            .await;
             return;
         }
     };

@@ -111,7 +111,11 @@ pub async fn post_offer(addr: SocketAddr, body: &serde_json::Value) -> (u16, ser
 }
 
 /// Connects a client with an H.264 camera track (when `camera`) and the controls channel.
-pub async fn connect(addr: SocketAddr, camera: bool, token: Option<&str>) -> Result<Rtc, (u16, serde_json::Value)> {
+pub async fn connect(
+    addr: SocketAddr,
+    camera: bool,
+    token: Option<&str>,
+) -> Result<Rtc, (u16, serde_json::Value)> {
     let pc = peer(true).await;
     let (tx, events) = mpsc::channel(256);
     let camera = if camera {
@@ -165,7 +169,9 @@ pub async fn connect(addr: SocketAddr, camera: bool, token: Option<&str>) -> Res
             while let Ok((p, _)) = track.read_rtp().await {
                 builder.push(p);
                 while let Some(s) = builder.pop() {
-                    let Ok(pictures) = decoder.decode(&s.data) else { continue };
+                    let Ok(pictures) = decoder.decode(&s.data) else {
+                        continue;
+                    };
                     for p in pictures {
                         let _ = t
                             .send(RtcEvent::Picture {

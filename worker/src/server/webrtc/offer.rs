@@ -116,9 +116,8 @@ mod tests {
     use super::*;
 
     fn offer(sections: &[(&str, &[&str])]) -> String {
-        let mut s = String::from(
-            "v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n",
-        );
+        let mut s =
+            String::from("v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n");
         for (i, (dir, codecs)) in sections.iter().enumerate() {
             let pts: Vec<String> = (0..codecs.len()).map(|k| (96 + k).to_string()).collect();
             s += &format!(

@@ -51,12 +51,30 @@ pub fn api(loopback_only: bool) -> webrtc::error::Result<API> {
     let h264 = |pt: u8, fmtp: &str| (pt, MIME_TYPE_H264, fmtp.to_owned());
     let codecs = [
         (96, MIME_TYPE_VP8, String::new()),
-        h264(102, "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=42001f"),
-        h264(108, "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=42e01f"),
-        h264(127, "level-asymmetry-allowed=1;packetization-mode=0;profile-level-id=42001f"),
-        h264(125, "level-asymmetry-allowed=1;packetization-mode=0;profile-level-id=42e01f"),
-        h264(123, "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=4d001f"),
-        h264(112, "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=64001f"),
+        h264(
+            102,
+            "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=42001f",
+        ),
+        h264(
+            108,
+            "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=42e01f",
+        ),
+        h264(
+            127,
+            "level-asymmetry-allowed=1;packetization-mode=0;profile-level-id=42001f",
+        ),
+        h264(
+            125,
+            "level-asymmetry-allowed=1;packetization-mode=0;profile-level-id=42e01f",
+        ),
+        h264(
+            123,
+            "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=4d001f",
+        ),
+        h264(
+            112,
+            "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=64001f",
+        ),
     ];
     for (payload_type, mime, fmtp) in codecs {
         media.register_codec(
@@ -103,8 +121,16 @@ pub fn configuration(
             let turn = url.starts_with("turn:") || url.starts_with("turns:");
             RTCIceServer {
                 urls: vec![url.clone()],
-                username: if turn { username.clone().unwrap_or_default() } else { String::new() },
-                credential: if turn { credential.clone().unwrap_or_default() } else { String::new() },
+                username: if turn {
+                    username.clone().unwrap_or_default()
+                } else {
+                    String::new()
+                },
+                credential: if turn {
+                    credential.clone().unwrap_or_default()
+                } else {
+                    String::new()
+                },
             }
         })
         .collect();

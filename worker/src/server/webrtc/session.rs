@@ -314,13 +314,21 @@ fn callbacks(
         let (t, a, sh) = (t.clone(), a.clone(), sh.clone());
         Box::pin(async move {
             if dc.label() != "controls" {
-                warn!(label = dc.label(), "ignoring a data channel not labelled controls");
+                warn!(
+                    label = dc.label(),
+                    "ignoring a data channel not labelled controls"
+                );
                 return;
             }
             controls_channel(dc, t, a, sh).await;
         })
     }));
-    let (a, sh, pcw, sp) = (app.clone(), shared.clone(), Arc::downgrade(pc), span.clone());
+    let (a, sh, pcw, sp) = (
+        app.clone(),
+        shared.clone(),
+        Arc::downgrade(pc),
+        span.clone(),
+    );
     pc.on_track(Box::new(move |track, _, _| {
         let (a, sh, pcw) = (a.clone(), sh.clone(), pcw.clone());
         tokio::spawn(camera(track, a, sh, pcw).instrument(sp.clone()));
@@ -388,7 +396,10 @@ async fn camera(
         "video/h264" => Camera::H264,
         "video/vp8" => Camera::Vp8,
         other => {
-            warn!(codec = other, "camera track in an unsupported codec; ignored");
+            warn!(
+                codec = other,
+                "camera track in an unsupported codec; ignored"
+            );
             return;
         }
     };
