@@ -1,7 +1,8 @@
 //! The browser client (`clients/web`) in Debian's headless Chromium, driven by playwright-core
 //! (`clients/web/e2e/stream.mjs`), against a worker started here on loopback with `tiny` on the
 //! CPU: fake camera on, connect, frames drawn, a held key reaches the stream, a dropped
-//! connection comes back with its settings. No timing assertions.
+//! connection comes back with its settings. Over WebSocket (JPEG), and with the `media` feature
+//! over WebSocket with H.264 (WebCodecs) and over WebRTC. No timing assertions.
 //!
 //! Without Chromium, node or the npm package (`npm ci --prefix clients/web/e2e`) the tests
 //! skip with the reason, unless `WORLDLINE_REQUIRE_CHROMIUM=1` (CI), where that fails.
@@ -226,5 +227,54 @@ async fn websocket_session_streams_into_the_page() {
         return;
     };
     let (seen, metrics) = stream_in_chromium(&tools, "ws", &[]).await;
+    check_streaming(&seen, &metrics);
+    if cfg!(feature = "media") {
+        // Protocol 2: the page sends its camera as JPEG pictures, and the worker decodes them.
+        assert!(
+            sample(&metrics, "worldline_camera_frames_total") > 0.0,
+            "{metrics}"
+        );
+    }
+}
+
+/// Skips (saying why) when this worker has no media: no WebRTC, no H.264.
+fn media_or_skip(test: &str) -> bool {
+    if !cfg!(feature = "media") {
+        eprintln!(
+            "skipping {test}: the worker is built without the `media` feature (no WebRTC, no H.264)"
+        );
+    }
+    cfg!(feature = "media")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webrtc_session_streams_into_the_page() {
+    let test = "webrtc_session_streams_into_the_page";
+    if !media_or_skip(test) {
+        return;
+    }
+    let Some(tools) = tools_or_skip(test) else {
+        return;
+    };
+    // The worker's ICE candidates on 127.0.0.1 only: the test browser is on this machine.
+    let (seen, metrics) = stream_in_chromium(&tools, "webrtc", &["--ice-loopback"]).await;
+    check_streaming(&seen, &metrics);
+    // The fake camera went up as a video track and the worker decoded it.
+    assert!(
+        sample(&metrics, "worldline_camera_frames_total") > 0.0,
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_h264_streams_into_the_page_through_webcodecs() {
+    let test = "websocket_h264_streams_into_the_page_through_webcodecs";
+    if !media_or_skip(test) {
+        return;
+    }
+    let Some(tools) = tools_or_skip(test) else {
+        return;
+    };
+    let (seen, metrics) = stream_in_chromium(&tools, "ws-h264", &[]).await;
     check_streaming(&seen, &metrics);
 }
