@@ -313,18 +313,13 @@ impl Engine {
         let poses = self.rig.latent_poses(&inputs.controls, first_frame, n);
         let camera = match mc.control_dim {
             Some(channels) => {
-                let rel = relative_poses(self.last_pose.as_ref(), &poses, self.rig.step_length());
-                let wasd = vec![inputs.controls.wasd(); n];
-                let (h, w) = (self.cfg.height, self.cfg.width);
-                let map = ray_map(
-                    &rel,
-                    &wasd,
-                    h,
-                    w,
-                    self.cfg.camera.intrinsics_832x480,
+                let rays = camera_tokens(
+                    &self.cfg,
                     channels,
+                    self.last_pose.as_ref(),
+                    &poses,
+                    &inputs.controls,
                 )?;
-                let rays = fold_rays(&map, n, h, w, channels)?;
                 let rays = match &self.comm {
                     Some(c) => {
                         TokenShard::new(rays.dim(0), c.world_size(), c.rank())?.take(&rays)?
@@ -405,6 +400,26 @@ impl Engine {
             timings,
         })
     }
+}
+
+/// The DiT's camera input for one chunk, `[frames·(H/16)·(W/16), channels·256]` tokens (before
+/// any sequence-parallel sharding): the chunk's latent poses relative to their predecessors
+/// (`prev`: the last latent pose of the previous chunk, `None` at the session start), translations
+/// in full-speed steps, as per-pixel rays at the session's size, folded into tokens. The engine
+/// and the training-set exporter both call this, so what the model is trained on is what it sees.
+pub fn camera_tokens(
+    cfg: &EngineConfig,
+    channels: usize,
+    prev: Option<&Pose>,
+    poses: &[Pose],
+    controls: &Controls,
+) -> Result<Tensor> {
+    let n = poses.len();
+    let rel = relative_poses(prev, poses, cfg.camera.step_length());
+    let wasd = vec![controls.wasd(); n];
+    let (h, w) = (cfg.height, cfg.width);
+    let map = ray_map(&rel, &wasd, h, w, cfg.camera.intrinsics_832x480, channels)?;
+    fold_rays(&map, n, h, w, channels)
 }
 
 /// One DiT forward, on this rank's shard when the engine is part of a rank group.

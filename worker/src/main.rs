@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_gpu;
+mod world;
 
 use std::path::PathBuf;
 
@@ -57,6 +58,9 @@ enum Command {
         #[arg(default_value = "cpu")]
         suite: String,
     },
+    /// The procedural world of the embedded default: training data.
+    #[command(subcommand)]
+    World(world::WorldCommand),
 }
 
 fn init_logging(format: &str) -> Result<()> {
@@ -86,6 +90,7 @@ fn main() -> Result<()> {
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
         },
+        Some(Command::World(cmd)) => world::run(&cmd),
         Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
         None => generate(&cli.model, &cli.decode, cli.chunks),
     }
