@@ -174,6 +174,16 @@ impl Scene {
         true
     }
 
+    /// How far (metres, up to `max`, in 0.1 m steps) a body can walk from `(x, z)` facing `yaw`.
+    pub fn clearance(&self, x: f64, z: f64, yaw: f64, max: f64) -> f64 {
+        let (s, c) = yaw.sin_cos();
+        let mut d = 0.0;
+        while d < max && self.is_free(x + s * (d + 0.1), z + c * (d + 0.1), 0.3) {
+            d += 0.1;
+        }
+        d
+    }
+
     /// Centres of the floor cells whose whole neighbourhood is free (spawn candidates).
     pub fn open_cells(&self, radius: f64) -> Vec<(f64, f64)> {
         let mut out = Vec::new();

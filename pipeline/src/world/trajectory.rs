@@ -180,9 +180,18 @@ pub fn random(
             x + uniform(&mut rng, -0.3, 0.3),
             z + uniform(&mut rng, -0.3, 0.3),
         );
-        if scene.is_free(x, z, BODY_RADIUS) {
-            break Pose::level([x, 0.0, z], uniform(&mut rng, -180.0, 180.0).to_radians());
+        if !scene.is_free(x, z, BODY_RADIUS) {
+            continue;
         }
+        // Face some open floor: a view into a wall a hand away teaches little.
+        let mut yaw = 0.0;
+        for _ in 0..8 {
+            yaw = uniform(&mut rng, -180.0, 180.0).to_radians();
+            if scene.clearance(x, z, yaw, 3.0) >= 1.5 {
+                break;
+            }
+        }
+        break Pose::level([x, 0.0, z], yaw);
     };
     let mut rig = CameraRig::new(cfg.camera.clone());
     let mut t = Trajectory {
