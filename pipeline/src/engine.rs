@@ -35,6 +35,10 @@ pub struct EngineConfig {
     /// Seed of the session's noise.
     pub seed: u64,
     pub camera: CameraConfig,
+    /// The first-frame latent `[16, H/8, W/8]` (flat) every session of an I2V model starts from,
+    /// and returns to on reset, unless [`Engine::set_first_frame`] gives another (the embedded
+    /// default: its world's first view).
+    pub first_latent: Option<Vec<f32>>,
 }
 
 impl EngineConfig {
@@ -52,6 +56,7 @@ impl EngineConfig {
             num_train_steps: 1000,
             seed,
             camera: CameraConfig::default(),
+            first_latent: None,
         }
     }
 
@@ -189,7 +194,7 @@ impl Engine {
             .collect::<kernels::Result<Vec<_>>>()?;
         // Until a prompt arrives the context is all padding (what an empty prompt pads to).
         let text = model.encode_text(&Tensor::zeros(&[0, mc.text_dim], DType::F32)?, None)?;
-        Ok(Engine {
+        let mut engine = Engine {
             rng: NormalRng::for_name(cfg.seed, "noise"),
             rig: CameraRig::new(cfg.camera.clone()),
             model,
@@ -203,7 +208,24 @@ impl Engine {
             next_chunk: 0,
             cfg,
             comm,
-        })
+        };
+        engine.set_default_first_frame()?;
+        Ok(engine)
+    }
+
+    /// The configured first frame, if any ([`EngineConfig::first_latent`]).
+    fn set_default_first_frame(&mut self) -> Result<()> {
+        if let Some(lat) = &self.cfg.first_latent {
+            let (h, w) = self.cfg.latent_hw();
+            let t = Tensor::from_vec(lat.clone(), &[LATENT_CHANNELS, h, w]).map_err(|_| {
+                Error::Config(format!(
+                    "first_latent holds {} values, expected [{LATENT_CHANNELS}, {h}, {w}]",
+                    lat.len()
+                ))
+            })?;
+            self.set_first_frame(&t)?;
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -247,7 +269,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the stream over: empty caches, camera at the origin, noise from the seed again.
+    /// Starts the stream over: empty caches, camera at the origin, noise from the seed again,
+    /// the configured first frame (if any) again.
     pub fn reset(&mut self) {
         self.caches.iter_mut().for_each(KvCache::clear);
         self.rng = NormalRng::for_name(self.cfg.seed, "noise");
@@ -256,6 +279,8 @@ impl Engine {
         self.last_pose = None;
         self.next_frame = 0;
         self.next_chunk = 0;
+        // Checked when the engine was built: it fits.
+        let _ = self.set_default_first_frame();
     }
 
     /// Shape of one noise draw: `[16, chunk_frames, H/8, W/8]`.

@@ -154,6 +154,7 @@ fn report(chunk: &Chunk, decoded: &decode::Decoded) {
 /// without a network (`worker serve` serves sessions).
 fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> Result<()> {
     let loaded = setup::load(args)?;
+    let dec = &loaded.decoder_args(dec);
     let cfg = loaded.engine_config(args.seed);
     let resolution = format!("{}x{}", cfg.width, cfg.height);
     let on_host = matches!(args.device.parse::<Device>(), Ok(Device::Cpu));

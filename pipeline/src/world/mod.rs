@@ -7,6 +7,7 @@
 //! spawn pose (a level pose in the scene), `world = spawn · rig`. The DiT's camera input only
 //! depends on relative poses, so the spawn changes the picture, not the conditioning.
 
+pub mod assets;
 pub mod dataset;
 pub mod npy;
 pub mod render;
