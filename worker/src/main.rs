@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_gpu;
+mod verify;
 mod world;
 
 use std::path::PathBuf;
@@ -61,6 +62,9 @@ enum Command {
     /// The procedural world of the embedded default: training data.
     #[command(subcommand)]
     World(world::WorldCommand),
+    /// Checks of a model against ground truth.
+    #[command(subcommand)]
+    Verify(verify::VerifyCommand),
 }
 
 fn init_logging(format: &str) -> Result<()> {
@@ -91,6 +95,7 @@ fn main() -> Result<()> {
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
         },
         Some(Command::World(cmd)) => world::run(&cmd),
+        Some(Command::Verify(cmd)) => verify::run(&cli.model, &cli.decode, &cmd),
         Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
         None => generate(&cli.model, &cli.decode, cli.chunks),
     }

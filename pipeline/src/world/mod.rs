@@ -9,10 +9,12 @@
 
 pub mod assets;
 pub mod dataset;
+pub mod metrics;
 pub mod npy;
 pub mod render;
 pub mod scene;
 pub mod trajectory;
+pub mod verify;
 
 pub use render::Renderer;
 pub use scene::Scene;
