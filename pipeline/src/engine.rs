@@ -144,6 +144,19 @@ pub struct Engine {
     /// rig, sampler) is replicated on every rank and evolves identically; the DiT runs on the
     /// rank's token shard and its caches hold the rank's heads.
     comm: Option<Arc<dyn Communicator>>,
+    /// Measurement only: see [`set_resend_window`](Self::set_resend_window).
+    resend_window: bool,
+    /// The edit the next chunk starts from (set by [`next_chunk_edit`](Self::next_chunk_edit)).
+    edit: Option<Edit>,
+}
+
+/// Edit mode's input for one chunk: the camera chunk's latents and how far to move from them.
+#[derive(Clone, Debug)]
+pub struct Edit {
+    /// `[16, chunk_frames, H/8, W/8]`, normalised like the DiT's latents.
+    pub latents: Tensor,
+    /// 0 keeps the input; 1 starts from pure noise (world mode's steps).
+    pub strength: f64,
 }
 
 impl Engine {
@@ -208,6 +221,8 @@ impl Engine {
             next_chunk: 0,
             cfg,
             comm,
+            resend_window: false,
+            edit: None,
         };
         engine.set_default_first_frame()?;
         Ok(engine)
@@ -226,6 +241,13 @@ impl Engine {
             self.set_first_frame(&t)?;
         }
         Ok(())
+    }
+
+    /// Under sequence parallelism, makes every attention call also move the cached window's
+    /// K/V through the links as the stock Ulysses layout must, so `worker bench sp` measures
+    /// both exchanges on one run. The output does not change.
+    pub fn set_resend_window(&mut self, on: bool) {
+        self.resend_window = on;
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -318,6 +340,52 @@ impl Engine {
         Ok(y.to_device(self.model.device())?)
     }
 
+    /// Edit mode (streaming video-to-video): the chunk starts from the camera chunk's
+    /// `latents` noised to the level `strength` picks, then runs the few-step loop (with the
+    /// prompt, the camera conditioning and the cache of earlier chunks) and the K/V refresh as
+    /// [`next_chunk`](Self::next_chunk) does. Strength 0 returns the input latents unchanged.
+    pub fn next_chunk_edit(&mut self, inputs: &ChunkInputs, edit: &Edit) -> Result<Chunk> {
+        let want = self.noise_shape();
+        if edit.latents.shape() != want {
+            return Err(Error::Input(format!(
+                "edit latents {:?}: expected {want:?}",
+                edit.latents.shape()
+            )));
+        }
+        if !(0.0..=1.0).contains(&edit.strength) {
+            return Err(Error::Input(format!(
+                "edit strength {}: expected 0 to 1",
+                edit.strength
+            )));
+        }
+        self.edit = Some(edit.clone());
+        let chunk = self.next_chunk(inputs);
+        self.edit = None;
+        chunk
+    }
+
+    /// The steps of an edit and its starting latents. The steps are as many as world mode's,
+    /// spread over the schedule table from the first entry whose σ is at most `strength` to
+    /// its end, so strength 1 gives world mode's steps and lower strengths start later (less
+    /// noise). The start mixes the input with fresh noise at that entry's σ, as re-noising
+    /// between steps does.
+    fn edit_start(&mut self, edit: &Edit) -> Result<(Vec<i64>, Tensor)> {
+        let dev = self.model.device();
+        let latents = edit.latents.to_dtype(DType::F32)?.to_device(dev)?;
+        let first = self.schedule.first_at_most(edit.strength);
+        let Some(first) = first else {
+            // Nothing to denoise: the chunk is its input (the refresh still caches it).
+            return Ok((Vec::new(), latents));
+        };
+        let n = self.steps.len();
+        let len = self.schedule.len();
+        let indices: Vec<usize> = (0..n).map(|k| first + k * (len - first) / n).collect();
+        let steps = self.schedule.steps(&indices)?;
+        let sigma = self.schedule.sigma_second(steps[0])?;
+        let noise = self.draw_noise()?;
+        Ok((steps, ops::axpby(1.0 - sigma, &latents, sigma, &noise)?))
+    }
+
     /// Generates the next chunk.
     pub fn next_chunk(&mut self, inputs: &ChunkInputs) -> Result<Chunk> {
         let index = self.next_chunk;
@@ -368,14 +436,17 @@ impl Engine {
                 None => x.clone(),
             })
         };
-        let mut x = self.draw_noise()?;
+        let (steps, mut x) = match self.edit.take() {
+            None => (self.steps.clone(), self.draw_noise()?),
+            Some(edit) => self.edit_start(&edit)?,
+        };
         let mut x0 = x.clone();
-        let steps = self.steps.clone();
         for (s, &t) in steps.iter().enumerate() {
             let started = Instant::now();
             let attn = Attn::Cache {
                 caches: &mut self.caches,
                 kv_only: false,
+                resend_window: self.resend_window,
             };
             let v = dit(
                 &model,
@@ -401,6 +472,7 @@ impl Engine {
         let attn = Attn::Cache {
             caches: &mut self.caches,
             kv_only: true,
+            resend_window: self.resend_window,
         };
         dit(
             &model,

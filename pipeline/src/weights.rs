@@ -396,23 +396,26 @@ fn convert(bytes: &[u8], from: StDtype, to: DType) -> std::result::Result<CpuSto
 /// `*.gamma` of any shape) `1 + 0.1·N`, modulation tables
 /// `N(0,1)/sqrt(dim)`, biases `0.05·N`. Scales keep activations of order one through many layers.
 fn random_tensor(seed: u64, key: &str, shape: &[usize], dtype: DType) -> kernels::Result<Tensor> {
+    use rayon::prelude::*;
     let n: usize = shape.iter().product();
-    let mut rng = NormalRng::for_name(seed, key);
-    let z = rng.normals(n);
+    let mut data = NormalRng::normals_par(NormalRng::for_name(seed, key).state(), n);
     let last = shape.last().copied().unwrap_or(1).max(1) as f32;
-    let data: Vec<f32> = if key.ends_with("modulation") {
-        z.iter().map(|v| v / last.sqrt()).collect()
+    // `offset + v · mul / div` reproduces each role's formula exactly (×1 and /1 are exact).
+    let (mul, div, offset) = if key.ends_with("modulation") {
+        (1.0, last.sqrt(), 0.0)
     } else if key.ends_with(".gamma") {
         // The VAE's norm gains, stored `[c, 1, 1, 1]`: gains, not matrices.
-        z.iter().map(|v| 1.0 + 0.1 * v).collect()
+        (0.1, 1.0, 1.0)
     } else if shape.len() >= 2 {
         let fan_in = (n / shape[0].max(1)).max(1) as f32;
-        z.iter().map(|v| v / fan_in.sqrt()).collect()
+        (1.0, fan_in.sqrt(), 0.0)
     } else if key.ends_with(".bias") {
-        z.iter().map(|v| 0.05 * v).collect()
+        (0.05, 1.0, 0.0)
     } else {
-        z.iter().map(|v| 1.0 + 0.1 * v).collect()
+        (0.1, 1.0, 1.0)
     };
+    data.par_iter_mut()
+        .for_each(|v| *v = offset + *v * mul / div);
     Tensor::from_f32(data, shape, dtype)
 }
 

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_gpu;
+mod bench_sp;
 mod verify;
 mod world;
 
@@ -55,7 +56,8 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         repeat: usize,
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
-        /// on --device, at LingBot's shapes.
+        /// on --device, at LingBot's shapes. `sp`: the streaming loop of --model on 1, 2, 4 …
+        /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks.
         #[arg(default_value = "cpu")]
         suite: String,
     },
@@ -92,7 +94,8 @@ fn main() -> Result<()> {
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
-            other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
+            "sp" => bench_sp::run(&cli.model, cli.chunks as usize, json.as_deref()),
+            other => anyhow::bail!("unknown bench suite '{other}' (expected cpu, kernels or sp)"),
         },
         Some(Command::World(cmd)) => world::run(&cmd),
         Some(Command::Verify(cmd)) => verify::run(&cli.model, &cli.decode, &cmd),

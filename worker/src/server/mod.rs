@@ -10,7 +10,7 @@
 //! thread to finish its chunk and hand its session slot back.
 //!
 //! Not here yet (issue 5): WebRTC, camera input, H.264 output, the browser client, the load
-//! generator, a text encoder for prompts, GPU memory metrics.
+//! generator, a text encoder for prompts.
 
 mod metrics;
 mod pacer;
@@ -144,6 +144,19 @@ impl Server {
                 "protocol": 1,
             }),
         };
+        let metrics = metrics::Metrics::new().context("creating the metrics")?;
+        let weights_state = if model.weights.is_some() {
+            "loaded"
+        } else {
+            "random"
+        };
+        metrics.model(
+            &info.model,
+            &info.device,
+            &info.decoder,
+            weights_state,
+            info.fps,
+        );
         let (shutdown, _) = broadcast::channel(1);
         let app = App {
             model: weights,
@@ -155,7 +168,7 @@ impl Server {
             max_sessions: serve.max_sessions,
             slots: Arc::new(Semaphore::new(serve.max_sessions)),
             auth_token: serve.auth_token.clone(),
-            metrics: metrics::Metrics::new().context("creating the metrics")?,
+            metrics,
             info,
             next_session: AtomicU64::new(0),
             shutdown,
