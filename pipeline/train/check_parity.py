@@ -9,9 +9,11 @@
 3. the training form (one forward over [clean chunks ; noisy chunks] with `teacher_forcing_mask`)
    vs the streaming form fed the same clean latents: what is trained is what the engine runs;
 4. the tiny decoder (`taehv.TinyAE.decoder`) vs `pipeline/tests/ref/taehv_ref.py::decode`;
-5. the camera fold vs `lingbot_ref.py::fold_camera`.
+5. the camera fold vs `lingbot_ref.py::fold_camera`;
+6. with `--dataset DIR` (a `worker world dataset` export with camera.npy): the camera tokens built
+   here from `rel_poses.npy` (what training feeds the DiT) vs the engine's own tokens in camera.npy.
 
-Usage: python pipeline/train/check_parity.py      (CPU; prints one line per check, exits 1 on failure)
+Usage: python pipeline/train/check_parity.py [--dataset DIR]   (CPU; exits 1 on failure)
 """
 import os
 import sys
@@ -155,8 +157,20 @@ def camera_fold(seed):
     report("camera fold", fold(t32(P)[None])[0].numpy(), ref.fold_camera(P))
 
 
+def dataset_camera(d):
+    from camera import ray_tokens
+    rel = torch.from_numpy(np.load(os.path.join(d, "rel_poses.npy")))
+    cam = np.load(os.path.join(d, "camera.npy"), mmap_mode="r")  # [N, K, 192, 1536]
+    n, k = cam.shape[:2]
+    got = ray_tokens(rel[..., :3], rel[..., 3], 128, 128).view(n, k, -1, cam.shape[-1])
+    report(f"camera tokens from rel_poses vs the engine's camera.npy ({n} clips × {k} chunks)",
+           got.numpy(), np.asarray(cam))
+
+
 def main():
     torch.manual_seed(0)
+    if "--dataset" in sys.argv:
+        dataset_camera(sys.argv[sys.argv.index("--dataset") + 1])
     small = dict(dim=32, ffn_dim=64, num_heads=2, num_layers=2, in_dim=36, out_dim=16, text_dim=24,
                  text_len=8, freq_dim=16, eps=1e-6, control_dim=6)
     dit_forward(small, 1, "dim 32")
