@@ -6,7 +6,6 @@ first entry whose timestep is t; the re-noise to the next t uses the second such
 Per chunk: x = noise; for t in steps: x0 = x − σ₁(t)·v; x = (1−σ₂(t'))·x0 + σ₂(t')·noise';
 then a t = 0 pass rewrites the chunk's K/V from x0.
 """
-import numpy as np
 import torch
 
 from dit import MASK, LATENT, StreamCache
@@ -20,17 +19,20 @@ SINK_FRAMES = 6
 
 class Schedule:
     def __init__(self, shift=SHIFT, n=1000, indices=STEP_INDICES):
-        base = np.array([0.0 if i + 1 == n else 0.999 + i * (-0.999 / (n - 1)) for i in range(n)])
-        self.sigmas = shift * base / (1 + (shift - 1) * base)
-        self.timesteps = (self.sigmas * 1000).astype(np.int64)
-        self.steps = [int(self.timesteps[i]) for i in indices]
+        base = [0.0 if i + 1 == n else 0.999 + i * (-0.999 / (n - 1)) for i in range(n)]
+        self.sigmas = [shift * b / (1 + (shift - 1) * b) for b in base]
+        self.timesteps = [int(s * 1000) for s in self.sigmas]
+        self.steps = [self.timesteps[i] for i in indices]
+
+    def matches(self, t):
+        return [i for i, x in enumerate(self.timesteps) if x == t]
 
     def sigma_first(self, t):
-        return float(self.sigmas[np.nonzero(self.timesteps == t)[0][0]])
+        return self.sigmas[self.matches(t)[0]]
 
     def sigma_second(self, t):
-        m = np.nonzero(self.timesteps == t)[0]
-        return float(self.sigmas[m[1] if len(m) > 1 else m[0]])
+        m = self.matches(t)
+        return self.sigmas[m[1] if len(m) > 1 else m[0]]
 
 
 def i2v_y(first_latent, chunk_start, nf):

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +30,7 @@ from camera import ray_tokens  # noqa: E402
 from dit import DitConfig, WanDiT, teacher_forcing_mask  # noqa: E402
 from engine import CHUNK_FRAMES, SINK_FRAMES, WINDOW_FRAMES, Schedule, i2v_y, stream  # noqa: E402
 from taehv import TinyAE  # noqa: E402
+from tensorio import load_npy, save_safetensors  # noqa: E402
 from world_config import AE, DIT  # noqa: E402
 
 H = W = 128
@@ -65,15 +65,19 @@ def render(args):
         log(args.out, "data", f"{split}: {clips} clips × {args.chunks} chunks in {time.time() - t:.1f} s: {' '.join(cmd)}")
 
 
+_CACHE = {}
+
+
 def load_split(args, split):
     d = os.path.join(args.data, split)
-    frames = np.load(os.path.join(d, "frames.npy"), mmap_mode="r")
-    rel = np.load(os.path.join(d, "rel_poses.npy"))
-    return frames, rel
+    key = (d, "frames")
+    if key not in _CACHE:
+        _CACHE[key] = (load_npy(os.path.join(d, "frames.npy")), load_npy(os.path.join(d, "rel_poses.npy")))
+    return _CACHE[key]
 
 
 def frames_to_gpu(frames, dev):
-    return torch.from_numpy(np.ascontiguousarray(frames)).to(dev)  # uint8 [N, T, H, W, 3]
+    return frames.to(dev)  # uint8 [N, T, H, W, 3]
 
 
 def to_float(u8):
@@ -147,7 +151,7 @@ def encode_all(args, ae, split, dev):
         x = to_float(frames_to_gpu(frames[i:i + 16], dev))
         with amp():
             out.append(ae.encode(x).float())
-    return torch.cat(out), torch.from_numpy(rel)
+    return torch.cat(out), rel
 
 
 def ae_metrics(args, ae, dev):
@@ -302,12 +306,11 @@ def eval_dit(args, model, ae, dev, tag):
 
 # ---------------------------------------------------------------------------------- export
 def export(args, model, ae, name):
-    from safetensors.torch import save_file
     os.makedirs(args.export_dir, exist_ok=True)
     sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(sd, os.path.join(args.export_dir, "dit.safetensors"), metadata={"config": json.dumps(model.cfg.to_dict())})
+    save_safetensors(sd, os.path.join(args.export_dir, "dit.safetensors"), {"config": json.dumps(model.cfg.to_dict())})
     ae_sd = {k: v.detach().float().cpu().contiguous() for k, v in ae.state_dict().items()}
-    save_file(ae_sd, os.path.join(args.export_dir, "ae.safetensors"), metadata={"config": json.dumps(AE)})
+    save_safetensors(ae_sd, os.path.join(args.export_dir, "ae.safetensors"), {"config": json.dumps(AE)})
 
 
 # ---------------------------------------------------------------------------------- main
