@@ -82,7 +82,7 @@ def rope_apply(x, cos, sin):
     re, im = x[..., 0::2], x[..., 1::2]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     out = torch.stack([re * c - im * s, re * s + im * c], -1)
-    return out.flatten(-2)
+    return out.flatten(-2).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
