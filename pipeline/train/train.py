@@ -90,8 +90,8 @@ def psnr(a, b):
     """Frames in [−1, 1]; per-frame PSNR on the 8-bit scale, averaged."""
     a = ((a.clamp(-1, 1) + 1) * 127.5).round()
     b = ((b.clamp(-1, 1) + 1) * 127.5).round()
-    mse = ((a - b) ** 2).flatten(-3).mean(-1)
-    return (10 * torch.log10(255.0 ** 2 / mse.clamp_min(1e-10)))
+    mse = ((a - b) ** 2).mean(dim=(1, 3, 4))  # [B, 3, T, H, W] → [B, T]
+    return 10 * torch.log10(255.0 ** 2 / mse.clamp_min(1e-10))
 
 
 # ---------------------------------------------------------------------------------- AE
