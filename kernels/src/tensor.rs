@@ -2,6 +2,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 use crate::error::shape_err;
 use crate::{fp8, DType, Device, Error, Fp8Scale, Result};
@@ -70,8 +71,9 @@ impl CpuStorage {
     pub fn from_f32(data: Vec<f32>, dtype: DType) -> Result<Self> {
         Ok(match dtype {
             DType::F32 => CpuStorage::F32(data),
-            DType::BF16 => CpuStorage::BF16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
-            DType::F16 => CpuStorage::F16(data.iter().map(|&x| f16::from_f32(x)).collect()),
+            // In parallel: random weights of the large models pass through here.
+            DType::BF16 => CpuStorage::BF16(data.par_iter().map(|&x| bf16::from_f32(x)).collect()),
+            DType::F16 => CpuStorage::F16(data.par_iter().map(|&x| f16::from_f32(x)).collect()),
             DType::F8E4M3 => {
                 return Err(Error::DType {
                     op: "from_f32",

@@ -35,6 +35,10 @@ pub struct EngineConfig {
     /// Seed of the session's noise.
     pub seed: u64,
     pub camera: CameraConfig,
+    /// The first-frame latent `[16, H/8, W/8]` (flat) every session of an I2V model starts from,
+    /// and returns to on reset, unless [`Engine::set_first_frame`] gives another (the embedded
+    /// default: its world's first view).
+    pub first_latent: Option<Vec<f32>>,
 }
 
 impl EngineConfig {
@@ -52,6 +56,7 @@ impl EngineConfig {
             num_train_steps: 1000,
             seed,
             camera: CameraConfig::default(),
+            first_latent: None,
         }
     }
 
@@ -139,6 +144,19 @@ pub struct Engine {
     /// rig, sampler) is replicated on every rank and evolves identically; the DiT runs on the
     /// rank's token shard and its caches hold the rank's heads.
     comm: Option<Arc<dyn Communicator>>,
+    /// Measurement only: see [`set_resend_window`](Self::set_resend_window).
+    resend_window: bool,
+    /// The edit the next chunk starts from (set by [`next_chunk_edit`](Self::next_chunk_edit)).
+    edit: Option<Edit>,
+}
+
+/// Edit mode's input for one chunk: the camera chunk's latents and how far to move from them.
+#[derive(Clone, Debug)]
+pub struct Edit {
+    /// `[16, chunk_frames, H/8, W/8]`, normalised like the DiT's latents.
+    pub latents: Tensor,
+    /// 0 keeps the input; 1 starts from pure noise (world mode's steps).
+    pub strength: f64,
 }
 
 impl Engine {
@@ -189,7 +207,7 @@ impl Engine {
             .collect::<kernels::Result<Vec<_>>>()?;
         // Until a prompt arrives the context is all padding (what an empty prompt pads to).
         let text = model.encode_text(&Tensor::zeros(&[0, mc.text_dim], DType::F32)?, None)?;
-        Ok(Engine {
+        let mut engine = Engine {
             rng: NormalRng::for_name(cfg.seed, "noise"),
             rig: CameraRig::new(cfg.camera.clone()),
             model,
@@ -203,7 +221,33 @@ impl Engine {
             next_chunk: 0,
             cfg,
             comm,
-        })
+            resend_window: false,
+            edit: None,
+        };
+        engine.set_default_first_frame()?;
+        Ok(engine)
+    }
+
+    /// The configured first frame, if any ([`EngineConfig::first_latent`]).
+    fn set_default_first_frame(&mut self) -> Result<()> {
+        if let Some(lat) = &self.cfg.first_latent {
+            let (h, w) = self.cfg.latent_hw();
+            let t = Tensor::from_vec(lat.clone(), &[LATENT_CHANNELS, h, w]).map_err(|_| {
+                Error::Config(format!(
+                    "first_latent holds {} values, expected [{LATENT_CHANNELS}, {h}, {w}]",
+                    lat.len()
+                ))
+            })?;
+            self.set_first_frame(&t)?;
+        }
+        Ok(())
+    }
+
+    /// Under sequence parallelism, makes every attention call also move the cached window's
+    /// K/V through the links as the stock Ulysses layout must, so `worker bench sp` measures
+    /// both exchanges on one run. The output does not change.
+    pub fn set_resend_window(&mut self, on: bool) {
+        self.resend_window = on;
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -247,7 +291,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the stream over: empty caches, camera at the origin, noise from the seed again.
+    /// Starts the stream over: empty caches, camera at the origin, noise from the seed again,
+    /// the configured first frame (if any) again.
     pub fn reset(&mut self) {
         self.caches.iter_mut().for_each(KvCache::clear);
         self.rng = NormalRng::for_name(self.cfg.seed, "noise");
@@ -256,6 +301,8 @@ impl Engine {
         self.last_pose = None;
         self.next_frame = 0;
         self.next_chunk = 0;
+        // Checked when the engine was built: it fits.
+        let _ = self.set_default_first_frame();
     }
 
     /// Shape of one noise draw: `[16, chunk_frames, H/8, W/8]`.
@@ -293,6 +340,52 @@ impl Engine {
         Ok(y.to_device(self.model.device())?)
     }
 
+    /// Edit mode (streaming video-to-video): the chunk starts from the camera chunk's
+    /// `latents` noised to the level `strength` picks, then runs the few-step loop (with the
+    /// prompt, the camera conditioning and the cache of earlier chunks) and the K/V refresh as
+    /// [`next_chunk`](Self::next_chunk) does. Strength 0 returns the input latents unchanged.
+    pub fn next_chunk_edit(&mut self, inputs: &ChunkInputs, edit: &Edit) -> Result<Chunk> {
+        let want = self.noise_shape();
+        if edit.latents.shape() != want {
+            return Err(Error::Input(format!(
+                "edit latents {:?}: expected {want:?}",
+                edit.latents.shape()
+            )));
+        }
+        if !(0.0..=1.0).contains(&edit.strength) {
+            return Err(Error::Input(format!(
+                "edit strength {}: expected 0 to 1",
+                edit.strength
+            )));
+        }
+        self.edit = Some(edit.clone());
+        let chunk = self.next_chunk(inputs);
+        self.edit = None;
+        chunk
+    }
+
+    /// The steps of an edit and its starting latents. The steps are as many as world mode's,
+    /// spread over the schedule table from the first entry whose σ is at most `strength` to
+    /// its end, so strength 1 gives world mode's steps and lower strengths start later (less
+    /// noise). The start mixes the input with fresh noise at that entry's σ, as re-noising
+    /// between steps does.
+    fn edit_start(&mut self, edit: &Edit) -> Result<(Vec<i64>, Tensor)> {
+        let dev = self.model.device();
+        let latents = edit.latents.to_dtype(DType::F32)?.to_device(dev)?;
+        let first = self.schedule.first_at_most(edit.strength);
+        let Some(first) = first else {
+            // Nothing to denoise: the chunk is its input (the refresh still caches it).
+            return Ok((Vec::new(), latents));
+        };
+        let n = self.steps.len();
+        let len = self.schedule.len();
+        let indices: Vec<usize> = (0..n).map(|k| first + k * (len - first) / n).collect();
+        let steps = self.schedule.steps(&indices)?;
+        let sigma = self.schedule.sigma_second(steps[0])?;
+        let noise = self.draw_noise()?;
+        Ok((steps, ops::axpby(1.0 - sigma, &latents, sigma, &noise)?))
+    }
+
     /// Generates the next chunk.
     pub fn next_chunk(&mut self, inputs: &ChunkInputs) -> Result<Chunk> {
         let index = self.next_chunk;
@@ -313,18 +406,13 @@ impl Engine {
         let poses = self.rig.latent_poses(&inputs.controls, first_frame, n);
         let camera = match mc.control_dim {
             Some(channels) => {
-                let rel = relative_poses(self.last_pose.as_ref(), &poses, self.rig.step_length());
-                let wasd = vec![inputs.controls.wasd(); n];
-                let (h, w) = (self.cfg.height, self.cfg.width);
-                let map = ray_map(
-                    &rel,
-                    &wasd,
-                    h,
-                    w,
-                    self.cfg.camera.intrinsics_832x480,
+                let rays = camera_tokens(
+                    &self.cfg,
                     channels,
+                    self.last_pose.as_ref(),
+                    &poses,
+                    &inputs.controls,
                 )?;
-                let rays = fold_rays(&map, n, h, w, channels)?;
                 let rays = match &self.comm {
                     Some(c) => {
                         TokenShard::new(rays.dim(0), c.world_size(), c.rank())?.take(&rays)?
@@ -348,14 +436,17 @@ impl Engine {
                 None => x.clone(),
             })
         };
-        let mut x = self.draw_noise()?;
+        let (steps, mut x) = match self.edit.take() {
+            None => (self.steps.clone(), self.draw_noise()?),
+            Some(edit) => self.edit_start(&edit)?,
+        };
         let mut x0 = x.clone();
-        let steps = self.steps.clone();
         for (s, &t) in steps.iter().enumerate() {
             let started = Instant::now();
             let attn = Attn::Cache {
                 caches: &mut self.caches,
                 kv_only: false,
+                resend_window: self.resend_window,
             };
             let v = dit(
                 &model,
@@ -381,6 +472,7 @@ impl Engine {
         let attn = Attn::Cache {
             caches: &mut self.caches,
             kv_only: true,
+            resend_window: self.resend_window,
         };
         dit(
             &model,
@@ -405,6 +497,26 @@ impl Engine {
             timings,
         })
     }
+}
+
+/// The DiT's camera input for one chunk, `[frames·(H/16)·(W/16), channels·256]` tokens (before
+/// any sequence-parallel sharding): the chunk's latent poses relative to their predecessors
+/// (`prev`: the last latent pose of the previous chunk, `None` at the session start), translations
+/// in full-speed steps, as per-pixel rays at the session's size, folded into tokens. The engine
+/// and the training-set exporter both call this, so what the model is trained on is what it sees.
+pub fn camera_tokens(
+    cfg: &EngineConfig,
+    channels: usize,
+    prev: Option<&Pose>,
+    poses: &[Pose],
+    controls: &Controls,
+) -> Result<Tensor> {
+    let n = poses.len();
+    let rel = relative_poses(prev, poses, cfg.camera.step_length());
+    let wasd = vec![controls.wasd(); n];
+    let (h, w) = (cfg.height, cfg.width);
+    let map = ray_map(&rel, &wasd, h, w, cfg.camera.intrinsics_832x480, channels)?;
+    fold_rays(&map, n, h, w, channels)
 }
 
 /// One DiT forward, on this rank's shard when the engine is part of a rank group.

@@ -16,9 +16,10 @@ pub mod sampler;
 pub mod text;
 pub mod vae;
 pub mod weights;
+pub mod world;
 
 pub use config::ModelConfig;
-pub use engine::{Chunk, ChunkInputs, Engine, EngineConfig};
+pub use engine::{Chunk, ChunkInputs, Edit, Engine, EngineConfig};
 pub use error::{Error, Result};
 pub use model::WanModel;
 pub use parallel::{EngineGroup, ModelLoader};

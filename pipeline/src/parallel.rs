@@ -9,7 +9,7 @@ use std::time::Duration;
 use kernels::{Device, Tensor};
 use sp::{BoxError, CommStats, Communicator, LoopbackWorld, NcclComm, RankGroup, RankWorker};
 
-use crate::{Chunk, ChunkInputs, Engine, EngineConfig, Error, ModelConfig, Result, WanModel};
+use crate::{Chunk, ChunkInputs, Edit, Engine, EngineConfig, Error, ModelConfig, Result, WanModel};
 
 /// How long a rank may wait in a collective for the others before the group fails, and how
 /// long the others may take to stop once one rank has failed.
@@ -19,9 +19,11 @@ pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(600);
 #[derive(Clone, Debug)]
 enum Job {
     Chunk(ChunkInputs),
+    Edit(ChunkInputs, Edit),
     Prompt(Tensor),
     FirstFrame(Tensor),
     Reset,
+    ResendWindow(bool),
 }
 
 #[derive(Debug)]
@@ -36,6 +38,7 @@ impl RankWorker<Job> for RankEngine {
     fn run(&mut self, job: Job) -> std::result::Result<Option<Option<Chunk>>, BoxError> {
         let chunk = match job {
             Job::Chunk(inputs) => Some(self.engine.next_chunk(&inputs)?),
+            Job::Edit(inputs, edit) => Some(self.engine.next_chunk_edit(&inputs, &edit)?),
             Job::Prompt(context) => {
                 self.engine.set_prompt(&context)?;
                 None
@@ -46,6 +49,10 @@ impl RankWorker<Job> for RankEngine {
             }
             Job::Reset => {
                 self.engine.reset();
+                None
+            }
+            Job::ResendWindow(on) => {
+                self.engine.set_resend_window(on);
                 None
             }
         };
@@ -144,6 +151,13 @@ impl EngineGroup {
             .ok_or_else(|| Error::Config("rank 0 returned no chunk".into()))
     }
 
+    /// [`Engine::next_chunk_edit`] on every rank; rank 0's latents are returned.
+    pub fn next_chunk_edit(&mut self, inputs: &ChunkInputs, edit: &Edit) -> Result<Chunk> {
+        self.group
+            .run(Job::Edit(inputs.clone(), edit.clone()))?
+            .ok_or_else(|| Error::Config("rank 0 returned no chunk".into()))
+    }
+
     /// [`Engine::set_prompt`] on every rank.
     pub fn set_prompt(&mut self, context: &Tensor) -> Result<()> {
         self.group.run(Job::Prompt(context.clone()))?;
@@ -159,6 +173,12 @@ impl EngineGroup {
     /// [`Engine::reset`] on every rank.
     pub fn reset(&mut self) -> Result<()> {
         self.group.run(Job::Reset)?;
+        Ok(())
+    }
+
+    /// [`Engine::set_resend_window`] on every rank.
+    pub fn set_resend_window(&mut self, on: bool) -> Result<()> {
+        self.group.run(Job::ResendWindow(on))?;
         Ok(())
     }
 

@@ -65,6 +65,21 @@ impl FlowSchedule {
         Ok(m)
     }
 
+    /// Entries in the table.
+    pub fn len(&self) -> usize {
+        self.sigmas.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sigmas.is_empty()
+    }
+
+    /// The first table entry with σ at most `sigma` and a non-zero timestep (σ falls along
+    /// the table); `None` when only the final σ = 0 qualifies.
+    pub fn first_at_most(&self, sigma: f64) -> Option<usize> {
+        (0..self.sigmas.len()).find(|&i| self.sigmas[i] <= sigma && self.timesteps[i] > 0)
+    }
+
     /// σ used to turn a velocity at `t` into x0: the first table entry with timestep `t`.
     pub fn sigma_first(&self, t: i64) -> Result<f64> {
         Ok(self.sigmas[self.matches(t)?[0]])

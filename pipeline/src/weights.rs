@@ -18,9 +18,25 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 use crate::rng::NormalRng;
 use crate::{Error, Result};
 
+/// A checkpoint's bytes: a mapped file, or bytes built into the binary.
+enum Bytes {
+    Mapped(Mmap),
+    Static(&'static [u8]),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Static(b) => b,
+        }
+    }
+}
+
 struct MappedFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Bytes,
     /// Byte offset of the data section (after the 8-byte length and the JSON header).
     data_start: usize,
 }
@@ -104,13 +120,38 @@ impl WeightStore {
             }
             mapped.push(MappedFile {
                 path: p.clone(),
-                mmap,
+                mmap: Bytes::Mapped(mmap),
                 data_start: 8 + n,
             });
         }
         Ok(WeightStore {
             source: Source::SafeTensors {
                 files: mapped,
+                index,
+            },
+            run_dtype,
+            device: Device::Cpu,
+            used: Default::default(),
+        })
+    }
+
+    /// A safetensors file built into the binary (`include_bytes!`), described as `name`.
+    pub fn from_static(name: &str, bytes: &'static [u8], run_dtype: DType) -> Result<Self> {
+        let path = PathBuf::from(name);
+        let (n, metadata) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| file_err(&path, format!("not a valid safetensors file: {e}")))?;
+        let index = metadata
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| (name, (0, info.clone())))
+            .collect();
+        Ok(WeightStore {
+            source: Source::SafeTensors {
+                files: vec![MappedFile {
+                    path,
+                    mmap: Bytes::Static(bytes),
+                    data_start: 8 + n,
+                }],
                 index,
             },
             run_dtype,
@@ -355,23 +396,26 @@ fn convert(bytes: &[u8], from: StDtype, to: DType) -> std::result::Result<CpuSto
 /// `*.gamma` of any shape) `1 + 0.1·N`, modulation tables
 /// `N(0,1)/sqrt(dim)`, biases `0.05·N`. Scales keep activations of order one through many layers.
 fn random_tensor(seed: u64, key: &str, shape: &[usize], dtype: DType) -> kernels::Result<Tensor> {
+    use rayon::prelude::*;
     let n: usize = shape.iter().product();
-    let mut rng = NormalRng::for_name(seed, key);
-    let z = rng.normals(n);
+    let mut data = NormalRng::normals_par(NormalRng::for_name(seed, key).state(), n);
     let last = shape.last().copied().unwrap_or(1).max(1) as f32;
-    let data: Vec<f32> = if key.ends_with("modulation") {
-        z.iter().map(|v| v / last.sqrt()).collect()
+    // `offset + v · mul / div` reproduces each role's formula exactly (×1 and /1 are exact).
+    let (mul, div, offset) = if key.ends_with("modulation") {
+        (1.0, last.sqrt(), 0.0)
     } else if key.ends_with(".gamma") {
         // The VAE's norm gains, stored `[c, 1, 1, 1]`: gains, not matrices.
-        z.iter().map(|v| 1.0 + 0.1 * v).collect()
+        (0.1, 1.0, 1.0)
     } else if shape.len() >= 2 {
         let fan_in = (n / shape[0].max(1)).max(1) as f32;
-        z.iter().map(|v| v / fan_in.sqrt()).collect()
+        (1.0, fan_in.sqrt(), 0.0)
     } else if key.ends_with(".bias") {
-        z.iter().map(|v| 0.05 * v).collect()
+        (0.05, 1.0, 0.0)
     } else {
-        z.iter().map(|v| 1.0 + 0.1 * v).collect()
+        (0.1, 1.0, 1.0)
     };
+    data.par_iter_mut()
+        .for_each(|v| *v = offset + *v * mul / div);
     Tensor::from_f32(data, shape, dtype)
 }
 

@@ -129,6 +129,7 @@ fn attention_moves_only_the_new_chunk() {
                     all_to_all_calls: calls,
                     all_gather_bytes: gather,
                     broadcast_bytes: 0,
+                    collective_ns: moved.collective_ns,
                 },
                 "chunk {i}, rank {rank}"
             );
@@ -139,6 +140,41 @@ fn attention_moves_only_the_new_chunk() {
     // incremental exchange stays at the chunk.
     let window_tokens = cfg.window_frames as u64 * tokens / cfg.chunk_frames as u64;
     assert!(window_tokens > tokens);
+}
+
+/// `worker bench sp` compares with the stock layout by re-sending the cached window on every
+/// call: that must cost exactly the window's K/V and change nothing in the output.
+#[test]
+fn resending_the_window_costs_the_window_and_changes_nothing() {
+    let model = tiny();
+    let mc = &model.cfg;
+    let cfg = session(32, 48);
+    let (cards, layers, steps) = (2u64, mc.num_layers as u64, cfg.step_indices.len() as u64);
+    let frame_tokens =
+        ((cfg.height / VAE_STRIDE / mc.patch[1]) * (cfg.width / VAE_STRIDE / mc.patch[2])) as u64;
+    let (heads, d) = (mc.num_heads as u64, mc.head_dim() as u64);
+
+    let mut plain =
+        EngineGroup::loopback(model.clone(), cfg.clone(), cards as usize).expect("group");
+    let mut stock =
+        EngineGroup::loopback(model.clone(), cfg.clone(), cards as usize).expect("group");
+    stock.set_resend_window(true).expect("resend");
+    for i in 0..CHUNKS + 1 {
+        let (p0, s0) = (plain.comm_stats()[0], stock.comm_stats()[0]);
+        let a = plain.next_chunk(&controls(i)).expect("chunk");
+        let b = stock.next_chunk(&controls(i)).expect("chunk");
+        assert!(bits(&a.latents) == bits(&b.latents), "chunk {i} changed");
+        let extra = (stock.comm_stats()[0] - s0).all_to_all_bytes
+            - (plain.comm_stats()[0] - p0).all_to_all_bytes;
+        // Held before this chunk: the earlier chunks' frames, up to the window less the chunk.
+        let cached =
+            (3 * i as u64).min((cfg.window_frames - cfg.chunk_frames) as u64) * frame_tokens;
+        // Every call that attends re-sends K and V of the held tokens (f32 on the CPU): each
+        // layer of each step, and every layer but the last (cache-only) of the refresh.
+        let calls = steps * layers + layers - 1;
+        let want = calls * (cards - 1) * cached.div_ceil(cards) * (heads / cards) * d * 4 * 2;
+        assert_eq!(extra, want, "chunk {i}");
+    }
 }
 
 /// Fails (or panics in) the `at`-th all-to-all of one rank.

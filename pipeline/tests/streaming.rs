@@ -131,6 +131,7 @@ fn cached_chunks_equal_one_block_causal_pass() {
                 Attn::Cache {
                     caches: &mut caches,
                     kv_only: false,
+                    resend_window: false,
                 },
                 None,
             )
@@ -444,6 +445,7 @@ impl HandLoop {
                     Attn::Cache {
                         caches: &mut self.caches,
                         kv_only: false,
+                        resend_window: false,
                     },
                     None,
                 )
@@ -471,6 +473,7 @@ impl HandLoop {
                     Attn::Cache {
                         caches: &mut self.caches,
                         kv_only: true,
+                        resend_window: false,
                     },
                     None,
                 )

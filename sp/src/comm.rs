@@ -36,17 +36,21 @@ pub trait Communicator: Debug + Send + Sync {
     /// pending and later collectives. The first abort of a group is the one reported.
     fn abort(&self, reason: &str);
 
-    /// Bytes this rank has sent to other ranks so far (its own parts are not counted).
+    /// Bytes this rank has sent to other ranks so far (its own parts are not counted), and the
+    /// time its collectives took.
     fn stats(&self) -> CommStats;
 }
 
-/// Bytes one rank sent to other ranks, per collective kind.
+/// Bytes one rank sent to other ranks, per collective kind, and the time in collectives.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommStats {
     pub all_to_all_bytes: u64,
     pub all_to_all_calls: u64,
     pub all_gather_bytes: u64,
     pub broadcast_bytes: u64,
+    /// Nanoseconds from a collective's start to its end, summed: on a device, the stream's
+    /// time in it (waiting for the slowest rank included); on the loopback, wall time.
+    pub collective_ns: u64,
 }
 
 impl CommStats {
@@ -63,6 +67,7 @@ impl std::ops::Add for CommStats {
             all_to_all_calls: self.all_to_all_calls + o.all_to_all_calls,
             all_gather_bytes: self.all_gather_bytes + o.all_gather_bytes,
             broadcast_bytes: self.broadcast_bytes + o.broadcast_bytes,
+            collective_ns: self.collective_ns + o.collective_ns,
         }
     }
 }
@@ -75,6 +80,7 @@ impl std::ops::Sub for CommStats {
             all_to_all_calls: self.all_to_all_calls - o.all_to_all_calls,
             all_gather_bytes: self.all_gather_bytes - o.all_gather_bytes,
             broadcast_bytes: self.broadcast_bytes - o.broadcast_bytes,
+            collective_ns: self.collective_ns - o.collective_ns,
         }
     }
 }
@@ -86,6 +92,7 @@ pub struct StatCounters {
     all_to_all_calls: AtomicU64,
     all_gather_bytes: AtomicU64,
     broadcast_bytes: AtomicU64,
+    collective_ns: AtomicU64,
 }
 
 /// Which counter a collective adds to.
@@ -111,12 +118,19 @@ impl StatCounters {
         c.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Adds the duration of one collective.
+    pub fn add_time(&self, d: std::time::Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.collective_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> CommStats {
         CommStats {
             all_to_all_bytes: self.all_to_all_bytes.load(Ordering::Relaxed),
             all_to_all_calls: self.all_to_all_calls.load(Ordering::Relaxed),
             all_gather_bytes: self.all_gather_bytes.load(Ordering::Relaxed),
             broadcast_bytes: self.broadcast_bytes.load(Ordering::Relaxed),
+            collective_ns: self.collective_ns.load(Ordering::Relaxed),
         }
     }
 }

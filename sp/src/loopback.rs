@@ -121,7 +121,8 @@ impl LoopbackComm {
     ) -> Result<Vec<Tensor>, Error> {
         let n = self.world.size;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let deadline = Instant::now() + self.world.timeout;
+        let started = Instant::now();
+        let deadline = started + self.world.timeout;
         let mut st = self.world.lock();
         if let Some(f) = &st.failure {
             return Err(aborted(f));
@@ -198,6 +199,7 @@ impl LoopbackComm {
         if round.readers == n {
             st.rounds.remove(&seq);
         }
+        self.stats.add_time(started.elapsed());
         out
     }
 }

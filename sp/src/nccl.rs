@@ -149,7 +149,8 @@ pub struct NcclComm {
     size: usize,
     slot: Arc<Slot>,
     /// The marker after this rank's last collective, not yet seen complete.
-    pending: Mutex<Option<CudaMarker>>,
+    /// The last collective's start and end on the stream, until it is known to be done.
+    pending: Mutex<Option<(CudaMarker, CudaMarker)>>,
     stats: StatCounters,
 }
 
@@ -367,7 +368,7 @@ impl NcclComm {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        let Some(marker) = marker else {
+        let Some((start, marker)) = marker else {
             return Ok(());
         };
         // Event queries need the device's context on this thread (a drop on another thread).
@@ -377,7 +378,13 @@ impl NcclComm {
         loop {
             self.check_failed()?;
             match marker.is_done() {
-                Ok(true) => return Ok(()),
+                Ok(true) => {
+                    // Timing is for reports: a failed query loses a number, not the run.
+                    if let Ok(d) = marker.elapsed_since(&start) {
+                        self.stats.add_time(d);
+                    }
+                    return Ok(());
+                }
                 Ok(false) => {}
                 Err(e) => return Err(self.fail(format!("{what}: device error: {e}"))),
             }
@@ -437,6 +444,7 @@ impl NcclComm {
         self.wait_pending(what)?;
         let dev = &self.slot.dev;
         dev.bind_to_thread()?;
+        let start = dev.timed_marker()?;
         let nccl = &self.shared.nccl;
         let result = {
             let guard = self.slot.lock();
@@ -462,8 +470,8 @@ impl NcclComm {
             return Err(self.fail(format!("{what}: {e}")));
         }
         self.shared.progress[self.rank].fetch_add(1, Ordering::AcqRel);
-        let marker = dev.marker()?;
-        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(marker);
+        let marker = dev.timed_marker()?;
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some((start, marker));
         if wait {
             self.wait_pending(what)?;
         }

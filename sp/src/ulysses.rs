@@ -82,12 +82,18 @@ pub fn pad_rows(t: &Tensor, rows: usize) -> Result<Tensor, Error> {
 pub struct Ulysses<'a> {
     pub comm: &'a dyn Communicator,
     pub shard: TokenShard,
+    /// Measurement only: see [`resend_like_stock`](Self::resend_like_stock).
+    pub resend_window: bool,
 }
 
 impl<'a> Ulysses<'a> {
     pub fn new(comm: &'a dyn Communicator, tokens: usize) -> Result<Self, Error> {
         let shard = TokenShard::new(tokens, comm.world_size(), comm.rank())?;
-        Ok(Ulysses { comm, shard })
+        Ok(Ulysses {
+            comm,
+            shard,
+            resend_window: false,
+        })
     }
 
     fn heads_per_rank(&self, t: &Tensor) -> Result<usize, Error> {
@@ -154,6 +160,41 @@ impl<'a> Ulysses<'a> {
             .collect::<kernels::Result<Vec<_>>>()?;
         let recv = self.comm.all_to_all(send)?;
         Ok(Tensor::cat(&recv.iter().collect::<Vec<_>>(), 1)?)
+    }
+
+    /// What the stock Ulysses exchange moves on top of ours: with the cache token-sharded,
+    /// every attention call sends the `cached` tokens' K/V of the other ranks' heads through
+    /// the all-to-all. This sends rows of `keys`/`values` (`[tokens, heads / ranks, d]`, this
+    /// rank's heads) in parts of exactly that size and drops what arrives, so the bytes and
+    /// the time in collectives of the stock approach can be measured on the same run.
+    pub fn resend_like_stock(
+        &self,
+        keys: &Tensor,
+        values: &Tensor,
+        cached: usize,
+    ) -> Result<(), Error> {
+        let n = self.shard.ranks;
+        let per = cached.div_ceil(n);
+        if per == 0 || n == 1 {
+            return Ok(());
+        }
+        if keys.rank() != 3 || keys.shape() != values.shape() {
+            return Err(Error::Invalid(format!(
+                "resend_like_stock: keys {keys:?} and values {values:?}"
+            )));
+        }
+        // The rows are only payload: pad a short cache rather than send less.
+        let rows = (per * n).max(keys.dim(0));
+        let (keys, values) = (pad_rows(keys, rows)?, pad_rows(values, rows)?);
+        let send = (0..n)
+            .map(|j| {
+                let k = keys.narrow(0, j * per, per)?;
+                let v = values.narrow(0, j * per, per)?;
+                Ok(Tensor::cat(&[&k, &v], 0)?)
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        self.comm.all_to_all(send)?;
+        Ok(())
     }
 
     /// Every rank's `[per_rank, ..]` rows, joined in token order with the padding cut off.

@@ -2,6 +2,9 @@
 
 mod bench;
 mod bench_gpu;
+mod bench_sp;
+mod verify;
+mod world;
 
 use std::path::PathBuf;
 
@@ -53,10 +56,17 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         repeat: usize,
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
-        /// on --device, at LingBot's shapes.
+        /// on --device, at LingBot's shapes. `sp`: the streaming loop of --model on 1, 2, 4 …
+        /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks.
         #[arg(default_value = "cpu")]
         suite: String,
     },
+    /// The procedural world of the embedded default: training data.
+    #[command(subcommand)]
+    World(world::WorldCommand),
+    /// Checks of a model against ground truth.
+    #[command(subcommand)]
+    Verify(verify::VerifyCommand),
 }
 
 fn init_logging(format: &str) -> Result<()> {
@@ -84,8 +94,11 @@ fn main() -> Result<()> {
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
-            other => anyhow::bail!("unknown bench suite '{other}' (expected cpu or kernels)"),
+            "sp" => bench_sp::run(&cli.model, cli.chunks as usize, json.as_deref()),
+            other => anyhow::bail!("unknown bench suite '{other}' (expected cpu, kernels or sp)"),
         },
+        Some(Command::World(cmd)) => world::run(&cmd),
+        Some(Command::Verify(cmd)) => verify::run(&cli.model, &cli.decode, &cmd),
         Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
         None => generate(&cli.model, &cli.decode, cli.chunks),
     }
@@ -149,6 +162,7 @@ fn report(chunk: &Chunk, decoded: &decode::Decoded) {
 /// without a network (`worker serve` serves sessions).
 fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> Result<()> {
     let loaded = setup::load(args)?;
+    let dec = &loaded.decoder_args(dec);
     let cfg = loaded.engine_config(args.seed);
     let resolution = format!("{}x{}", cfg.width, cfg.height);
     let on_host = matches!(args.device.parse::<Device>(), Ok(Device::Cpu));

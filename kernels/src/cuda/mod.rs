@@ -188,6 +188,19 @@ impl CudaBackend {
             ordinal: self.ordinal,
         })
     }
+
+    /// A [`marker`](Self::marker) that can also time the stream between two such markers.
+    pub fn timed_marker(&self) -> Result<CudaMarker> {
+        let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let event = self
+            .stream
+            .record_event(Some(flags))
+            .map_err(|e| self.err(e))?;
+        Ok(CudaMarker {
+            event,
+            ordinal: self.ordinal,
+        })
+    }
 }
 
 /// A point in a device's stream (see [`CudaBackend::marker`]).
@@ -208,6 +221,18 @@ impl CudaMarker {
         self.event
             .try_is_complete()
             .map_err(|e| dev_err(self.ordinal, e))
+    }
+
+    /// Stream time from `start` to this marker, both from
+    /// [`timed_marker`](CudaBackend::timed_marker); waits for both.
+    pub fn elapsed_since(&self, start: &CudaMarker) -> Result<std::time::Duration> {
+        let ms = start
+            .event
+            .elapsed_ms(&self.event)
+            .map_err(|e| dev_err(self.ordinal, e))?;
+        Ok(std::time::Duration::from_secs_f64(
+            f64::from(ms.max(0.0)) / 1e3,
+        ))
     }
 }
 

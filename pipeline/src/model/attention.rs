@@ -134,6 +134,10 @@ impl SelfAttention {
                 if kv_only {
                     return Ok(None);
                 }
+                if let Some(u) = sp.filter(|u| u.resend_window) {
+                    let cached = cache.len_tokens().saturating_sub(l);
+                    u.resend_like_stock(cache.keys(), cache.values(), cached)?;
+                }
                 (
                     cache.keys().clone(),
                     cache.values().clone(),

@@ -58,6 +58,10 @@ pub enum Attn<'a> {
     Cache {
         caches: &'a mut [KvCache],
         kv_only: bool,
+        /// Under Ulysses, also send the cached window's K/V through the all-to-all on every
+        /// call, as the stock token-sharded cache must: for measuring what the incremental
+        /// exchange saves (`worker bench sp`); results are unchanged.
+        resend_window: bool,
     },
 }
 
@@ -299,7 +303,7 @@ impl WanModel {
             }
         };
         let x = x.to_device(self.device())?;
-        let sp = match comm {
+        let mut sp = match comm {
             Some(c) => Some(Ulysses::new(c, grid.iter().product())?),
             None => None,
         };
@@ -328,7 +332,14 @@ impl WanModel {
             rope: &self.rope,
         };
         let (mut caches, kv_only, block_frames) = match attn {
-            Attn::Cache { caches, kv_only } => {
+            Attn::Cache {
+                caches,
+                kv_only,
+                resend_window,
+            } => {
+                if let Some(u) = sp.as_mut() {
+                    u.resend_window = resend_window;
+                }
                 if caches.len() != self.blocks.len() {
                     return Err(Error::Input(format!(
                         "{} caches for {} blocks",

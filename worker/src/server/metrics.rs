@@ -66,6 +66,19 @@ pub struct Metrics {
     drops: IntCounterVec,
     pub sessions: IntGauge,
     queue_depth: IntGaugeVec,
+    refused: IntCounterVec,
+    model_info: IntGaugeVec,
+    model_fps: IntGauge,
+    device_memory: IntGaugeVec,
+}
+
+/// Why a session was turned away before the upgrade.
+#[derive(Clone, Copy, Debug)]
+pub enum Refusal {
+    /// Every session slot was taken (HTTP 503).
+    Busy,
+    /// The auth token was missing or wrong (HTTP 401).
+    Unauthorized,
 }
 
 fn histogram(name: &str, help: &str) -> prometheus::Result<Histogram> {
@@ -115,6 +128,31 @@ impl Metrics {
                 ),
                 &["queue"],
             )?,
+            refused: IntCounterVec::new(
+                Opts::new(
+                    "worldline_sessions_refused_total",
+                    "Session requests turned away before the upgrade, by reason",
+                ),
+                &["reason"],
+            )?,
+            model_info: IntGaugeVec::new(
+                Opts::new(
+                    "worldline_model_info",
+                    "Always 1; the labels say what this worker serves (one model per process)",
+                ),
+                &["model", "device", "decoder", "weights"],
+            )?,
+            model_fps: IntGauge::new(
+                "worldline_model_fps",
+                "The model clock: frames per second a session is paced at",
+            )?,
+            device_memory: IntGaugeVec::new(
+                Opts::new(
+                    "worldline_device_memory_bytes",
+                    "Memory of the serving device, read at scrape time: used and total for a GPU; the process's resident set (kind=used) on the CPU",
+                ),
+                &["device", "kind"],
+            )?,
             registry,
         };
         m.registry.register(Box::new(m.input_to_pixels.clone()))?;
@@ -125,6 +163,10 @@ impl Metrics {
         m.registry.register(Box::new(m.drops.clone()))?;
         m.registry.register(Box::new(m.sessions.clone()))?;
         m.registry.register(Box::new(m.queue_depth.clone()))?;
+        m.registry.register(Box::new(m.refused.clone()))?;
+        m.registry.register(Box::new(m.model_info.clone()))?;
+        m.registry.register(Box::new(m.model_fps.clone()))?;
+        m.registry.register(Box::new(m.device_memory.clone()))?;
         // Export every label value from the start, so a scrape shows zeros, not absences.
         for s in [
             Stage::Camera,
@@ -139,6 +181,8 @@ impl Metrics {
         m.drop_counter(Drop::SessionEnd);
         m.queue(Queue::Controls);
         m.queue(Queue::Output);
+        m.refused(Refusal::Busy, 0);
+        m.refused(Refusal::Unauthorized, 0);
         Ok(m)
     }
 
@@ -168,12 +212,61 @@ impl Metrics {
         self.queue_depth.with_label_values(&[label])
     }
 
-    /// The registry in Prometheus' text format.
-    pub fn render(&self) -> String {
+    pub fn refused(&self, why: Refusal, n: u64) {
+        let label = match why {
+            Refusal::Busy => "busy",
+            Refusal::Unauthorized => "unauthorized",
+        };
+        self.refused.with_label_values(&[label]).inc_by(n);
+    }
+
+    /// What this worker serves: `worldline_model_info` and the model clock.
+    pub fn model(&self, model: &str, device: &str, decoder: &str, weights: &str, fps: u32) {
+        self.model_info
+            .with_label_values(&[model, device, decoder, weights])
+            .set(1);
+        self.model_fps.set(i64::from(fps));
+    }
+
+    /// Reads the device's memory now (a GPU's used and total; the CPU's resident set). A
+    /// failed read leaves the last value: a scrape should not fail for it.
+    fn read_device_memory(&self, device: &str) {
+        let set = |kind: &str, bytes: usize| {
+            self.device_memory
+                .with_label_values(&[device, kind])
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        };
+        match device.parse::<kernels::Device>() {
+            Ok(kernels::Device::Cuda(i)) => {
+                if let Ok((free, total)) = kernels::cuda::backend(i).and_then(|b| b.memory()) {
+                    set("used", total - free);
+                    set("total", total);
+                }
+            }
+            Ok(kernels::Device::Cpu) => {
+                if let Some(rss) = resident_bytes() {
+                    set("used", rss);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The registry in Prometheus' text format, with the device memory read for `device`.
+    pub fn render(&self, device: &str) -> String {
+        self.read_device_memory(device);
         let mut buf = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
             return format!("# encoding metrics failed: {e}\n");
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
+}
+
+/// The process's resident set in bytes (Linux `/proc/self/statm`, in pages of 4 KiB: the page
+/// size of every platform the worker ships for).
+fn resident_bytes() -> Option<usize> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: usize = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
 }

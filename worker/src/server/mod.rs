@@ -10,7 +10,7 @@
 //! thread to finish its chunk and hand its session slot back.
 //!
 //! Not here yet (issue 5): WebRTC, camera input, H.264 output, the browser client, the load
-//! generator, a text encoder for prompts, GPU memory metrics.
+//! generator, a text encoder for prompts.
 
 mod metrics;
 mod pacer;
@@ -94,13 +94,6 @@ pub struct Server {
     drain: Duration,
 }
 
-fn weights_json(path: &Option<std::path::PathBuf>, seed: u64) -> serde_json::Value {
-    match path {
-        Some(p) => serde_json::json!({"state": "loaded", "path": p.display().to_string()}),
-        None => serde_json::json!({"state": "random", "seed": seed}),
-    }
-}
-
 /// Every backend and its state here: CPU always, CUDA if a driver and GPU answer, ROCm never.
 fn backends() -> serde_json::Value {
     let cuda = match Device::Cuda(0).ensure_available() {
@@ -127,6 +120,7 @@ impl Server {
             bail!("serve runs on one card for now (--cards {})", model.cards);
         }
         let loaded = setup::load(model)?;
+        let decoder = &loaded.decoder_args(decoder);
         let engine_cfg = loaded.engine_config(model.seed);
         let tiny = loaded.cfg.name.starts_with("tiny");
         let on_host = matches!(model.device.parse::<Device>(), Ok(Device::Cpu));
@@ -138,9 +132,9 @@ impl Server {
         let probe = FrameSink::new(decoder, model.seed, tiny, size, on_host)?;
         let info = Info {
             model: loaded.cfg.name.clone(),
-            weights: weights_json(&model.weights, model.seed),
+            weights: loaded.weights.json(),
             decoder: probe.name().to_string(),
-            decoder_weights: weights_json(&decoder.decoder_weights, model.seed),
+            decoder_weights: probe.weights_json(),
             device: model.device.clone(),
             resolution: format!("{}x{}", engine_cfg.width, engine_cfg.height),
             fps: session::FPS,
@@ -150,6 +144,19 @@ impl Server {
                 "protocol": 1,
             }),
         };
+        let metrics = metrics::Metrics::new().context("creating the metrics")?;
+        let weights_state = if model.weights.is_some() {
+            "loaded"
+        } else {
+            "random"
+        };
+        metrics.model(
+            &info.model,
+            &info.device,
+            &info.decoder,
+            weights_state,
+            info.fps,
+        );
         let (shutdown, _) = broadcast::channel(1);
         let app = App {
             model: weights,
@@ -161,7 +168,7 @@ impl Server {
             max_sessions: serve.max_sessions,
             slots: Arc::new(Semaphore::new(serve.max_sessions)),
             auth_token: serve.auth_token.clone(),
-            metrics: metrics::Metrics::new().context("creating the metrics")?,
+            metrics,
             info,
             next_session: AtomicU64::new(0),
             shutdown,

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
+use super::metrics::Refusal;
 use super::protocol::MAX_MESSAGE;
 use super::{session, App};
 
@@ -47,7 +48,7 @@ async fn status(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(),
+        app.metrics.render(&app.info.device),
     )
         .into_response()
 }
@@ -78,6 +79,7 @@ async fn ws(
     upgrade: WebSocketUpgrade,
 ) -> Response {
     if !authorized(&app, &query, &headers) {
+        app.metrics.refused(Refusal::Unauthorized, 1);
         return (
             StatusCode::UNAUTHORIZED,
             "this worker needs its auth token (?token= or Authorization: Bearer)\n",
@@ -85,6 +87,7 @@ async fn ws(
             .into_response();
     }
     let Ok(permit) = app.slots.clone().try_acquire_owned() else {
+        app.metrics.refused(Refusal::Busy, 1);
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "5")],
