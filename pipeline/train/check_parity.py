@@ -8,7 +8,8 @@
    schedule, re-noise) vs `lingbot_ref.py::stream`, with eviction exercised;
 3. the training form (one forward over [clean chunks ; noisy chunks] with `teacher_forcing_mask`)
    vs the streaming form fed the same clean latents: what is trained is what the engine runs;
-4. the tiny decoder (`taehv.TinyAE.decoder`) vs `pipeline/tests/ref/taehv_ref.py::decode`;
+4. the tiny decoder and encoder (`taehv.TinyAE`) vs `pipeline/tests/ref/taehv_ref.py::decode` and
+   `::encode` (the Rust `world` configs' layouts, proven equal to the Rust in `cargo test`);
 5. the camera fold vs `lingbot_ref.py::fold_camera`;
 6. with `--dataset DIR` (a `worker world dataset` export with camera.npy): the camera tokens built
    here from `rel_poses.npy` (what training feeds the DiT) vs the engine's own tokens in camera.npy.
@@ -149,6 +150,12 @@ def tiny_decoder(seed):
         got = ae.decode(t32(z)[None]).clamp(-1, 1)[0].numpy()
     report("tiny decoder raw", got_raw, raw)
     report("tiny decoder frames", got, frames)
+    video = rng.uniform(-1, 1, (3, 9, 32, 32))
+    enc = {k: v for k, v in W.items() if k.startswith("encoder.")}
+    want = taehv_ref.encode(enc, {"mem_blocks": AE["mem_blocks"], "time_downscale": list(AE["time_downscale"])}, video)
+    with torch.no_grad():
+        got = ae.encode(t32(video)[None])[0].numpy()
+    report("tiny encoder (first frame repeated in front)", got, want)
 
 
 def camera_fold(seed):
