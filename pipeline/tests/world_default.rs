@@ -21,7 +21,9 @@ fn shipped_weights_load_and_a_short_walk_resembles_the_renderer() {
         .expect("this build has the embedded default (pipeline/assets/world/*.safetensors)");
     let store = a.dit_store(DType::F32).expect("dit");
     let model = Arc::new(WanModel::load(&ModelConfig::tiny(), &store).expect("DiT loads"));
-    store.check_all_used().expect("no stray keys in dit.safetensors");
+    store
+        .check_all_used()
+        .expect("no stray keys in dit.safetensors");
     let ae = a.ae_store().expect("ae");
     let mut codec = Codec {
         encoder: a.encoder().expect("encoder loads"),
