@@ -153,7 +153,17 @@ fn out_writes_every_decoded_frame_as_y4m() {
     for decoder in ["tiny", "vae"] {
         let path = dir.join(format!("{decoder}.y4m"));
         let path_arg = path.to_str().expect("UTF-8 temp path");
-        let args = ["--chunks", "2", "--decoder", decoder, "--out", path_arg];
+        // Random weights: the plumbing is checked here, and they bring random decoders.
+        let args = [
+            "--weights",
+            "random",
+            "--chunks",
+            "2",
+            "--decoder",
+            decoder,
+            "--out",
+            path_arg,
+        ];
         let out = worker(&args);
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{log}");
