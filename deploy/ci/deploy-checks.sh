@@ -18,7 +18,12 @@ failed=0
 pass() { passed=$((passed + 1)); echo "deploy check ok: $*"; }
 fail() { failed=$((failed + 1)); echo "deploy check FAILED: $*" >&2; }
 
-command -v promtool >/dev/null 2>&1 || apt_install prometheus
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  # Without recommends: the node exporter and its services are not needed.
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+    prometheus >/dev/null
+fi
 command -v python3 >/dev/null 2>&1 || apt_install python3
 venv="$root/target/deploy-venv"
 if ! "$venv/bin/python" -c 'import yaml, kubernetes_validate' >/dev/null 2>&1 ||

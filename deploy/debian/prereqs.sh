@@ -31,3 +31,11 @@ if ! command -v cargo >/dev/null 2>&1; then
   }
   export PATH="$HOME/.cargo/bin:$PATH"
 fi
+
+# FFmpeg's libraries for the worker's default `media` feature (camera decoding, H.264 output,
+# WebRTC): ffmpeg-sys-next finds them with pkg-config and generates its bindings with libclang.
+# A machine without them (and without a package mirror) builds with WORLDLINE_NO_MEDIA=1 and
+# `cargo build -p worker --no-default-features`.
+if [ "${WORLDLINE_NO_MEDIA:-0}" != 1 ]; then
+  apt_install pkg-config libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
+fi

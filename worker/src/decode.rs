@@ -33,8 +33,8 @@ pub struct DecoderArgs {
     #[arg(long, global = true)]
     pub decoder_weights: Option<PathBuf>,
 
-    /// Append every decoded frame to this YUV4MPEG2 file (4:2:0, 16 fps).
-    #[arg(long)]
+    /// `generate`: append every decoded frame to this YUV4MPEG2 file (4:2:0, 16 fps).
+    #[arg(long, global = true)]
     pub out: Option<PathBuf>,
 
     /// The embedded world's autoencoder: the tiny decoder's default when its DiT runs (set by

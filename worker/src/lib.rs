@@ -3,6 +3,8 @@
 //! in-process through [`server::Server::run`].
 
 pub mod decode;
+#[cfg(feature = "media")]
+pub mod media;
 pub mod server;
 pub mod setup;
 pub mod y4m;

@@ -20,18 +20,22 @@ use worker::{decode, server, setup};
 #[command(
     name = "worker",
     version,
-    about = "Real-time streaming world-model worker (LingBot-World / Wan DiT)"
+    about = "Real-time streaming world-model worker (LingBot-World / Wan DiT)",
+    long_about = "Real-time streaming world-model worker (LingBot-World / Wan DiT).\n\n\
+        With no subcommand it serves (as `worker serve`): the browser client at \
+        http://127.0.0.1:8080/, WebSocket sessions, metrics.",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(flatten)]
     model: setup::ModelArgs,
 
-    /// Chunks to generate before exiting.
-    #[arg(long, default_value_t = 8)]
-    chunks: u64,
-
     #[command(flatten)]
     decode: decode::DecoderArgs,
+
+    /// `worker` alone serves: these are `worker serve`'s flags.
+    #[command(flatten)]
+    serve: server::ServeArgs,
 
     /// Log format: text or json.
     #[arg(long, default_value = "text", global = true)]
@@ -43,9 +47,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve sessions over HTTP/WebSocket (see worker/PROTOCOL.md): `/v1/ws`, `/metrics`,
-    /// `/healthz`, `/readyz`, `/status`.
+    /// Serve sessions over HTTP/WebSocket (see worker/PROTOCOL.md): the browser client at `/`,
+    /// `/v1/ws`, `/metrics`, `/healthz`, `/readyz`, `/status`. The default.
     Serve(server::ServeArgs),
+    /// Run the chunk engine without a network: generate, decode and log chunks (`--out` writes
+    /// the frames as YUV4MPEG2).
+    Generate {
+        /// Chunks to generate before exiting.
+        #[arg(long, default_value_t = 8)]
+        chunks: u64,
+    },
     /// Time the CPU reference: one `tiny` chunk and one lingbot-1.3b block at 480×832, with FLOPs
     /// counted and GFLOP/s against the GEMM crate's peak on this machine.
     Bench {
@@ -60,6 +71,9 @@ enum Command {
         /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks.
         #[arg(default_value = "cpu")]
         suite: String,
+        /// `sp`: timed chunks per run.
+        #[arg(long, default_value_t = 8)]
+        chunks: u64,
     },
     /// The procedural world of the embedded default: training data.
     #[command(subcommand)]
@@ -84,23 +98,29 @@ fn init_logging(format: &str) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_logging(&cli.log_format)?;
+    // `auto` becomes a device here, once, so every later step (and the log) names it.
+    let device = cli.model.device()?;
+    cli.model.device = device.to_string();
     match cli.command {
         Some(Command::Bench {
             json,
             repeat,
             suite,
+            chunks,
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
-            "sp" => bench_sp::run(&cli.model, cli.chunks as usize, json.as_deref()),
+            "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref()),
+            "gemm-rows" => bench_sp::gemm_rows(&cli.model),
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu, kernels or sp)"),
         },
         Some(Command::World(cmd)) => world::run(&cmd),
         Some(Command::Verify(cmd)) => verify::run(&cli.model, &cli.decode, &cmd),
         Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
-        None => generate(&cli.model, &cli.decode, cli.chunks),
+        None => server::serve_main(&cli.model, &cli.decode, &cli.serve),
+        Some(Command::Generate { chunks }) => generate(&cli.model, &cli.decode, chunks),
     }
 }
 
@@ -165,7 +185,7 @@ fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> 
     let dec = &loaded.decoder_args(dec);
     let cfg = loaded.engine_config(args.seed);
     let resolution = format!("{}x{}", cfg.width, cfg.height);
-    let on_host = matches!(args.device.parse::<Device>(), Ok(Device::Cpu));
+    let on_host = args.device()? == Device::Cpu;
     let tiny = loaded.cfg.name.starts_with("tiny");
     let mut sink = decode::FrameSink::new(dec, args.seed, tiny, (cfg.width, cfg.height), on_host)?;
     let mut session = match &loaded.model {

@@ -26,8 +26,8 @@ pub struct ModelArgs {
     #[arg(long, global = true)]
     pub weights: Option<PathBuf>,
 
-    /// Device: cpu, cuda[:N] or rocm[:N].
-    #[arg(long, default_value = "cpu", global = true)]
+    /// Device: auto (the first CUDA GPU when one answers, else cpu), cpu, cuda[:N] or rocm[:N].
+    #[arg(long, default_value = "auto", global = true)]
     pub device: String,
 
     /// Cards for Ulysses sequence parallelism (the head count must divide by it).
@@ -92,6 +92,20 @@ fn weights_source(args: &ModelArgs, cfg: &ModelConfig) -> WeightsSource {
     }
 }
 
+impl ModelArgs {
+    /// `--device`, with `auto` resolved to the best device present: a CUDA GPU that answers,
+    /// else the CPU. (ROCm is not in this build, so `auto` never picks it.)
+    pub fn device(&self) -> Result<Device> {
+        if self.device == "auto" {
+            return Ok(match Device::Cuda(0).ensure_available() {
+                Ok(()) => Device::Cuda(0),
+                Err(_) => Device::Cpu,
+            });
+        }
+        self.device.parse().map_err(anyhow::Error::msg)
+    }
+}
+
 pub struct Loaded {
     pub cfg: ModelConfig,
     pub weights: WeightsSource,
@@ -125,6 +139,23 @@ impl Loaded {
             first_latent: self.first_latent.clone(),
             ..cfg
         }
+    }
+
+    /// [`engine_config`](Self::engine_config) at another size: the embedded world's first
+    /// view is rendered and encoded again at that size.
+    pub fn engine_config_at(&self, seed: u64, width: usize, height: usize) -> Result<EngineConfig> {
+        let mut cfg = EngineConfig {
+            width,
+            height,
+            ..self.engine_config(seed)
+        };
+        if let Some(w) = &self.world {
+            let mut enc = w.encoder().context("loading the embedded encoder")?;
+            cfg.first_latent = Some(
+                world::assets::first_latent(&mut enc, &cfg).context("encoding the first view")?,
+            );
+        }
+        Ok(cfg)
     }
 
     /// The decoder flags with the embedded world's decoder as the default of its model: a tiny
@@ -216,7 +247,7 @@ fn check_idle(gpus: &[usize]) -> Result<()> {
 
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let cfg = ModelConfig::by_name(&args.model)?;
-    let mut device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
+    let mut device = args.device()?;
     sp::heads_per_card(cfg.num_heads, args.cards)?;
     if args.gpus.is_some() && device.is_cpu() {
         bail!("--gpus needs --device cuda or rocm");

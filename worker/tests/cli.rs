@@ -25,6 +25,9 @@ fn help_lists_the_model_flags() {
         "--decoder",
         "--decoder-weights",
         "--out",
+        "--listen",
+        "serve",
+        "generate",
         "bench",
     ] {
         assert!(text.contains(flag), "--help lacks {flag}:\n{text}");
@@ -32,8 +35,8 @@ fn help_lists_the_model_flags() {
 }
 
 #[test]
-fn default_run_plays_the_embedded_world_and_random_says_so() {
-    let out = worker(&["--chunks", "1", "--log-format", "json"]);
+fn generate_plays_the_embedded_world_and_random_says_so() {
+    let out = worker(&["generate", "--chunks", "1", "--log-format", "json"]);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(log.contains("embedded default weights"), "{log}");
@@ -41,6 +44,7 @@ fn default_run_plays_the_embedded_world_and_random_says_so() {
     assert!(!log.contains("RANDOM"), "{log}");
     assert_eq!(log.matches("chunk done").count(), 1, "{log}");
     let out = worker(&[
+        "generate",
         "--weights",
         "random",
         "--chunks",
@@ -75,7 +79,10 @@ fn bad_flags_fail_with_a_reason() {
             &["--cards", "2", "--gpus", "0,1"],
             "--gpus needs --device cuda or rocm",
         ),
-        (&["--device", "rocm"], "ROCm backend is not in this build"),
+        (
+            &["--device", "rocm"],
+            "ROCm op backend is not in this build",
+        ),
         (
             &["--weights", "/nonexistent/w.safetensors"],
             "/nonexistent/w.safetensors",
@@ -94,7 +101,8 @@ fn bad_flags_fail_with_a_reason() {
         ),
     ];
     for (args, want) in cases {
-        let out = worker(args);
+        let args = [&["generate"], args].concat();
+        let out = worker(&args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} should fail");
         assert!(err.contains(want), "{args:?}: expected '{want}' in:\n{err}");
@@ -103,7 +111,15 @@ fn bad_flags_fail_with_a_reason() {
 
 #[test]
 fn cards_on_the_cpu_run_the_loopback_rank_group() {
-    let out = worker(&["--cards", "4", "--chunks", "2", "--log-format", "json"]);
+    let out = worker(&[
+        "generate",
+        "--cards",
+        "4",
+        "--chunks",
+        "2",
+        "--log-format",
+        "json",
+    ]);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(log.contains("\"cards\":4"), "{log}");
@@ -155,6 +171,7 @@ fn out_writes_every_decoded_frame_as_y4m() {
         let path_arg = path.to_str().expect("UTF-8 temp path");
         // Random weights: the plumbing is checked here, and they bring random decoders.
         let args = [
+            "generate",
             "--weights",
             "random",
             "--chunks",
@@ -178,7 +195,7 @@ fn out_writes_every_decoded_frame_as_y4m() {
 
 #[test]
 fn each_chunk_logs_its_frames_and_decode_time() {
-    let out = worker(&["--chunks", "2", "--log-format", "json"]);
+    let out = worker(&["generate", "--chunks", "2", "--log-format", "json"]);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(log.contains("\"frames\":9"), "{log}");
@@ -220,4 +237,74 @@ fn serve_refuses_bad_flags_before_listening() {
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(err.contains(why), "{args:?}: {err}");
     }
+}
+
+/// `GET path` on a plain blocking socket: (status, body).
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).expect("write");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let body = text.split_once("\r\n\r\n").map(|b| b.1).unwrap_or("");
+    (code, body.to_string())
+}
+
+/// Kills the child however the test ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn without_a_subcommand_the_worker_serves_the_browser_client() {
+    use std::io::BufRead;
+    // Only --listen differs from `worker` alone (port 0: tests never take 8080).
+    let mut child = Child(
+        Command::new(env!("CARGO_BIN_EXE_worker"))
+            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+            .env_remove("RUST_LOG")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run worker"),
+    );
+    let stderr = child.0.stderr.take().expect("stderr");
+    let mut log = String::new();
+    let mut addr = None;
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.expect("log line");
+        log.push_str(&line);
+        log.push('\n');
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if v["fields"]["message"] == "serving" {
+            addr = v["fields"]["addr"].as_str().map(String::from);
+            break;
+        }
+    }
+    let addr = addr.unwrap_or_else(|| panic!("no 'serving' line:\n{log}"));
+    assert!(log.contains("\"model\":\"tiny\""), "{log}");
+    let (code, page) = http_get(&addr, "/");
+    assert_eq!(code, 200);
+    assert!(page.contains("<title>Worldline</title>"), "{page}");
+    let (code, js) = http_get(&addr, "/web/main.js");
+    assert_eq!(code, 200);
+    assert!(js.contains("WsTransport"), "{js}");
+    assert_eq!(http_get(&addr, "/web/nothing.js").0, 404);
+    let (code, status) = http_get(&addr, "/status");
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
+    assert_eq!(status["model"], "tiny");
+    // `auto` is resolved before serving: the status names a real device.
+    let device = status["device"].as_str().expect("device");
+    assert!(device == "cpu" || device.starts_with("cuda:"), "{device}");
 }

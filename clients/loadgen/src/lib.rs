@@ -168,7 +168,7 @@ impl Report {
         let mut out = String::new();
         let t = &self.total;
         out += &format!(
-            "loadgen: {} session(s) over {:?} at {} for {} s ({} refused)\n",
+            "loadgen: {} session(s) over {} at {} for {} s ({} refused)\n",
             t.sessions, self.transport, self.url, self.seconds, t.refused
         );
         for s in &self.sessions {

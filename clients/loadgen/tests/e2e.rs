@@ -166,6 +166,28 @@ async fn loadgen_streams_and_agrees_with_metrics() {
     );
     assert_eq!(sample(&scrape, "worldline_first_frame_seconds_count"), 2.0);
     assert_eq!(sample(&scrape, "worldline_sessions"), 0.0);
+    // The refused session is counted, the model and clock are exported, the CPU worker's
+    // memory is read.
+    assert_eq!(
+        sample(&scrape, "worldline_sessions_refused_total{reason=\"busy\"}"),
+        1.0
+    );
+    let info = scrape
+        .lines()
+        .find(|l| l.starts_with("worldline_model_info{"))
+        .expect("worldline_model_info");
+    assert!(
+        info.contains("model=\"tiny\"")
+            && info.contains("weights=\"random\"")
+            && info.ends_with(" 1"),
+        "{info}"
+    );
+    assert_eq!(sample(&scrape, "worldline_model_fps"), 16.0);
+    let rss = sample(
+        &scrape,
+        "worldline_device_memory_bytes{device=\"cpu\",kind=\"used\"}",
+    );
+    assert!(rss > 0.0, "{rss}");
 
     // Input→pixels: the worker observes every fresh frame it decodes, the client sees those it
     // received, so per bucket the worker has the client's count plus at most the frames that

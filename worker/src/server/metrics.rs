@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::protocol::Codec;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -15,14 +16,83 @@ const LATENCY_BUCKETS: &[f64] = &[
     10.0, 30.0,
 ];
 
-/// A chunk stage: the camera context, one DiT step, the KV refresh, the decoder, JPEG encoding.
+/// Seconds: 50 µs to 1 s, for the worker's own per-frame work (decode, encode, send).
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05,
+    0.1, 0.25, 1.0,
+];
+
+/// A chunk stage: the camera context, one DiT step, the KV refresh, the decoder, and the video
+/// encoding of each frame (`jpeg` or `h264`).
 #[derive(Clone, Copy, Debug)]
 pub enum Stage {
     Camera,
     DitStep,
     KvRefresh,
     Decode,
-    Jpeg,
+    Encode(Codec),
+}
+
+/// The worker's own work on one frame, apart from the model.
+#[derive(Clone, Copy, Debug)]
+pub enum Overhead {
+    /// Decoding one camera frame to RGB.
+    CameraDecode,
+    /// Encoding one output frame (JPEG or H.264).
+    Encode,
+    /// How late a frame was handed to the transport against its paced send time.
+    BehindSchedule,
+    /// Handing one frame to the socket or the WebRTC track.
+    Send,
+}
+
+impl Overhead {
+    const ALL: [Overhead; 4] = [
+        Overhead::CameraDecode,
+        Overhead::Encode,
+        Overhead::BehindSchedule,
+        Overhead::Send,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Overhead::CameraDecode => "camera_decode",
+            Overhead::Encode => "encode",
+            Overhead::BehindSchedule => "behind_schedule",
+            Overhead::Send => "send",
+        }
+    }
+}
+
+/// Why a camera frame was received and never reached a chunk.
+#[derive(Clone, Copy, Debug)]
+pub enum CameraDrop {
+    /// A newer frame replaced it before a chunk took it (latest wins).
+    Stale,
+    /// The session's decoder queue was full.
+    IngestFull,
+    /// An H.264 frame after a dropped one, before the next keyframe.
+    AwaitingKeyframe,
+    /// A WebRTC frame that did not decode (loss); a keyframe is requested.
+    DecodeError,
+}
+
+impl CameraDrop {
+    const ALL: [CameraDrop; 4] = [
+        CameraDrop::Stale,
+        CameraDrop::IngestFull,
+        CameraDrop::AwaitingKeyframe,
+        CameraDrop::DecodeError,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            CameraDrop::Stale => "stale",
+            CameraDrop::IngestFull => "ingest_full",
+            CameraDrop::AwaitingKeyframe => "awaiting_keyframe",
+            CameraDrop::DecodeError => "decode_error",
+        }
+    }
 }
 
 impl Stage {
@@ -32,7 +102,7 @@ impl Stage {
             Stage::DitStep => "dit_step",
             Stage::KvRefresh => "kv_refresh",
             Stage::Decode => "decode",
-            Stage::Jpeg => "jpeg",
+            Stage::Encode(c) => c.name(),
         }
     }
 }
@@ -66,6 +136,9 @@ pub struct Metrics {
     drops: IntCounterVec,
     pub sessions: IntGauge,
     queue_depth: IntGaugeVec,
+    overhead: HistogramVec,
+    camera_drops: IntCounterVec,
+    pub camera_frames: IntCounter,
     refused: IntCounterVec,
     model_info: IntGaugeVec,
     model_fps: IntGauge,
@@ -104,7 +177,7 @@ impl Metrics {
             chunk_stage: HistogramVec::new(
                 HistogramOpts::new(
                     "worldline_chunk_stage_seconds",
-                    "Wall time of one stage of a chunk (dit_step: each step; jpeg: the chunk's frames)",
+                    "Wall time of one stage of a chunk (dit_step: each step; jpeg and h264: each frame's encoding)",
                 )
                 .buckets(LATENCY_BUCKETS.to_vec()),
                 &["stage"],
@@ -127,6 +200,25 @@ impl Metrics {
                     "Items waiting in a bounded queue, summed over sessions",
                 ),
                 &["queue"],
+            )?,
+            overhead: HistogramVec::new(
+                HistogramOpts::new(
+                    "worldline_frame_overhead_seconds",
+                    "The worker's own work per frame apart from the model: camera_decode, encode, behind_schedule (late against the paced send time), send",
+                )
+                .buckets(OVERHEAD_BUCKETS.to_vec()),
+                &["stage"],
+            )?,
+            camera_drops: IntCounterVec::new(
+                Opts::new(
+                    "worldline_camera_drops_total",
+                    "Camera frames received and never taken by a chunk, by reason",
+                ),
+                &["reason"],
+            )?,
+            camera_frames: IntCounter::new(
+                "worldline_camera_frames_total",
+                "Camera frames decoded",
             )?,
             refused: IntCounterVec::new(
                 Opts::new(
@@ -163,6 +255,15 @@ impl Metrics {
         m.registry.register(Box::new(m.drops.clone()))?;
         m.registry.register(Box::new(m.sessions.clone()))?;
         m.registry.register(Box::new(m.queue_depth.clone()))?;
+        m.registry.register(Box::new(m.overhead.clone()))?;
+        m.registry.register(Box::new(m.camera_drops.clone()))?;
+        m.registry.register(Box::new(m.camera_frames.clone()))?;
+        for o in Overhead::ALL {
+            m.overhead.with_label_values(&[o.label()]);
+        }
+        for d in CameraDrop::ALL {
+            m.camera_drops.with_label_values(&[d.label()]);
+        }
         m.registry.register(Box::new(m.refused.clone()))?;
         m.registry.register(Box::new(m.model_info.clone()))?;
         m.registry.register(Box::new(m.model_fps.clone()))?;
@@ -173,7 +274,8 @@ impl Metrics {
             Stage::DitStep,
             Stage::KvRefresh,
             Stage::Decode,
-            Stage::Jpeg,
+            Stage::Encode(Codec::Jpeg),
+            Stage::Encode(Codec::H264),
         ] {
             m.chunk_stage.with_label_values(&[s.label()]);
         }
@@ -190,6 +292,16 @@ impl Metrics {
         self.chunk_stage
             .with_label_values(&[stage.label()])
             .observe(time.as_secs_f64());
+    }
+
+    pub fn overhead(&self, stage: Overhead, time: Duration) {
+        self.overhead
+            .with_label_values(&[stage.label()])
+            .observe(time.as_secs_f64());
+    }
+
+    pub fn camera_dropped(&self, reason: CameraDrop) {
+        self.camera_drops.with_label_values(&[reason.label()]).inc();
     }
 
     fn drop_counter(&self, reason: Drop) -> IntCounter {

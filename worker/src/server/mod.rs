@@ -1,22 +1,27 @@
-//! `worker serve`: sessions over WebSocket, with health, readiness, status and Prometheus
-//! metrics (DESIGN.md §6; the protocol is in `protocol` and `worker/PROTOCOL.md`).
+//! `worker serve`: sessions over WebSocket and WebRTC, with health, readiness, status and
+//! Prometheus metrics (DESIGN.md §6; the protocol is in `protocol` and `worker/PROTOCOL.md`).
 //!
 //! Layout: [`Server::run`] is the entry (a listener and a shutdown future, as in mini-redis),
-//! `routes` the HTTP handlers, `session` one WebSocket session and its engine thread,
-//! `pacer` output pacing, `metrics` the Prometheus registry.
+//! `routes` the HTTP handlers, `engine` a session's engine thread (model, decoder, video
+//! encoder), `ingest` its camera decoder thread, `session` a WebSocket session, `webrtc` a
+//! WebRTC session (feature `media`), `pacer` output pacing, `metrics` the Prometheus registry.
 //!
 //! Shutdown: when the shutdown future completes, the server stops accepting, a broadcast tells
 //! every session to close (code 1001), and `run` waits up to the drain deadline for every engine
 //! thread to finish its chunk and hand its session slot back.
 //!
-//! Not here yet (issue 5): WebRTC, camera input, H.264 output, the browser client, the load
-//! generator, a text encoder for prompts.
+//! Not here yet (issue 5): prompts that change the stream, edit mode's use of the camera.
 
+mod engine;
+mod ingest;
 mod metrics;
 mod pacer;
 pub mod protocol;
 mod routes;
 mod session;
+mod web;
+#[cfg(feature = "media")]
+mod webrtc;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
@@ -53,6 +58,45 @@ pub struct ServeArgs {
     /// Seconds sessions get to finish after ctrl-c or SIGTERM.
     #[arg(long, default_value_t = 5.0)]
     pub drain_seconds: f64,
+
+    /// Output size WxH (multiples of 16), instead of the model's default.
+    #[arg(long)]
+    pub resolution: Option<String>,
+
+    /// A STUN or TURN server for WebRTC sessions (`stun:host:port`, `turn:host:port`); repeat
+    /// for more.
+    #[arg(long = "ice-server")]
+    pub ice_servers: Vec<String>,
+
+    /// Username for the `turn:` servers.
+    #[arg(long)]
+    pub ice_username: Option<String>,
+
+    /// Credential for the `turn:` servers.
+    #[arg(long)]
+    pub ice_credential: Option<String>,
+
+    /// WebRTC host candidates on loopback only (tests, or a client on this machine).
+    #[arg(long)]
+    pub ice_loopback: bool,
+}
+
+/// `--resolution WxH`: both sides multiples of 16, at most 4096.
+fn parse_resolution(s: &str) -> Result<(usize, usize)> {
+    let (w, h) = s
+        .split_once(['x', 'X'])
+        .with_context(|| format!("--resolution {s}: expected WxH, e.g. 832x480"))?;
+    let side = |v: &str| -> Result<usize> {
+        let n: usize = v
+            .trim()
+            .parse()
+            .with_context(|| format!("--resolution {s}"))?;
+        if n == 0 || n % 16 != 0 || n > 4096 {
+            bail!("--resolution {s}: each side must be a multiple of 16 from 16 to 4096");
+        }
+        Ok(n)
+    };
+    Ok((side(w)?, side(h)?))
 }
 
 /// What `/status` reports that does not change while serving.
@@ -85,6 +129,8 @@ struct App {
     info: Info,
     next_session: AtomicU64,
     shutdown: broadcast::Sender<()>,
+    #[cfg(feature = "media")]
+    rtc: webrtc::peer::Rtc,
 }
 
 /// A loaded model ready to serve.
@@ -94,7 +140,8 @@ pub struct Server {
     drain: Duration,
 }
 
-/// Every backend and its state here: CPU always, CUDA if a driver and GPU answer, ROCm never.
+/// Every backend and its state here: CPU always, CUDA if a driver and GPU answer; for ROCm what
+/// the probe found (the op backend is not written yet, so never usable).
 fn backends() -> serde_json::Value {
     let cuda = match Device::Cuda(0).ensure_available() {
         Ok(()) => "available".to_string(),
@@ -103,7 +150,7 @@ fn backends() -> serde_json::Value {
     serde_json::json!([
         {"name": "cpu", "state": "ok"},
         {"name": "cuda", "state": cuda},
-        {"name": "rocm", "state": "not in this build, never run"},
+        {"name": "rocm", "state": kernels::rocm::status_line()},
     ])
 }
 
@@ -114,16 +161,24 @@ impl Server {
             bail!("--max-sessions must be at least 1");
         }
         if decoder.out.is_some() {
-            bail!("--out is for the default run; `serve` sends frames to its sessions");
+            bail!("--out is for `worker generate`; `serve` sends frames to its sessions");
+        }
+        #[cfg(not(feature = "media"))]
+        if !serve.ice_servers.is_empty() || serve.ice_loopback {
+            bail!("--ice-server and --ice-loopback need a worker built with the `media` feature");
         }
         if model.cards != 1 {
             bail!("serve runs on one card for now (--cards {})", model.cards);
         }
         let loaded = setup::load(model)?;
         let decoder = &loaded.decoder_args(decoder);
-        let engine_cfg = loaded.engine_config(model.seed);
+        let mut engine_cfg = loaded.engine_config(model.seed);
+        if let Some(r) = &serve.resolution {
+            let (w, h) = parse_resolution(r)?;
+            engine_cfg = loaded.engine_config_at(model.seed, w, h)?;
+        }
         let tiny = loaded.cfg.name.starts_with("tiny");
-        let on_host = matches!(model.device.parse::<Device>(), Ok(Device::Cpu));
+        let on_host = model.device()? == Device::Cpu;
         let Some(weights) = loaded.model.clone() else {
             bail!("serve needs a model loaded on this card");
         };
@@ -141,7 +196,7 @@ impl Server {
             backends: backends(),
             versions: serde_json::json!({
                 "worker": env!("CARGO_PKG_VERSION"),
-                "protocol": 1,
+                "protocol": protocol::PROTOCOL,
             }),
         };
         let metrics = metrics::Metrics::new().context("creating the metrics")?;
@@ -172,6 +227,15 @@ impl Server {
             info,
             next_session: AtomicU64::new(0),
             shutdown,
+            #[cfg(feature = "media")]
+            rtc: webrtc::peer::Rtc {
+                api: webrtc::peer::api(serve.ice_loopback).context("setting up WebRTC")?,
+                ice: webrtc::peer::configuration(
+                    &serve.ice_servers,
+                    &serve.ice_username,
+                    &serve.ice_credential,
+                ),
+            },
         };
         Ok(Server {
             app: Arc::new(app),

@@ -25,14 +25,125 @@ use std::time::Instant;
 use pipeline::camera::Controls;
 use serde::Deserialize;
 
+/// The protocol version in the hello status and `/status`.
+pub const PROTOCOL: u32 = 2;
+
 /// Largest client message in bytes.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 
 /// First bytes of every frame message.
-pub const MAGIC: [u8; 4] = *b"WLF1";
+pub const MAGIC: [u8; 4] = *b"WLF2";
 
-/// Bytes of the frame header before the JPEG.
-pub const HEADER_LEN: usize = 44;
+/// Bytes of the frame header before the picture (the header also says it, in `header_len`).
+pub const HEADER_LEN: usize = 64;
+
+/// First bytes of every camera message (client → worker).
+pub const CAMERA_MAGIC: [u8; 4] = *b"WLC1";
+
+/// Bytes of the camera header before the compressed picture.
+pub const CAMERA_HEADER_LEN: usize = 24;
+
+/// Largest camera message in bytes, header included.
+pub const MAX_CAMERA: usize = 512 * 1024;
+
+/// How a frame's picture is coded (frame header byte 6, camera header byte 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Jpeg,
+    H264,
+}
+
+impl Codec {
+    fn byte(self) -> u8 {
+        match self {
+            Codec::Jpeg => 0,
+            Codec::H264 => 1,
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Codec> {
+        match b {
+            0 => Some(Codec::Jpeg),
+            1 => Some(Codec::H264),
+            _ => None,
+        }
+    }
+
+    /// The `output` query value of `/v1/ws`: `jpeg` (the default) or `h264`.
+    pub fn parse(name: &str) -> Result<Codec, String> {
+        match name {
+            "jpeg" => Ok(Codec::Jpeg),
+            "h264" => Ok(Codec::H264),
+            other => Err(format!("unknown output {other:?} (jpeg or h264)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Jpeg => "jpeg",
+            Codec::H264 => "h264",
+        }
+    }
+}
+
+/// A camera message's header: little-endian, then the compressed picture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CameraHeader {
+    pub codec: Codec,
+    /// Bit 0: this picture is the first image of world mode, not a camera frame.
+    pub flags: u8,
+    /// The client's number for the frame (u64, increasing).
+    pub id: u64,
+    /// When the client captured it, microseconds on the client's clock (echoed in logs only).
+    pub capture_us: u64,
+}
+
+/// Camera header flag: the picture is world mode's first image.
+pub const FIRST_IMAGE: u8 = 1;
+
+impl CameraHeader {
+    /// Splits a camera message into its header and picture; the error is what the client is
+    /// told.
+    pub fn split(bytes: &[u8]) -> Result<(CameraHeader, &[u8]), String> {
+        if bytes.len() > MAX_CAMERA {
+            return Err(format!(
+                "camera message of {} bytes is over the limit of {MAX_CAMERA}",
+                bytes.len()
+            ));
+        }
+        if bytes.len() <= CAMERA_HEADER_LEN || bytes[..4] != CAMERA_MAGIC {
+            return Err(format!(
+                "bad camera message: {} bytes; it must start with the {CAMERA_HEADER_LEN}-byte WLC1 header and carry a picture",
+                bytes.len()
+            ));
+        }
+        let codec = Codec::from_byte(bytes[4])
+            .ok_or_else(|| format!("bad camera message: unknown codec byte {}", bytes[4]))?;
+        let flags = bytes[5];
+        if flags & !FIRST_IMAGE != 0 || bytes[6] != 0 || bytes[7] != 0 {
+            return Err("bad camera message: unknown flags or non-zero reserved bytes".into());
+        }
+        let word = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        let header = CameraHeader {
+            codec,
+            flags,
+            id: word(8),
+            capture_us: word(16),
+        };
+        Ok((header, &bytes[CAMERA_HEADER_LEN..]))
+    }
+
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&CAMERA_MAGIC);
+        out.extend_from_slice(&[self.codec.byte(), self.flags, 0, 0]);
+        out.extend_from_slice(&self.id.to_le_bytes());
+        out.extend_from_slice(&self.capture_us.to_le_bytes());
+    }
+}
 
 /// A client message.
 #[derive(Debug, Deserialize, PartialEq)]
@@ -107,6 +218,21 @@ pub struct Pending {
     fresh: bool,
     messages: i64,
     reset: bool,
+    camera: Option<CameraFrame>,
+    camera_newest: Option<(u64, Instant)>,
+    first_image: Option<CameraFrame>,
+}
+
+/// A decoded camera picture (or world mode's first image).
+#[derive(Clone, Debug)]
+pub struct CameraFrame {
+    /// The client's id for it.
+    pub id: u64,
+    pub arrival: Instant,
+    pub width: usize,
+    pub height: usize,
+    /// RGB, 3 bytes a pixel, rows packed.
+    pub rgb: std::sync::Arc<Vec<u8>>,
 }
 
 /// What one chunk is generated from.
@@ -121,6 +247,12 @@ pub struct Taken {
     /// Control messages coalesced into this chunk.
     pub messages: i64,
     pub reset: bool,
+    /// The newest camera frame since the previous chunk (latest wins; older ones were dropped).
+    pub camera: Option<CameraFrame>,
+    /// The newest camera frame so far (client id, arrival), taken by this chunk or earlier.
+    pub camera_newest: Option<(u64, Instant)>,
+    /// A first image sent since the previous chunk.
+    pub first_image: Option<CameraFrame>,
 }
 
 impl Pending {
@@ -138,6 +270,17 @@ impl Pending {
         self.reset = true;
     }
 
+    /// Records a decoded camera frame, latest wins: `true` when it replaced one no chunk took
+    /// (that one is dropped as stale).
+    pub fn camera(&mut self, frame: CameraFrame) -> bool {
+        self.camera_newest = Some((frame.id, frame.arrival));
+        self.camera.replace(frame).is_some()
+    }
+
+    pub fn first_image(&mut self, frame: CameraFrame) {
+        self.first_image = Some(frame);
+    }
+
     /// The inputs of the next chunk. Held keys stay held; mouse motion starts again from zero.
     pub fn take(&mut self) -> Taken {
         let [dx, dy] = std::mem::take(&mut self.mouse);
@@ -151,54 +294,109 @@ impl Pending {
             fresh: std::mem::take(&mut self.fresh),
             messages: std::mem::take(&mut self.messages),
             reset: std::mem::take(&mut self.reset),
+            camera: self.camera.take(),
+            camera_newest: self.camera_newest,
+            first_image: self.first_image.take(),
         }
     }
 }
 
-/// The header of a frame message: all fields little-endian `u64` after the 4-byte magic.
-/// Times are microseconds on the worker's session clock (0 = the session was accepted).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The header of a frame message: the magic, `header_len` (u16), the codec and flag bytes, then
+/// little-endian `u64` fields. Times are microseconds on the worker's session clock (0 = the
+/// session was accepted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
+    pub codec: Codec,
+    /// An H.264 keyframe (IDR with SPS/PPS); always true for JPEG.
+    pub keyframe: bool,
     /// Frame number in the session, from 0, increasing by one (also across resets).
     pub index: u64,
     /// `id` of the newest controls message the frame depends on; 0 when none has arrived.
     pub control_id: u64,
     /// When that message arrived (0 when none has).
     pub input_us: u64,
-    /// When the frame's pixels existed (decoded, before JPEG encoding).
+    /// When the frame's pixels existed (decoded, before encoding).
     pub pixels_us: u64,
     /// When the frame was handed to the socket.
     pub sent_us: u64,
+    /// `id` of the newest camera frame the frame's chunk took; 0 when none has.
+    pub camera_id: u64,
+    /// When that camera frame arrived (0 when none has).
+    pub camera_us: u64,
+}
+
+impl Default for FrameHeader {
+    fn default() -> Self {
+        FrameHeader {
+            codec: Codec::Jpeg,
+            keyframe: true,
+            index: 0,
+            control_id: 0,
+            input_us: 0,
+            pixels_us: 0,
+            sent_us: 0,
+            camera_id: 0,
+            camera_us: 0,
+        }
+    }
 }
 
 impl FrameHeader {
-    pub fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&MAGIC);
-        for v in [
+    fn words(&self) -> [u64; 7] {
+        [
             self.index,
             self.control_id,
             self.input_us,
             self.pixels_us,
             self.sent_us,
-        ] {
+            self.camera_id,
+            self.camera_us,
+        ]
+    }
+
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&(HEADER_LEN as u16).to_le_bytes());
+        out.extend_from_slice(&[self.codec.byte(), u8::from(self.keyframe)]);
+        for v in self.words() {
             out.extend_from_slice(&v.to_le_bytes());
         }
     }
 
+    /// Reads a header; `None` when the bytes are not one. Clients skip `header_len` bytes, so
+    /// later versions may append fields.
     pub fn read(bytes: &[u8]) -> Option<FrameHeader> {
         if bytes.get(..4)? != MAGIC {
             return None;
         }
+        let len = usize::from(u16::from_le_bytes(bytes.get(4..6)?.try_into().ok()?));
+        if len < HEADER_LEN || bytes.len() < len {
+            return None;
+        }
         let field = |i: usize| -> Option<u64> {
-            let b = bytes.get(4 + 8 * i..12 + 8 * i)?;
+            let b = bytes.get(8 + 8 * i..16 + 8 * i)?;
             Some(u64::from_le_bytes(b.try_into().ok()?))
         };
         Some(FrameHeader {
+            codec: Codec::from_byte(bytes[6])?,
+            keyframe: bytes[7] & 1 != 0,
             index: field(0)?,
             control_id: field(1)?,
             input_us: field(2)?,
             pixels_us: field(3)?,
             sent_us: field(4)?,
+            camera_id: field(5)?,
+            camera_us: field(6)?,
+        })
+    }
+
+    /// The same fields as a JSON `frame` message (the WebRTC data channel's per-frame metadata).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "frame", "index": self.index, "keyframe": self.keyframe,
+            "control_id": self.control_id, "input_us": self.input_us,
+            "pixels_us": self.pixels_us, "sent_us": self.sent_us,
+            "camera_id": self.camera_id, "camera_us": self.camera_us,
         })
     }
 }
@@ -264,18 +462,74 @@ mod tests {
     }
 
     #[test]
+    fn camera_frames_are_latest_wins_per_chunk() {
+        let mut p = Pending::default();
+        let frame = |id| CameraFrame {
+            id,
+            arrival: Instant::now(),
+            width: 1,
+            height: 1,
+            rgb: Default::default(),
+        };
+        assert!(!p.camera(frame(1)));
+        assert!(p.camera(frame(2)), "frame 1 was never taken: stale");
+        let a = p.take();
+        assert_eq!(a.camera.map(|c| c.id), Some(2));
+        let b = p.take();
+        assert!(b.camera.is_none(), "nothing new");
+        assert_eq!(b.camera_newest.map(|c| c.0), Some(2));
+    }
+
+    #[test]
     fn header_round_trips() {
         let h = FrameHeader {
+            codec: Codec::H264,
+            keyframe: false,
             index: 7,
             control_id: 9,
             input_us: 1,
             pixels_us: 2,
             sent_us: 3,
+            camera_id: 4,
+            camera_us: 5,
         };
         let mut b = Vec::new();
         h.write(&mut b);
         assert_eq!(b.len(), HEADER_LEN);
         assert_eq!(FrameHeader::read(&b), Some(h));
         assert_eq!(FrameHeader::read(&b[..20]), None);
+    }
+
+    #[test]
+    fn camera_header_round_trips_and_bad_ones_say_why() {
+        let h = CameraHeader {
+            codec: Codec::H264,
+            flags: 0,
+            id: 42,
+            capture_us: 1234,
+        };
+        let mut b = Vec::new();
+        h.write(&mut b);
+        assert_eq!(b.len(), CAMERA_HEADER_LEN);
+        b.extend_from_slice(&[0, 0, 1, 0x65]);
+        let (got, pic) = CameraHeader::split(&b).expect("split");
+        assert_eq!((got, pic), (h, &[0u8, 0, 1, 0x65][..]));
+        for (bad, why) in [
+            (&b[..CAMERA_HEADER_LEN], "carry a picture"),
+            (&b"JUNKJUNKJUNKJUNKJUNKJUNKJUNK"[..], "WLC1 header"),
+        ] {
+            let e = CameraHeader::split(bad).expect_err("bad");
+            assert!(e.contains(why), "{e}");
+        }
+        let mut odd = b.clone();
+        odd[4] = 9;
+        assert!(CameraHeader::split(&odd)
+            .expect_err("codec")
+            .contains("codec byte 9"));
+        let mut big = b.clone();
+        big.resize(MAX_CAMERA + 1, 0);
+        assert!(CameraHeader::split(&big)
+            .expect_err("big")
+            .contains("over the limit"));
     }
 }

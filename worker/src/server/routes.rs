@@ -1,4 +1,4 @@
-//! HTTP routes: `/healthz`, `/readyz`, `/status`, `/metrics` and the WebSocket upgrade at
+//! HTTP routes: the browser client at `/` (`web`), `/healthz`, `/readyz`, `/status`, `/metrics` and the WebSocket upgrade at
 //! `/v1/ws` (authorisation and admission happen before the upgrade).
 
 use std::collections::HashMap;
@@ -12,8 +12,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 use super::metrics::Refusal;
-use super::protocol::MAX_MESSAGE;
-use super::{session, App};
+use super::protocol::{Codec, MAX_CAMERA};
+use super::{session, web, App};
 
 pub(super) fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -22,7 +22,22 @@ pub(super) fn router(app: Arc<App>) -> Router {
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .route("/v1/ws", get(ws))
+        .merge(webrtc_routes())
+        .merge(web::routes())
         .with_state(app)
+}
+
+#[cfg(feature = "media")]
+fn webrtc_routes() -> Router<Arc<App>> {
+    Router::new().route(
+        "/v1/webrtc/offer",
+        axum::routing::post(super::webrtc::offer),
+    )
+}
+
+#[cfg(not(feature = "media"))]
+fn webrtc_routes() -> Router<Arc<App>> {
+    Router::new()
 }
 
 /// Ready only while a session slot is free (how a load balancer spreads sessions).
@@ -58,7 +73,7 @@ fn same(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-fn authorized(app: &App, query: &HashMap<String, String>, headers: &HeaderMap) -> bool {
+pub(super) fn authorized(app: &App, query: &HashMap<String, String>, headers: &HeaderMap) -> bool {
     let Some(want) = &app.auth_token else {
         return true;
     };
@@ -95,9 +110,13 @@ async fn ws(
         )
             .into_response();
     };
-    // The library refuses messages well past our limit; up to it, the session checks the size
-    // itself so the client is told why (protocol::MAX_MESSAGE).
+    let output = match Codec::parse(query.get("output").map_or("jpeg", String::as_str)) {
+        Ok(c) => c,
+        Err(why) => return (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response(),
+    };
+    // The library refuses messages well past our limits; up to them, the session checks the
+    // size itself so the client is told why (protocol::MAX_MESSAGE, MAX_CAMERA).
     upgrade
-        .max_message_size(16 * MAX_MESSAGE)
-        .on_upgrade(move |socket| session::run(socket, app, permit))
+        .max_message_size(2 * MAX_CAMERA)
+        .on_upgrade(move |socket| session::run(socket, app, permit, output))
 }

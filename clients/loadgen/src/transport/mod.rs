@@ -22,6 +22,14 @@ pub enum Transport {
     Ws,
 }
 
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Ws => "ws",
+        })
+    }
+}
+
 /// Where and how to connect.
 #[derive(Clone, Debug)]
 pub struct Target {

@@ -1,0 +1,199 @@
+//! Camera ingest: compressed camera frames (WebSocket camera messages or WebRTC track samples)
+//! go through a small bounded queue to a decoder thread of the session, which puts each decoded
+//! picture into the session's [`Pending`](super::protocol::Pending) inputs, latest wins.
+//!
+//! Drops, each counted by reason: the queue is full (`ingest_full`; the socket task never
+//! waits on decoding), a newer picture replaced one no chunk took (`stale`), and H.264 frames
+//! after a drop until the next keyframe (`awaiting_keyframe`: they could not decode).
+
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::engine::Shared;
+use super::metrics::{CameraDrop, Metrics};
+use super::protocol::CameraHeader;
+use super::App;
+
+/// Compressed frames waiting for the decoder.
+const QUEUE: usize = 4;
+
+/// A compressed camera frame as it arrived.
+#[derive(Debug)]
+pub struct Job {
+    pub codec: Camera,
+    pub id: u64,
+    pub first_image: bool,
+    pub data: Vec<u8>,
+    pub arrival: Instant,
+}
+
+/// The codecs a camera frame may come in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Camera {
+    Jpeg,
+    H264,
+    Vp8,
+}
+
+impl Camera {
+    pub fn from_header(h: &CameraHeader) -> Camera {
+        match h.codec {
+            super::protocol::Codec::Jpeg => Camera::Jpeg,
+            super::protocol::Codec::H264 => Camera::H264,
+        }
+    }
+}
+
+/// What the decoder thread does with a frame that does not decode.
+pub type OnError = Box<dyn Fn(String) + Send>;
+
+/// The async side of a session's camera ingest.
+pub struct Ingest {
+    tx: Option<SyncSender<Job>>,
+    app: Arc<App>,
+    /// An H.264 frame was dropped: later ones wait for a keyframe.
+    resync: bool,
+}
+
+impl std::fmt::Debug for Ingest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingest")
+            .field("resync", &self.resync)
+            .finish()
+    }
+}
+
+/// Whether an H.264 access unit holds an IDR slice (NAL type 5).
+fn has_idr(au: &[u8]) -> bool {
+    au.windows(4)
+        .any(|w| w[..3] == [0, 0, 1] && w[3] & 0x1F == 5)
+}
+
+impl Ingest {
+    /// Starts the decoder thread lazily, on the first frame.
+    pub fn new(app: Arc<App>) -> Self {
+        Ingest {
+            tx: None,
+            app,
+            resync: false,
+        }
+    }
+
+    /// Queues one frame for decoding; never waits. `Err` is for the client: camera input needs
+    /// the `media` feature, or the decoder could not start.
+    pub fn submit(
+        &mut self,
+        job: Job,
+        shared: &Arc<Shared>,
+        on_error: impl FnOnce() -> OnError,
+    ) -> Result<(), String> {
+        let metrics = &self.app.metrics;
+        if job.codec == Camera::H264 && !job.first_image {
+            if has_idr(&job.data) {
+                self.resync = false;
+            } else if self.resync {
+                metrics.camera_dropped(CameraDrop::AwaitingKeyframe);
+                return Ok(());
+            }
+        }
+        if self.tx.is_none() {
+            self.tx = Some(start(self.app.clone(), shared.clone(), on_error())?);
+        }
+        let Some(tx) = &self.tx else {
+            return Ok(());
+        };
+        let h264 = job.codec == Camera::H264 && !job.first_image;
+        match tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                metrics.camera_dropped(CameraDrop::IngestFull);
+                self.resync |= h264;
+                Ok(())
+            }
+            // The decoder thread ended on an error it has reported.
+            Err(TrySendError::Disconnected(_)) => Ok(()),
+        }
+    }
+}
+
+#[cfg(not(feature = "media"))]
+fn start(_: Arc<App>, _: Arc<Shared>, _: OnError) -> Result<SyncSender<Job>, String> {
+    Err("camera input needs a worker built with the `media` feature (FFmpeg)".into())
+}
+
+#[cfg(feature = "media")]
+fn start(app: Arc<App>, shared: Arc<Shared>, on_error: OnError) -> Result<SyncSender<Job>, String> {
+    let (tx, rx) = sync_channel::<Job>(QUEUE);
+    let span = tracing::Span::current();
+    std::thread::Builder::new()
+        .name("camera".into())
+        .spawn(move || {
+            let _span = span.enter();
+            let mut decoders = Decoders::default();
+            while let Ok(job) = rx.recv() {
+                if let Err(why) = decoders.decode(job, &shared, &app.metrics) {
+                    on_error(why);
+                }
+            }
+        })
+        .map_err(|e| format!("starting the camera decoder: {e}"))?;
+    Ok(tx)
+}
+
+/// One decoder a codec (H.264 and VP8 keep state across frames); the first image has its own.
+#[cfg(feature = "media")]
+#[derive(Default)]
+struct Decoders {
+    stream: Option<crate::media::Decoder>,
+    still: Option<crate::media::Decoder>,
+}
+
+#[cfg(feature = "media")]
+impl Decoders {
+    fn decode(&mut self, job: Job, shared: &Shared, metrics: &Metrics) -> Result<(), String> {
+        use crate::media::{CameraCodec, Decoder};
+        let codec = match job.codec {
+            Camera::Jpeg => CameraCodec::Jpeg,
+            Camera::H264 => CameraCodec::H264,
+            Camera::Vp8 => CameraCodec::Vp8,
+        };
+        let slot = if job.first_image {
+            &mut self.still
+        } else {
+            &mut self.stream
+        };
+        if slot.as_ref().map(Decoder::codec) != Some(codec) {
+            *slot = Some(Decoder::new(codec).map_err(|e| e.to_string())?);
+        }
+        let Some(decoder) = slot.as_mut() else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let pictures = decoder
+            .decode(&job.data)
+            .map_err(|e| format!("camera frame {}: {e}", job.id))?;
+        // A still image must not leave state behind for the next one.
+        if job.first_image {
+            self.still = None;
+        }
+        metrics.overhead(super::metrics::Overhead::CameraDecode, started.elapsed());
+        for p in pictures {
+            metrics.camera_frames.inc();
+            let frame = super::protocol::CameraFrame {
+                id: job.id,
+                arrival: job.arrival,
+                width: p.width,
+                height: p.height,
+                rgb: Arc::new(p.data),
+            };
+            let mut pending = shared.pending();
+            if job.first_image {
+                pending.first_image(frame);
+            } else if pending.camera(frame) {
+                metrics.camera_dropped(CameraDrop::Stale);
+            }
+        }
+        Ok(())
+    }
+}
