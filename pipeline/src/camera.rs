@@ -190,21 +190,86 @@ impl CameraRig {
     /// `first_frame`: frame 0 of a session is the starting pose; every later latent frame is four
     /// video frames on (the pose of its last video frame, as upstream samples frames 0, 4, 8, …).
     pub fn latent_poses(&mut self, c: &Controls, first_frame: u64, n: usize) -> Vec<Pose> {
+        self.chunk_poses(c, first_frame, n).latent
+    }
+
+    /// [`latent_poses`](Self::latent_poses) with the pose of every video frame of the chunk as
+    /// well: the chunk's first video frame is latent frame 0 itself at the session start
+    /// (`1 + 4(n − 1)` frames), otherwise the frame after the previous chunk's last (`4n`
+    /// frames); latent `i` of the chunk is the video frame that ends its group of four.
+    pub fn chunk_poses(&mut self, c: &Controls, first_frame: u64, n: usize) -> ChunkPoses {
         let spread = n * VAE_TIME_STRIDE;
-        (0..n as u64)
-            .map(|i| {
-                if first_frame + i > 0 {
-                    self.advance(c, VAE_TIME_STRIDE, spread);
+        let mut out = ChunkPoses::default();
+        for i in 0..n as u64 {
+            if first_frame + i > 0 {
+                // Frame by frame is the same arithmetic as `advance(c, 4, spread)`: bit-equal.
+                for _ in 0..VAE_TIME_STRIDE {
+                    self.advance(c, 1, spread);
+                    out.video.push(self.pose());
                 }
-                self.pose()
-            })
-            .collect()
+            } else {
+                out.video.push(self.pose());
+            }
+            out.latent.push(self.pose());
+        }
+        out
     }
 
     /// Translation of one latent frame at full speed: the unit LingBot's normalised relative
     /// translations are measured in.
     pub fn step_length(&self) -> f64 {
-        self.cfg.move_speed * VAE_TIME_STRIDE as f64 / MODEL_FPS
+        self.cfg.step_length()
+    }
+}
+
+impl CameraConfig {
+    /// See [`CameraRig::step_length`].
+    pub fn step_length(&self) -> f64 {
+        self.move_speed * VAE_TIME_STRIDE as f64 / MODEL_FPS
+    }
+
+    /// `[fx, fy, cx, cy]` in pixels at `height × width`: the 832×480 intrinsics scaled per axis,
+    /// as [`ray_map`] and the world renderer use them.
+    pub fn intrinsics_px(intrinsics_832x480: [f64; 4], height: usize, width: usize) -> [f64; 4] {
+        let [fx, fy, cx, cy] = intrinsics_832x480;
+        let (sx, sy) = (width as f64 / 832.0, height as f64 / 480.0);
+        [fx * sx, fy * sy, cx * sx, cy * sy]
+    }
+}
+
+/// Unit direction, in camera coordinates, of the ray through the centre of pixel `(u, v)`.
+pub fn pixel_ray(intrinsics_px: [f64; 4], u: usize, v: usize) -> [f64; 3] {
+    let [fx, fy, cx, cy] = intrinsics_px;
+    let d = [(u as f64 + 0.5 - cx) / fx, (v as f64 + 0.5 - cy) / fy, 1.0];
+    let n = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt();
+    d.map(|x| x / n)
+}
+
+/// The poses of one chunk: per video frame and per latent frame.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChunkPoses {
+    pub video: Vec<Pose>,
+    pub latent: Vec<Pose>,
+}
+
+impl Pose {
+    /// World direction of camera-frame direction `d`.
+    pub fn rotate(&self, d: [f64; 3]) -> [f64; 3] {
+        apply(&self.r, d)
+    }
+
+    /// `self · other`: `other` (given in `self`'s frame) in the world.
+    pub fn compose(&self, other: &Pose) -> Pose {
+        let d = apply(&self.r, other.t);
+        Pose {
+            r: matmul(&self.r, &other.r),
+            t: [0, 1, 2].map(|k| self.t[k] + d[k]),
+        }
+    }
+
+    /// A level pose: at `t`, turned `yaw` radians about world y (as the rig's yaw).
+    pub fn level(t: [f64; 3], yaw: f64) -> Pose {
+        Pose { r: rot_y(yaw), t }
     }
 }
 
@@ -250,16 +315,12 @@ pub fn ray_map(
             "the action variant needs one WASD vector per frame".into(),
         ));
     }
-    let [fx, fy, cx, cy] = intrinsics_832x480;
-    let (sx, sy) = (width as f64 / 832.0, height as f64 / 480.0);
-    let (fx, fy, cx, cy) = (fx * sx, fy * sy, cx * sx, cy * sy);
+    let k = CameraConfig::intrinsics_px(intrinsics_832x480, height, width);
     let mut out = Vec::with_capacity(poses.len() * height * width * channels);
     for (f, p) in poses.iter().enumerate() {
         for v in 0..height {
             for u in 0..width {
-                let d = [(u as f64 + 0.5 - cx) / fx, (v as f64 + 0.5 - cy) / fy, 1.0];
-                let n = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt();
-                let dw = apply(&p.r, d.map(|x| x / n));
+                let dw = apply(&p.r, pixel_ray(k, u, v));
                 if channels == 6 {
                     out.extend(p.t.iter().chain(dw.iter()).map(|&x| x as f32));
                 } else {

@@ -35,6 +35,10 @@ pub struct EngineConfig {
     /// Seed of the session's noise.
     pub seed: u64,
     pub camera: CameraConfig,
+    /// The first-frame latent `[16, H/8, W/8]` (flat) every session of an I2V model starts from,
+    /// and returns to on reset, unless [`Engine::set_first_frame`] gives another (the embedded
+    /// default: its world's first view).
+    pub first_latent: Option<Vec<f32>>,
 }
 
 impl EngineConfig {
@@ -52,6 +56,7 @@ impl EngineConfig {
             num_train_steps: 1000,
             seed,
             camera: CameraConfig::default(),
+            first_latent: None,
         }
     }
 
@@ -202,7 +207,7 @@ impl Engine {
             .collect::<kernels::Result<Vec<_>>>()?;
         // Until a prompt arrives the context is all padding (what an empty prompt pads to).
         let text = model.encode_text(&Tensor::zeros(&[0, mc.text_dim], DType::F32)?, None)?;
-        Ok(Engine {
+        let mut engine = Engine {
             rng: NormalRng::for_name(cfg.seed, "noise"),
             rig: CameraRig::new(cfg.camera.clone()),
             model,
@@ -218,7 +223,24 @@ impl Engine {
             comm,
             resend_window: false,
             edit: None,
-        })
+        };
+        engine.set_default_first_frame()?;
+        Ok(engine)
+    }
+
+    /// The configured first frame, if any ([`EngineConfig::first_latent`]).
+    fn set_default_first_frame(&mut self) -> Result<()> {
+        if let Some(lat) = &self.cfg.first_latent {
+            let (h, w) = self.cfg.latent_hw();
+            let t = Tensor::from_vec(lat.clone(), &[LATENT_CHANNELS, h, w]).map_err(|_| {
+                Error::Config(format!(
+                    "first_latent holds {} values, expected [{LATENT_CHANNELS}, {h}, {w}]",
+                    lat.len()
+                ))
+            })?;
+            self.set_first_frame(&t)?;
+        }
+        Ok(())
     }
 
     /// Under sequence parallelism, makes every attention call also move the cached window's
@@ -269,7 +291,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the stream over: empty caches, camera at the origin, noise from the seed again.
+    /// Starts the stream over: empty caches, camera at the origin, noise from the seed again,
+    /// the configured first frame (if any) again.
     pub fn reset(&mut self) {
         self.caches.iter_mut().for_each(KvCache::clear);
         self.rng = NormalRng::for_name(self.cfg.seed, "noise");
@@ -278,6 +301,8 @@ impl Engine {
         self.last_pose = None;
         self.next_frame = 0;
         self.next_chunk = 0;
+        // Checked when the engine was built: it fits.
+        let _ = self.set_default_first_frame();
     }
 
     /// Shape of one noise draw: `[16, chunk_frames, H/8, W/8]`.
@@ -381,18 +406,13 @@ impl Engine {
         let poses = self.rig.latent_poses(&inputs.controls, first_frame, n);
         let camera = match mc.control_dim {
             Some(channels) => {
-                let rel = relative_poses(self.last_pose.as_ref(), &poses, self.rig.step_length());
-                let wasd = vec![inputs.controls.wasd(); n];
-                let (h, w) = (self.cfg.height, self.cfg.width);
-                let map = ray_map(
-                    &rel,
-                    &wasd,
-                    h,
-                    w,
-                    self.cfg.camera.intrinsics_832x480,
+                let rays = camera_tokens(
+                    &self.cfg,
                     channels,
+                    self.last_pose.as_ref(),
+                    &poses,
+                    &inputs.controls,
                 )?;
-                let rays = fold_rays(&map, n, h, w, channels)?;
                 let rays = match &self.comm {
                     Some(c) => {
                         TokenShard::new(rays.dim(0), c.world_size(), c.rank())?.take(&rays)?
@@ -477,6 +497,26 @@ impl Engine {
             timings,
         })
     }
+}
+
+/// The DiT's camera input for one chunk, `[frames·(H/16)·(W/16), channels·256]` tokens (before
+/// any sequence-parallel sharding): the chunk's latent poses relative to their predecessors
+/// (`prev`: the last latent pose of the previous chunk, `None` at the session start), translations
+/// in full-speed steps, as per-pixel rays at the session's size, folded into tokens. The engine
+/// and the training-set exporter both call this, so what the model is trained on is what it sees.
+pub fn camera_tokens(
+    cfg: &EngineConfig,
+    channels: usize,
+    prev: Option<&Pose>,
+    poses: &[Pose],
+    controls: &Controls,
+) -> Result<Tensor> {
+    let n = poses.len();
+    let rel = relative_poses(prev, poses, cfg.camera.step_length());
+    let wasd = vec![controls.wasd(); n];
+    let (h, w) = (cfg.height, cfg.width);
+    let map = ray_map(&rel, &wasd, h, w, cfg.camera.intrinsics_832x480, channels)?;
+    fold_rays(&map, n, h, w, channels)
 }
 
 /// One DiT forward, on this rank's shard when the engine is part of a rank group.

@@ -16,6 +16,7 @@ pub mod sampler;
 pub mod text;
 pub mod vae;
 pub mod weights;
+pub mod world;
 
 pub use config::ModelConfig;
 pub use engine::{Chunk, ChunkInputs, Edit, Engine, EngineConfig};

@@ -18,9 +18,25 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 use crate::rng::NormalRng;
 use crate::{Error, Result};
 
+/// A checkpoint's bytes: a mapped file, or bytes built into the binary.
+enum Bytes {
+    Mapped(Mmap),
+    Static(&'static [u8]),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Static(b) => b,
+        }
+    }
+}
+
 struct MappedFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Bytes,
     /// Byte offset of the data section (after the 8-byte length and the JSON header).
     data_start: usize,
 }
@@ -104,13 +120,38 @@ impl WeightStore {
             }
             mapped.push(MappedFile {
                 path: p.clone(),
-                mmap,
+                mmap: Bytes::Mapped(mmap),
                 data_start: 8 + n,
             });
         }
         Ok(WeightStore {
             source: Source::SafeTensors {
                 files: mapped,
+                index,
+            },
+            run_dtype,
+            device: Device::Cpu,
+            used: Default::default(),
+        })
+    }
+
+    /// A safetensors file built into the binary (`include_bytes!`), described as `name`.
+    pub fn from_static(name: &str, bytes: &'static [u8], run_dtype: DType) -> Result<Self> {
+        let path = PathBuf::from(name);
+        let (n, metadata) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| file_err(&path, format!("not a valid safetensors file: {e}")))?;
+        let index = metadata
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| (name, (0, info.clone())))
+            .collect();
+        Ok(WeightStore {
+            source: Source::SafeTensors {
+                files: vec![MappedFile {
+                    path,
+                    mmap: Bytes::Static(bytes),
+                    data_start: 8 + n,
+                }],
                 index,
             },
             run_dtype,

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use kernels::{DType, Device, Tensor};
 use pipeline::vae::{TinyDecoder, TinyDecoderConfig};
+use pipeline::world::assets::WorldAssets;
 use pipeline::{VaeConfig, WanVae, WeightStore};
 use tracing::{info, warn};
 
@@ -35,6 +36,11 @@ pub struct DecoderArgs {
     /// `generate`: append every decoded frame to this YUV4MPEG2 file (4:2:0, 16 fps).
     #[arg(long, global = true)]
     pub out: Option<PathBuf>,
+
+    /// The embedded world's autoencoder: the tiny decoder's default when its DiT runs (set by
+    /// [`crate::setup::Loaded::decoder_args`], not a flag).
+    #[arg(skip)]
+    pub world: Option<WorldAssets>,
 }
 
 /// A loaded decoder with its stream state.
@@ -64,6 +70,7 @@ pub struct FrameSink {
     decoder: Decoder,
     out: Option<Y4mWriter>,
     name: String,
+    weights: serde_json::Value,
 }
 
 impl std::fmt::Debug for FrameSink {
@@ -128,10 +135,32 @@ impl FrameSink {
         (width, height): (usize, usize),
         on_host: bool,
     ) -> Result<Self> {
-        let store = open_store(args, seed)?;
-        let small = tiny_model && args.decoder_weights.is_none();
         let started = Instant::now();
-        let (decoder, name) = load_decoder(args, small, &store)?;
+        let (store, (decoder, name), weights) = match &args.world {
+            Some(world) => {
+                let store = world.ae_store()?;
+                let d = TinyDecoder::load(&TinyDecoderConfig::world(), &store)
+                    .context("loading the embedded world decoder")?;
+                let json = serde_json::json!({"state": "embedded", "what": "the world autoencoder's decoder"});
+                (
+                    store,
+                    (Decoder::Tiny(Box::new(d)), "tiny/world".to_string()),
+                    json,
+                )
+            }
+            None => {
+                let store = open_store(args, seed)?;
+                let small = tiny_model && args.decoder_weights.is_none();
+                let json = match &args.decoder_weights {
+                    Some(p) => {
+                        serde_json::json!({"state": "loaded", "path": p.display().to_string()})
+                    }
+                    None => serde_json::json!({"state": "random", "seed": seed}),
+                };
+                let d = load_decoder(args, small, &store)?;
+                (store, d, json)
+            }
+        };
         let copy = if on_host {
             ""
         } else {
@@ -151,7 +180,17 @@ impl FrameSink {
             }
             None => None,
         };
-        Ok(FrameSink { decoder, out, name })
+        Ok(FrameSink {
+            decoder,
+            out,
+            name,
+            weights,
+        })
+    }
+
+    /// Where the decoder's weights came from, for `/status`.
+    pub fn weights_json(&self) -> serde_json::Value {
+        self.weights.clone()
     }
 
     /// The decoder as `kind/config`, e.g. `tiny/taew2_1`.

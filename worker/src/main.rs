@@ -3,6 +3,8 @@
 mod bench;
 mod bench_gpu;
 mod bench_sp;
+mod verify;
+mod world;
 
 use std::path::PathBuf;
 
@@ -73,6 +75,12 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         chunks: u64,
     },
+    /// The procedural world of the embedded default: training data.
+    #[command(subcommand)]
+    World(world::WorldCommand),
+    /// Checks of a model against ground truth.
+    #[command(subcommand)]
+    Verify(verify::VerifyCommand),
 }
 
 fn init_logging(format: &str) -> Result<()> {
@@ -108,6 +116,8 @@ fn main() -> Result<()> {
             "gemm-rows" => bench_sp::gemm_rows(&cli.model),
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu, kernels or sp)"),
         },
+        Some(Command::World(cmd)) => world::run(&cmd),
+        Some(Command::Verify(cmd)) => verify::run(&cli.model, &cli.decode, &cmd),
         Some(Command::Serve(args)) => server::serve_main(&cli.model, &cli.decode, &args),
         None => server::serve_main(&cli.model, &cli.decode, &cli.serve),
         Some(Command::Generate { chunks }) => generate(&cli.model, &cli.decode, chunks),
@@ -172,6 +182,7 @@ fn report(chunk: &Chunk, decoded: &decode::Decoded) {
 /// without a network (`worker serve` serves sessions).
 fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> Result<()> {
     let loaded = setup::load(args)?;
+    let dec = &loaded.decoder_args(dec);
     let cfg = loaded.engine_config(args.seed);
     let resolution = format!("{}x{}", cfg.width, cfg.height);
     let on_host = args.device()? == Device::Cpu;

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kernels::{DType, Device};
+use pipeline::world::{self, assets::WorldAssets};
 use pipeline::{EngineConfig, EngineGroup, ModelConfig, ModelLoader, WanModel, WeightStore};
+
+use crate::decode::{DecoderArgs, DecoderKind};
 use tracing::{info, warn};
 
 #[derive(Debug, Args)]
@@ -16,8 +19,10 @@ pub struct ModelArgs {
     #[arg(long, default_value = "tiny", global = true)]
     pub model: String,
 
-    /// Checkpoint: a .safetensors file, a *.safetensors.index.json, or a folder with either.
-    /// Without it the weights are random from --seed.
+    /// Checkpoint: a .safetensors file, a *.safetensors.index.json, or a folder with either;
+    /// `random` for random weights from --seed. Without it, `tiny` runs the embedded default
+    /// (trained on the procedural world, if this binary was built with it) and other models are
+    /// random.
     #[arg(long, global = true)]
     pub weights: Option<PathBuf>,
 
@@ -43,6 +48,50 @@ pub struct ModelArgs {
     pub dtype: String,
 }
 
+/// Where the DiT's weights came from: for logs and `/status`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WeightsSource {
+    /// Built into the binary: the default model trained on the procedural world.
+    Embedded,
+    File(PathBuf),
+    Random {
+        seed: u64,
+    },
+}
+
+impl WeightsSource {
+    /// What `/status` says.
+    pub fn json(&self) -> serde_json::Value {
+        match self {
+            WeightsSource::Embedded => serde_json::json!({
+                "state": "embedded",
+                "what": "the default world model, trained on the procedural world (pipeline/assets/world/TRAINING.md)",
+            }),
+            WeightsSource::File(p) => {
+                serde_json::json!({"state": "loaded", "path": p.display().to_string()})
+            }
+            WeightsSource::Random { seed } => serde_json::json!({"state": "random", "seed": seed}),
+        }
+    }
+
+    pub fn is_random(&self) -> bool {
+        matches!(self, WeightsSource::Random { .. })
+    }
+}
+
+/// The weights `args` ask for: `random`, a path, or (none given) the embedded default of
+/// `tiny` when this build has it.
+fn weights_source(args: &ModelArgs, cfg: &ModelConfig) -> WeightsSource {
+    match &args.weights {
+        Some(p) if p.as_os_str() == "random" => WeightsSource::Random { seed: args.seed },
+        Some(p) => WeightsSource::File(p.clone()),
+        None if cfg.name == world::assets::MODEL && world::assets::embedded().is_some() => {
+            WeightsSource::Embedded
+        }
+        None => WeightsSource::Random { seed: args.seed },
+    }
+}
+
 impl ModelArgs {
     /// `--device`, with `auto` resolved to the best device present: a CUDA GPU that answers,
     /// else the CPU. (ROCm is not in this build, so `auto` never picks it.)
@@ -59,6 +108,11 @@ impl ModelArgs {
 
 pub struct Loaded {
     pub cfg: ModelConfig,
+    pub weights: WeightsSource,
+    /// The embedded world's assets when its DiT runs (its decoder and first frame go with it).
+    pub world: Option<WorldAssets>,
+    /// The I2V first-frame latent every session starts from (the embedded world's first view).
+    pub first_latent: Option<Vec<f32>>,
     /// The model, loaded here; `None` for a GPU rank group, whose ranks each load their own.
     pub model: Option<Arc<WanModel>>,
     /// Ranks of the session (threads over the loopback communicator on the CPU).
@@ -76,11 +130,42 @@ impl std::fmt::Debug for Loaded {
 impl Loaded {
     /// Session defaults for the model: `tiny` at 128×128, LingBot at 480×832.
     pub fn engine_config(&self, seed: u64) -> EngineConfig {
-        if self.cfg.name.starts_with("tiny") {
+        let cfg = if self.cfg.name.starts_with("tiny") {
             EngineConfig::tiny(seed)
         } else {
             EngineConfig::lingbot(seed)
+        };
+        EngineConfig {
+            first_latent: self.first_latent.clone(),
+            ..cfg
         }
+    }
+
+    /// [`engine_config`](Self::engine_config) at another size: the embedded world's first
+    /// view is rendered and encoded again at that size.
+    pub fn engine_config_at(&self, seed: u64, width: usize, height: usize) -> Result<EngineConfig> {
+        let mut cfg = EngineConfig {
+            width,
+            height,
+            ..self.engine_config(seed)
+        };
+        if let Some(w) = &self.world {
+            let mut enc = w.encoder().context("loading the embedded encoder")?;
+            cfg.first_latent = Some(
+                world::assets::first_latent(&mut enc, &cfg).context("encoding the first view")?,
+            );
+        }
+        Ok(cfg)
+    }
+
+    /// The decoder flags with the embedded world's decoder as the default of its model: a tiny
+    /// decoder with no `--decoder-weights` is the one trained with the DiT.
+    pub fn decoder_args(&self, args: &DecoderArgs) -> DecoderArgs {
+        let mut out = args.clone();
+        if args.decoder == DecoderKind::Tiny && args.decoder_weights.is_none() {
+            out.world = self.world;
+        }
+        out
     }
 
     /// The rank group of a multi-card session: NCCL across GPUs, loopback threads on the CPU.
@@ -201,24 +286,46 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     if !matches!(dtype, DType::F32 | DType::BF16) {
         bail!("--dtype {}: the weights run in f32 or bf16", args.dtype);
     }
+    let source = weights_source(args, &cfg);
+    let world = match source {
+        WeightsSource::Embedded => world::assets::embedded(),
+        _ => None,
+    };
     let open = {
-        let (weights, seed) = (args.weights.clone(), args.seed);
+        let source = source.clone();
         move |device: Device| -> Result<WeightStore> {
-            Ok(match &weights {
-                Some(path) => WeightStore::open(path, dtype)
+            Ok(match &source {
+                WeightsSource::File(path) => WeightStore::open(path, dtype)
                     .with_context(|| format!("opening weights {}", path.display()))?,
-                None => WeightStore::random(seed, dtype),
+                WeightsSource::Random { seed } => WeightStore::random(*seed, dtype),
+                WeightsSource::Embedded => world
+                    .context("no embedded weights in this build")?
+                    .dit_store(dtype)?,
             }
             .on_device(device))
         }
     };
-    if args.weights.is_none() {
-        warn!(
+    match &source {
+        WeightsSource::Random { seed } => warn!(
             model = %cfg.name,
-            seed = args.seed,
-            "RANDOM WEIGHTS: no --weights given, so the model is random from the seed; its output is noise, fit for timing only"
-        );
+            seed,
+            "RANDOM WEIGHTS: the model is random from the seed (--weights random, or no --weights and no embedded default for this model); its output is noise, fit for timing only"
+        ),
+        WeightsSource::Embedded => info!(
+            model = %cfg.name,
+            "embedded default weights: trained on the procedural world (pipeline/assets/world/TRAINING.md)"
+        ),
+        WeightsSource::File(_) => {}
     }
+    // The embedded world starts every session from its first view, encoded as in training.
+    let first_latent = match &world {
+        Some(w) => {
+            let mut enc = w.encoder().context("loading the embedded encoder")?;
+            let ecfg = EngineConfig::tiny(args.seed);
+            Some(world::assets::first_latent(&mut enc, &ecfg).context("encoding the first view")?)
+        }
+        None => None,
+    };
     if multi_gpu {
         if let Device::Rocm(_) = device {
             bail!("--cards on ROCm: the ROCm backend is not in this build yet");
@@ -241,6 +348,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         info!(model = %cfg.name, ?gpus, "sequence parallel over NCCL");
         return Ok(Loaded {
             cfg,
+            weights: source,
+            world,
+            first_latent,
             model: None,
             cards: gpus.len(),
             gpu_group: Some((gpus, load)),
@@ -260,6 +370,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     );
     Ok(Loaded {
         cfg,
+        weights: source,
+        world,
+        first_latent,
         model: Some(Arc::new(model)),
         cards: args.cards,
         gpu_group: None,

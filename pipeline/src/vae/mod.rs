@@ -17,6 +17,7 @@
 mod coder;
 pub mod layers;
 pub mod tiny;
+pub mod tiny_encoder;
 
 use kernels::{ops, DType, Tensor};
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 pub use coder::{Decoder3d, Encoder3d, Middle};
 pub use layers::{AttentionBlock, CausalConv3d, ResidualBlock};
 pub use tiny::{TinyDecoder, TinyDecoderConfig};
+pub use tiny_encoder::{TinyEncoder, TinyEncoderConfig};
 
 use crate::weights::WeightStore;
 use crate::{Error, Result};

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Independent NumPy reference of the tiny (TAEHV-kind) video decoder (float64, whole sequences).
+"""Independent NumPy reference of the tiny (TAEHV-kind) video decoder and encoder (float64, whole
+sequences).
 
 Written from the architecture facts (research/lingbot_wan_arch.md section 2.3 and the layer list
-of TAEHV's decoder), not from the Rust code: every time step of a layer is computed at once, each
+of TAEHV's decoder and encoder), not from the Rust code: every time step of a layer is computed at once, each
 memory block reading the previous time step of its input through an explicit one-frame shift with
 a zero frame in front, so it checks the Rust streaming state as well as the math.
 Tensors are [C, T, H, W].
@@ -59,6 +60,43 @@ def t_grow(W, p, x, stride):
         C, T * stride, x.shape[2], x.shape[3])
 
 
+def t_pool(W, p, x, stride):
+    # Frames stride*t + j stacked as channel block j, then a 1x1 conv back to C channels.
+    if stride > 1:
+        x = np.concatenate([x[:, j::stride] for j in range(stride)], axis=0)
+    return conv(W, p + ".conv", x)
+
+
+def encoder_layers(cfg):
+    """[(index, kind, arg)] of the encoder sequence (TAEHV.encoder)."""
+    out = [(0, "conv", 1), (1, "relu", None)]
+    for s in range(3):
+        out.append((len(out), "pool", 2 if cfg["time_downscale"][s] else 1))
+        out.append((len(out), "conv", 2))
+        for _ in range(cfg["mem_blocks"]):
+            out.append((len(out), "mem", None))
+    out.append((len(out), "conv", 1))
+    return out
+
+
+def encode(W, cfg, video):
+    """Frames in [-1, 1] -> latents: to [0, 1], the first frame repeated 3 times in front."""
+    x = (video + 1.0) / 2.0
+    x = np.concatenate([x[:, :1]] * 3 + [x], axis=1)
+    for i, kind, arg in encoder_layers(cfg):
+        p = f"encoder.{i}"
+        if kind == "conv":
+            # Stride 2 with padding 1 is the stride-1 'same' output at even positions.
+            x = conv(W, p, x)[:, :, ::arg, ::arg]
+        elif kind == "relu":
+            x = relu(x)
+        elif kind == "pool":
+            x = t_pool(W, p, x, arg)
+        elif kind == "mem":
+            x = mem_block(W, p, x)
+    return x
+
+
 def layer_list(cfg):
     """[(index, kind, arg)] of the decoder sequence."""
     out = [(0, "clamp", None), (1, "conv", None), (2, "relu", None)]
@@ -107,6 +145,8 @@ def run_case(d):
         out["mem_widen"] = mem_block(W, "widen", out["mem_same"])
     elif case == "decoder":
         out["raw"], out["frames"] = decode(W, cfg, I["latents"])
+    elif case == "encoder":
+        out["latents"] = encode(W, cfg, I["video"])
     else:
         raise SystemExit(f"unknown case {case!r}")
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()},
@@ -139,6 +179,16 @@ def selftest():
     layers = layer_list(cfg)
     assert len(layers) == 23 and [i for i, k, _ in layers if k == "grow"] == [7, 13, 19]
     assert [a for _, k, a in layers if k == "grow"] == [1, 2, 2] and layers[22][1] == "conv"
+    # TAEHV's encoder: 18 layers, time pools at 2, 7, 12 (strides 2, 2, 1), output conv at 17.
+    enc = encoder_layers({"mem_blocks": 3, "time_downscale": [True, True, False]})
+    assert len(enc) == 18 and [(i, a) for i, k, a in enc if k == "pool"] == [(2, 2), (7, 2), (12, 1)]
+    assert enc[17][1] == "conv" and [i for i, k, a in enc if k == "conv" and a == 2] == [3, 8, 13]
+    # The stride-2 conv equals a direct strided sum at a border position.
+    x, w = rng.standard_normal((2, 1, 7, 6)), rng.standard_normal((3, 2, 3, 3))
+    y = conv2d(x, w)[:, :, ::2, ::2]
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    assert y.shape == (3, 1, 4, 3)
+    assert np.isclose(y[2, 0, 3, 2], (w[2] * xp[:, 0, 6:9, 4:7]).sum())
     print("selftest ok")
 
 

@@ -140,13 +140,6 @@ pub struct Server {
     drain: Duration,
 }
 
-fn weights_json(path: &Option<std::path::PathBuf>, seed: u64) -> serde_json::Value {
-    match path {
-        Some(p) => serde_json::json!({"state": "loaded", "path": p.display().to_string()}),
-        None => serde_json::json!({"state": "random", "seed": seed}),
-    }
-}
-
 /// Every backend and its state here: CPU always, CUDA if a driver and GPU answer; for ROCm what
 /// the probe found (the op backend is not written yet, so never usable).
 fn backends() -> serde_json::Value {
@@ -178,9 +171,11 @@ impl Server {
             bail!("serve runs on one card for now (--cards {})", model.cards);
         }
         let loaded = setup::load(model)?;
+        let decoder = &loaded.decoder_args(decoder);
         let mut engine_cfg = loaded.engine_config(model.seed);
         if let Some(r) = &serve.resolution {
-            (engine_cfg.width, engine_cfg.height) = parse_resolution(r)?;
+            let (w, h) = parse_resolution(r)?;
+            engine_cfg = loaded.engine_config_at(model.seed, w, h)?;
         }
         let tiny = loaded.cfg.name.starts_with("tiny");
         let on_host = model.device()? == Device::Cpu;
@@ -192,9 +187,9 @@ impl Server {
         let probe = FrameSink::new(decoder, model.seed, tiny, size, on_host)?;
         let info = Info {
             model: loaded.cfg.name.clone(),
-            weights: weights_json(&model.weights, model.seed),
+            weights: loaded.weights.json(),
             decoder: probe.name().to_string(),
-            decoder_weights: weights_json(&decoder.decoder_weights, model.seed),
+            decoder_weights: probe.weights_json(),
             device: model.device.clone(),
             resolution: format!("{}x{}", engine_cfg.width, engine_cfg.height),
             fps: session::FPS,

@@ -1,0 +1,430 @@
+#!/usr/bin/env python3
+"""Trains the embedded default (`world`): the tiny autoencoder, then the tiny LingBot DiT on its
+latents of rendered clips, for exactly what the engine runs (4-step chunk loop, sink + rolling
+KV window, t=0 refresh, I2V first latent, per-chunk camera rays, a fixed all-padding text).
+
+One command (GPU machine; see pipeline/assets/world/TRAINING.md):
+
+    python pipeline/train/train.py --worker target/devbin/worker --out $OUT
+
+Stages: `data` (renders train + held-out clips with `worker world dataset`), `ae`, `dit` (one
+process per GPU; several DiT sizes can train side by side, `--dit-configs`), `eval` (held-out
+play through the engine loop in PyTorch, PSNR against the renderer), `export` (safetensors under
+the checkpoint names the Rust loader reads). Seeded; logs under $OUT.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from camera import ray_tokens  # noqa: E402
+from dit import DitConfig, WanDiT, teacher_forcing_mask  # noqa: E402
+from engine import CHUNK_FRAMES, SINK_FRAMES, WINDOW_FRAMES, Schedule, i2v_y, stream  # noqa: E402
+from taehv import TinyAE  # noqa: E402
+from tensorio import load_npy, save_safetensors  # noqa: E402
+from world_config import AE, DIT  # noqa: E402
+
+H = W = 128
+DEVTYPE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def amp():
+    return torch.autocast(DEVTYPE, dtype=torch.bfloat16, enabled=DEVTYPE == "cuda")
+
+
+def devn(i):
+    return torch.device(f"cuda:{i}") if DEVTYPE == "cuda" else torch.device("cpu")
+
+
+def log(out, name, msg):
+    line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+    print(line, flush=True)
+    with open(os.path.join(out, f"{name}.log"), "a") as f:
+        f.write(line + "\n")
+
+
+# ---------------------------------------------------------------------------------- data
+def render(args):
+    for split, clips, seed in (("train", args.clips, args.seed), ("heldout", args.heldout_clips, args.seed + 1)):
+        d = os.path.join(args.data, split)
+        if os.path.exists(os.path.join(d, "meta.json")):
+            continue
+        cmd = [args.worker, "world", "dataset", "--out", d, "--clips", str(clips), "--chunks", str(args.chunks),
+               "--seed", str(seed), "--split", split, "--no-camera-tensor"]
+        t = time.time()
+        subprocess.run(cmd, check=True)
+        log(args.out, "data", f"{split}: {clips} clips × {args.chunks} chunks in {time.time() - t:.1f} s: {' '.join(cmd)}")
+
+
+_CACHE = {}
+
+
+def load_split(args, split):
+    d = os.path.join(args.data, split)
+    key = (d, "frames")
+    if key not in _CACHE:
+        _CACHE[key] = (load_npy(os.path.join(d, "frames.npy")), load_npy(os.path.join(d, "rel_poses.npy")))
+    return _CACHE[key]
+
+
+def frames_to_gpu(frames, dev):
+    return frames.to(dev)  # uint8 [N, T, H, W, 3]
+
+
+def to_float(u8):
+    """uint8 [..., T, H, W, 3] → [..., 3, T, H, W] in [−1, 1]."""
+    x = u8.float() / 127.5 - 1.0
+    return x.movedim(-1, -4)
+
+
+def psnr(a, b):
+    """Frames in [−1, 1]; per-frame PSNR on the 8-bit scale, averaged."""
+    a = ((a.clamp(-1, 1) + 1) * 127.5).round()
+    b = ((b.clamp(-1, 1) + 1) * 127.5).round()
+    mse = ((a - b) ** 2).mean(dim=(1, 3, 4))  # [B, 3, T, H, W] → [B, T]
+    return 10 * torch.log10(255.0 ** 2 / mse.clamp_min(1e-10))
+
+
+# ---------------------------------------------------------------------------------- AE
+def train_ae(args):
+    dev = devn(0)
+    torch.manual_seed(args.seed)
+    frames, _ = load_split(args, "train")
+    vids = frames_to_gpu(frames, dev)
+    n, T = vids.shape[:2]
+    ae = TinyAE(**AE).to(dev)
+    opt = torch.optim.AdamW(ae.parameters(), lr=args.ae_lr, weight_decay=0.0)
+    k = 4  # latents after the first per training window: 1 + 4k frames
+    t0 = time.time()
+    step = 0
+    while True:
+        el = time.time() - t0
+        if el > args.ae_seconds:
+            break
+        lr = args.ae_lr * 0.5 * (1 + math.cos(math.pi * min(el / args.ae_seconds, 1.0)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = torch.randint(0, n, (args.ae_batch,), device=dev)
+        start = torch.randint(0, (T - 1 - 4 * k) // 4 + 1, (args.ae_batch,), device=dev) * 4
+        start = torch.where(torch.rand(args.ae_batch, device=dev) < 0.25, torch.zeros_like(start), start)
+        tt = start[:, None] + torch.arange(1 + 4 * k, device=dev)[None]
+        x = to_float(vids[idx[:, None], tt])  # [B, 3, 1+4k, H, W]
+        with amp():
+            z = ae.encode(x)
+            zn = z + torch.randn_like(z) * torch.rand(z.shape[0], 1, 1, 1, 1, device=dev) * args.ae_latent_noise
+            y = ae.decode(zn)
+        y = y.float()
+        rec = F.mse_loss(y, x) + 0.2 * (y - x).abs().mean()
+        zf = z.float()
+        mu = zf.mean((0, 2, 3, 4))
+        sd = zf.std((0, 2, 3, 4))
+        reg = (mu ** 2).mean() + ((sd - 1) ** 2).mean()
+        loss = rec + 0.02 * reg
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ae.parameters(), 1.0)
+        opt.step()
+        if step % 200 == 0:
+            with torch.no_grad():
+                p = psnr(y.detach(), x).mean().item()
+            log(args.out, "ae", f"step {step} t {el:.0f}s loss {loss.item():.4f} psnr {p:.2f} latent mean {mu.abs().mean():.3f} std {sd.mean():.3f} lr {lr:.2e}")
+        step += 1
+    torch.save(ae.state_dict(), os.path.join(args.out, "ae.pt"))
+    log(args.out, "ae", f"done: {step} steps")
+    return ae
+
+
+@torch.no_grad()
+def encode_all(args, ae, split, dev):
+    frames, rel = load_split(args, split)
+    out = []
+    for i in range(0, len(frames), 16):
+        x = to_float(frames_to_gpu(frames[i:i + 16], dev))
+        with amp():
+            out.append(ae.encode(x).float())
+    return torch.cat(out), rel
+
+
+def ae_metrics(args, ae, dev):
+    frames, _ = load_split(args, "heldout")
+    x = to_float(frames_to_gpu(frames, dev))
+    with torch.no_grad(), amp():
+        y = ae.decode(ae.encode(x)).float()
+    p = psnr(y, x)  # [N, T]
+    return {"ae_psnr_first_s": p[:, :16].mean().item(), "ae_psnr_last_s": p[:, -16:].mean().item(),
+            "ae_psnr_all": p.mean().item()}
+
+
+# ---------------------------------------------------------------------------------- DiT
+def rel_split(rel):
+    """[B, F, 3, 4] f64 → (r [B, F, 3, 3], t [B, F, 3])."""
+    return rel[..., :3], rel[..., 3]
+
+
+def dit_init(model):
+    for blk in model.blocks:
+        for lin in (blk.cam_scale_layer, blk.cam_shift_layer):
+            torch.nn.init.zeros_(lin.weight)
+            torch.nn.init.zeros_(lin.bias)
+    torch.nn.init.zeros_(model.head.head.weight)
+    torch.nn.init.zeros_(model.head.head.bias)
+
+
+def null_text(model, b, dev):
+    """The fixed context: all padding (zeros [text_len, text_dim]), what the engine holds before
+    any prompt arrives."""
+    return model.text_kv(torch.zeros(b, model.cfg.text_len, model.cfg.text_dim, device=dev))
+
+
+@torch.no_grad()
+def rollout(model, z_first, cams, n_chunks, dev, gen):
+    """The engine's loop on a batch (own context), noise from `gen`; returns [B, 16, F, h, w]."""
+    b = z_first.shape[0]
+    shape = (b, 16, CHUNK_FRAMES, z_first.shape[-2], z_first.shape[-1])
+    with amp():
+        outs = stream(model, null_text(model, b, dev), z_first, cams,
+                      lambda c, s: torch.randn(shape, device=dev, generator=gen))
+    return torch.cat([o.float() for o in outs], 2)
+
+
+def train_dit(args, name, cfg_over, gpu):
+    dev = devn(gpu)
+    torch.manual_seed(args.seed + gpu)
+    gen = torch.Generator(device=dev).manual_seed(args.seed + 100 + gpu)
+    lat = torch.load(os.path.join(args.out, "latents_train.pt"))
+    z_all, rel_all = lat["z"].to(dev), lat["rel"]
+    r_all, t_all = (a.to(dev) for a in rel_split(rel_all))
+    n, _, nf, h, w = z_all.shape
+    nc = nf // CHUNK_FRAMES
+    cfg = DitConfig(**dict(DIT, **cfg_over))
+    model = WanDiT(cfg).to(dev)
+    dit_init(model)
+    nparams = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=args.dit_lr, weight_decay=0.01, betas=(0.9, 0.99))
+    sched = Schedule()
+    tpf = (h // 2) * (w // 2)
+    mask = teacher_forcing_mask(nc, CHUNK_FRAMES, tpf, WINDOW_FRAMES, SINK_FRAMES, dev)
+    pos = torch.cat([torch.arange(nf), torch.arange(nf)])
+    steps = sched.steps
+    s1 = torch.tensor([sched.sigma_first(t) for t in steps], device=dev)
+    s2 = torch.tensor([1.0] + [sched.sigma_second(t) for t in steps[1:]], device=dev)
+    tag = f"dit_{name}"
+    log(args.out, tag, f"config {cfg.to_dict()} params {nparams} clips {n} latent frames {nf} gpu {gpu}")
+    t0 = time.time()
+    step = 0
+    B = args.dit_batch
+    while True:
+        el = time.time() - t0
+        if el > args.dit_seconds:
+            break
+        frac = el / args.dit_seconds
+        lr = args.dit_lr * min(1.0, step / 200) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = torch.randint(0, n, (B,), device=dev)
+        z = z_all[idx]
+        cam_tok = ray_tokens(r_all[idx], t_all[idx], H, W)
+        first = z[:, :, 0]
+        y = torch.cat([i2v_y(first, c * CHUNK_FRAMES, CHUNK_FRAMES) for c in range(nc)], 2)
+        # Context: ground truth, or (after warm-up) the model's own rollout as the engine makes it.
+        own = frac > args.rollout_after and torch.rand(()).item() < args.rollout_prob
+        if own:
+            model.eval()
+            ctx = rollout(model, first, list(cam_tok.split(CHUNK_FRAMES * tpf, 1)), nc, dev, gen)
+            model.train()
+        else:
+            ctx = z
+        s = int(torch.randint(0, 4, ()).item())
+        cam2 = torch.cat([cam_tok, cam_tok], 1)
+        noise = torch.randn(z.shape, device=dev, generator=gen)
+        t_clean = torch.zeros(B, nf, dtype=torch.float64, device=dev)
+
+        def fwd(x_noisy, si):
+            tf = torch.cat([t_clean, torch.full((B, nf), float(steps[si]), dtype=torch.float64, device=dev)], 1)
+            xin = torch.cat([torch.cat([ctx, y], 1), torch.cat([x_noisy, y], 1)], 2)
+            with amp():
+                text = null_text(model, B, dev)
+                v = model(xin, tf, pos, text, model.camera_mods(cam2), attn_mask=mask)[:, :, nf:]
+            return x_noisy - s1[si] * v.float()
+
+        x = noise
+        with torch.no_grad():
+            for si in range(s):  # the engine's earlier steps, from the model's own estimates
+                x0 = fwd(x, si)
+                x = (1 - s2[si + 1]) * x0 + s2[si + 1] * torch.randn(z.shape, device=dev, generator=gen)
+        x0 = fwd(x, s)
+        loss = F.mse_loss(x0, z)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 100 == 0:
+            log(args.out, tag, f"step {step} t {el:.0f}s step_idx {s} own_ctx {int(own)} loss {loss.item():.4f} gn {gn:.2f} lr {lr:.2e}")
+        step += 1
+    torch.save({"cfg": cfg.to_dict(), "state": model.state_dict(), "steps": step}, os.path.join(args.out, f"{tag}.pt"))
+    log(args.out, tag, f"done: {step} steps in {time.time() - t0:.0f} s")
+    return model
+
+
+@torch.no_grad()
+def eval_dit(args, model, ae, dev, tag):
+    """Held-out play through the engine loop (own context), decoded by the tiny decoder, against
+    the renderer's frames: PSNR of the first second and of the 10th second."""
+    lat = torch.load(os.path.join(args.out, "latents_heldout.pt"))
+    z_all, rel = lat["z"].to(dev), lat["rel"]
+    r_all, t_all = (a.to(dev) for a in rel_split(rel))
+    frames, _ = load_split(args, "heldout")
+    gen = torch.Generator(device=dev).manual_seed(args.seed + 7)
+    model.eval()
+    res = []
+    for i in range(0, z_all.shape[0], 16):
+        z = z_all[i:i + 16]
+        cam = ray_tokens(r_all[i:i + 16], t_all[i:i + 16], H, W)
+        tpf = (z.shape[-2] // 2) * (z.shape[-1] // 2)
+        gz = rollout(model, z[:, :, 0], list(cam.split(CHUNK_FRAMES * tpf, 1)), z.shape[2] // CHUNK_FRAMES, dev, gen)
+        with amp():
+            y = ae.decode(gz).float()
+        x = to_float(frames_to_gpu(frames[i:i + 16], dev))
+        res.append(psnr(y, x))
+    p = torch.cat(res)
+    lz = None
+    out = {"psnr_first_s": p[:, :16].mean().item(), "psnr_10th_s": p[:, 144:160].mean().item(),
+           "psnr_last_s": p[:, -16:].mean().item(), "psnr_all": p.mean().item(),
+           "psnr_per_second": [p[:, s * 16:(s + 1) * 16].mean().item() for s in range(p.shape[1] // 16)]}
+    log(args.out, tag, f"held-out eval: {json.dumps(out)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------- export
+def export(args, model, ae, name):
+    os.makedirs(args.export_dir, exist_ok=True)
+    sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_safetensors(sd, os.path.join(args.export_dir, "dit.safetensors"), {"config": json.dumps(model.cfg.to_dict())})
+    ae_sd = {k: v.detach().float().cpu().contiguous() for k, v in ae.state_dict().items()}
+    save_safetensors(ae_sd, os.path.join(args.export_dir, "ae.safetensors"), {"config": json.dumps(AE)})
+
+
+# ---------------------------------------------------------------------------------- main
+def parse():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", default="target/devbin/worker")
+    p.add_argument("--out", required=True)
+    p.add_argument("--data", default=None, help="dataset folder (default OUT/data)")
+    p.add_argument("--stages", default="data,ae,latents,dit,eval,export")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clips", type=int, default=1024)
+    p.add_argument("--heldout-clips", type=int, default=32)
+    p.add_argument("--chunks", type=int, default=14)
+    p.add_argument("--ae-seconds", type=float, default=150)
+    p.add_argument("--ae-batch", type=int, default=16)
+    p.add_argument("--ae-lr", type=float, default=2e-3)
+    p.add_argument("--ae-latent-noise", type=float, default=0.15)
+    p.add_argument("--dit-seconds", type=float, default=240)
+    p.add_argument("--dit-batch", type=int, default=16)
+    p.add_argument("--dit-lr", type=float, default=1e-3)
+    p.add_argument("--rollout-after", type=float, default=0.4, help="fraction of DiT time before own-context rollouts")
+    p.add_argument("--rollout-prob", type=float, default=0.3)
+    p.add_argument("--dit-configs", default="base:{}", help="name:json;name:json — one DiT per GPU")
+    p.add_argument("--dit-only", default=None, help="internal: train this name:json on --gpu")
+    p.add_argument("--gpu", type=int, default=0)
+    p.add_argument("--export-dir", default=None)
+    p.add_argument("--budget-seconds", type=float, default=None,
+                   help="wall budget of the whole run: AE and DiT times are set from what is left after the data "
+                        "(1/3 and 2/3 of it, less --reserve-seconds)")
+    p.add_argument("--reserve-seconds", type=float, default=70)
+    a = p.parse_args()
+    a.data = a.data or os.path.join(a.out, "data")
+    a.export_dir = a.export_dir or os.path.join(a.out, "export")
+    return a
+
+
+def parse_configs(s):
+    out = []
+    for part in s.split(";"):
+        name, js = part.split(":", 1)
+        out.append((name, json.loads(js)))
+    return out
+
+
+def main():
+    args = parse()
+    os.makedirs(args.out, exist_ok=True)
+    dev = devn(0)
+    if args.dit_only:
+        name, over = parse_configs(args.dit_only)[0]
+        model = train_dit(args, name, over, args.gpu)
+        ae = TinyAE(**AE).to(devn(args.gpu))
+        ae.load_state_dict(torch.load(os.path.join(args.out, "ae.pt"), map_location="cpu"))
+        res = eval_dit(args, model, ae, devn(args.gpu), f"dit_{name}")
+        with open(os.path.join(args.out, f"eval_{name}.json"), "w") as f:
+            json.dump(res, f)
+        return
+    stages = args.stages.split(",")
+    t_all = time.time()
+    if "data" in stages:
+        render(args)
+    if args.budget_seconds:
+        left = args.budget_seconds - (time.time() - t_all) - args.reserve_seconds
+        args.ae_seconds, args.dit_seconds = left / 3, left * 2 / 3
+        log(args.out, "data", f"budget: AE {args.ae_seconds:.0f} s, DiT {args.dit_seconds:.0f} s")
+    ae = None
+    if "ae" in stages:
+        ae = train_ae(args)
+    if ae is None:
+        ae = TinyAE(**AE).to(dev)
+        ae.load_state_dict(torch.load(os.path.join(args.out, "ae.pt"), map_location="cpu"))
+    ae.eval()
+    if "latents" in stages:
+        for split in ("train", "heldout"):
+            z, rel = encode_all(args, ae, split, dev)
+            torch.save({"z": z.cpu(), "rel": rel}, os.path.join(args.out, f"latents_{split}.pt"))
+            log(args.out, "ae", f"{split} latents {tuple(z.shape)} mean {z.mean():.3f} std {z.std():.3f}")
+        m = ae_metrics(args, ae, dev)
+        log(args.out, "ae", f"held-out reconstruction: {json.dumps(m)}")
+        with open(os.path.join(args.out, "eval_ae.json"), "w") as f:
+            json.dump(m, f)
+    if "dit" in stages:
+        procs = []
+        for gpu, (name, over) in enumerate(parse_configs(args.dit_configs)):
+            cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--data", args.data,
+                   "--dit-only", f"{name}:{json.dumps(over)}", "--gpu", str(gpu)]
+            for k in ("seed", "dit_seconds", "dit_batch", "dit_lr", "rollout_after", "rollout_prob"):
+                cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+            procs.append((name, subprocess.Popen(cmd)))
+        for name, p in procs:
+            if p.wait() != 0:
+                raise SystemExit(f"DiT {name} failed")
+    if "export" in stages:
+        results = {}
+        for name, _ in parse_configs(args.dit_configs):
+            path = os.path.join(args.out, f"eval_{name}.json")
+            if os.path.exists(path):
+                results[name] = json.load(open(path))
+        ae_m = json.load(open(os.path.join(args.out, "eval_ae.json")))
+        print("\n| model | params | PSNR 1st s | PSNR 10th s | PSNR all |")
+        print("|---|---|---|---|---|")
+        print(f"| AE recon | - | {ae_m['ae_psnr_first_s']:.2f} | {ae_m['ae_psnr_last_s']:.2f} | {ae_m['ae_psnr_all']:.2f} |")
+        for name, r in results.items():
+            ck = torch.load(os.path.join(args.out, f"dit_{name}.pt"))
+            npar = sum(v.numel() for v in ck["state"].values())
+            print(f"| DiT {name} {ck['cfg']['dim']}×{ck['cfg']['num_layers']} | {npar} | {r['psnr_first_s']:.2f} | {r['psnr_10th_s']:.2f} | {r['psnr_all']:.2f} |")
+        for name, _ in parse_configs(args.dit_configs):
+            ck = torch.load(os.path.join(args.out, f"dit_{name}.pt"))
+            model = WanDiT(DitConfig(**ck["cfg"]))
+            model.load_state_dict(ck["state"])
+            args.export_dir = os.path.join(args.out, f"export_{name}")
+            export(args, model, ae, name)
+        print(f"total {time.time() - t_all:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
