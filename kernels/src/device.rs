@@ -23,7 +23,11 @@ impl Device {
             Device::Cuda(i) => crate::cuda::backend(i).map(|_| ()),
             Device::Rocm(_) => Err(Error::Device {
                 device: self.to_string(),
-                msg: "the ROCm backend is not in this build yet (and has never run anywhere); use --device cpu or cuda".into(),
+                msg: format!(
+                    "the ROCm op backend is not in this build yet (and has never run anywhere); \
+                     use --device cpu or cuda. ROCm here: {}",
+                    crate::rocm::status_line()
+                ),
             }),
         }
     }

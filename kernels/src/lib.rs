@@ -11,6 +11,7 @@ pub mod fp8;
 pub mod gpu_source;
 mod kv_cache;
 pub mod ops;
+pub mod rocm;
 mod rope;
 mod tensor;
 

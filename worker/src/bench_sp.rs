@@ -368,6 +368,31 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
+/// `worker bench gemm-rows`: only the row-stability check, for `--model` split over `--cards`.
+pub fn gemm_rows(args: &ModelArgs) -> Result<()> {
+    let cfg = ModelConfig::by_name(&args.model)?;
+    let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        matches!(device, Device::Cuda(_)),
+        "bench gemm-rows needs --device cuda"
+    );
+    let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
+    let ecfg = EngineConfig::lingbot(args.seed);
+    let cards = args.cards.max(2);
+    println!(
+        "{} GEMM rows of a {cards}-card shard against the whole chunk ({}):",
+        cfg.name,
+        dtype.name()
+    );
+    for (what, same) in gemm_row_stability(&cfg, device, dtype, &ecfg, cards)? {
+        println!(
+            "  {what}: {}",
+            if same { "bit-identical" } else { "DIFFERENT" }
+        );
+    }
+    Ok(())
+}
+
 /// Whether a linear layer gives the same bits for a shard's rows as for those rows inside the
 /// whole chunk, at each of the model's GEMM shapes: where it does not, card counts cannot agree
 /// bit for bit (the library chose a different kernel, e.g. split-K, for the other row count).

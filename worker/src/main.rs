@@ -95,6 +95,7 @@ fn main() -> Result<()> {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
             "sp" => bench_sp::run(&cli.model, cli.chunks as usize, json.as_deref()),
+            "gemm-rows" => bench_sp::gemm_rows(&cli.model),
             other => anyhow::bail!("unknown bench suite '{other}' (expected cpu, kernels or sp)"),
         },
         Some(Command::World(cmd)) => world::run(&cmd),

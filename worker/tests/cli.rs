@@ -61,7 +61,10 @@ fn bad_flags_fail_with_a_reason() {
             &["--cards", "2", "--gpus", "0,1"],
             "--gpus needs --device cuda or rocm",
         ),
-        (&["--device", "rocm"], "ROCm backend is not in this build"),
+        (
+            &["--device", "rocm"],
+            "ROCm op backend is not in this build",
+        ),
         (
             &["--weights", "/nonexistent/w.safetensors"],
             "/nonexistent/w.safetensors",

@@ -1,0 +1,269 @@
+//! What a ROCm machine offers, found at run time without linking HIP: the runtime library
+//! (`libamdhip64`, dlopened), its devices, and each device's architecture from the kernel
+//! driver's topology (`/sys/class/kfd`), with the facts our kernels depend on per architecture
+//! (fp8 format and range, wavefront size).
+//!
+//! The ROCm op backend itself is not written yet: a `rocm` device still refuses to run ops
+//! (see [`Device::ensure_available`](crate::Device::ensure_available)). This probe is what
+//! `/status` reports, so a user on AMD cards sees what was found and what is missing, and it
+//! is the first piece the backend will build on. It has never run on an AMD GPU.
+
+use std::ffi::{c_char, c_int};
+use std::path::Path;
+
+/// The fp8 e4m3 encoding an architecture's matrix cores take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Format {
+    /// OCP e4m3fn (NVIDIA Hopper, AMD gfx950): max 448, NaN only at 0x7f/0xff.
+    E4m3Fn,
+    /// The "fnuz" e4m3 of gfx942 (MI300): max 240, no negative zero, NaN at 0x80.
+    E4m3Fnuz,
+}
+
+impl Fp8Format {
+    pub fn max(self) -> f32 {
+        match self {
+            Fp8Format::E4m3Fn => 448.0,
+            Fp8Format::E4m3Fnuz => 240.0,
+        }
+    }
+}
+
+/// What our kernels need to know about an AMD GPU architecture.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchInfo {
+    /// e.g. `gfx942`.
+    pub name: String,
+    /// Cards of this architecture, for the log.
+    pub family: &'static str,
+    /// `None`: no fp8 matrix instructions.
+    pub fp8: Option<Fp8Format>,
+    pub wave_size: usize,
+    /// Whether CI compiles our kernel sources for it (Debian's clang-19 knows gfx942, not
+    /// gfx950).
+    pub compiled_in_ci: bool,
+}
+
+/// The architecture of a KFD `gfx_target_version` (major·10000 + minor·100 + stepping, minor
+/// and stepping in decimal: gfx942 is 90402, gfx950 is 90500, gfx90a is 90010).
+pub fn arch_from_target_version(v: u32) -> Option<ArchInfo> {
+    if v == 0 {
+        return None; // a CPU node
+    }
+    let (major, minor, step) = (v / 10000, (v / 100) % 100, v % 100);
+    let name = format!("gfx{major}{minor}{step:x}");
+    let (family, fp8, compiled_in_ci) = match (major, minor, step) {
+        (9, 4, 2) => (
+            "CDNA3: MI300X, MI300A, MI325X",
+            Some(Fp8Format::E4m3Fnuz),
+            true,
+        ),
+        (9, 5, 0) => ("CDNA4: MI350X, MI355X", Some(Fp8Format::E4m3Fn), false),
+        (9, 0, 10) => ("CDNA2: MI210, MI250X", None, false),
+        (9, 0, 8) => ("CDNA1: MI100", None, false),
+        _ => ("not a data-centre CDNA part we target", None, false),
+    };
+    // CDNA runs wave64; RDNA (gfx10xx, gfx11xx, gfx12xx) defaults to wave32.
+    let wave_size = if major == 9 { 64 } else { 32 };
+    Some(ArchInfo {
+        name,
+        family,
+        fp8,
+        wave_size,
+        compiled_in_ci,
+    })
+}
+
+/// The GPU architectures in a KFD topology folder (`/sys/class/kfd/kfd/topology/nodes`), in
+/// node order (HIP numbers devices in this order unless `HIP_VISIBLE_DEVICES` says otherwise).
+pub fn kfd_gpus(nodes: &Path) -> std::io::Result<Vec<ArchInfo>> {
+    let mut dirs: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(nodes)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((n, e.path()))
+        })
+        .collect();
+    dirs.sort();
+    let mut out = Vec::new();
+    for (_, dir) in dirs {
+        let Ok(text) = std::fs::read_to_string(dir.join("properties")) else {
+            continue;
+        };
+        let version = text.lines().find_map(|l| {
+            let v = l.strip_prefix("gfx_target_version ")?;
+            v.trim().parse::<u32>().ok()
+        });
+        if let Some(info) = version.and_then(arch_from_target_version) {
+            out.push(info);
+        }
+    }
+    Ok(out)
+}
+
+/// One HIP device as the runtime and the driver describe it.
+#[derive(Clone, Debug)]
+pub struct HipDevice {
+    pub index: usize,
+    pub name: String,
+    pub arch: Option<ArchInfo>,
+}
+
+/// What the probe found.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// The runtime library that loaded.
+    pub library: String,
+    pub devices: Vec<HipDevice>,
+}
+
+const LIBRARIES: [&str; 3] = ["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"];
+
+/// Loads the HIP runtime and lists its devices. Errors say what is missing; nothing here runs
+/// a kernel.
+pub fn probe() -> Result<Probe, String> {
+    let mut tried = Vec::new();
+    for name in LIBRARIES {
+        // SAFETY: loading the HIP runtime runs its initialisers, which is what using it means.
+        match unsafe { libloading::Library::new(name) } {
+            Ok(lib) => return probe_with(&lib, name),
+            Err(e) => tried.push(format!("{name}: {e}")),
+        }
+    }
+    Err(format!(
+        "the HIP runtime is not installed (tried {})",
+        tried.join("; ")
+    ))
+}
+
+fn probe_with(lib: &libloading::Library, name: &str) -> Result<Probe, String> {
+    type Count = unsafe extern "C" fn(*mut c_int) -> c_int;
+    type Name = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+    // SAFETY: the symbols have these C signatures in every HIP release (hip_runtime_api.h).
+    let (count, dev_name) = unsafe {
+        let c: libloading::Symbol<Count> = lib
+            .get(b"hipGetDeviceCount\0")
+            .map_err(|e| format!("{name}: {e}"))?;
+        let n: libloading::Symbol<Name> = lib
+            .get(b"hipDeviceGetName\0")
+            .map_err(|e| format!("{name}: {e}"))?;
+        (*c, *n)
+    };
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer.
+    let rc = unsafe { count(&mut n) };
+    if rc != 0 {
+        return Err(format!(
+            "{name}: hipGetDeviceCount failed with error {rc} (no AMD GPU, or no access to /dev/kfd)"
+        ));
+    }
+    let arches = kfd_gpus(Path::new("/sys/class/kfd/kfd/topology/nodes")).unwrap_or_default();
+    let mut devices = Vec::new();
+    for i in 0..n.max(0) {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the buffer holds 256 chars and the runtime writes at most `len` of them.
+        let rc = unsafe { dev_name(buf.as_mut_ptr(), buf.len() as c_int, i) };
+        let name = if rc == 0 {
+            let bytes: Vec<u8> = buf
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        } else {
+            format!("(name unavailable: error {rc})")
+        };
+        let index = i as usize;
+        devices.push(HipDevice {
+            index,
+            name,
+            arch: arches.get(index).cloned(),
+        });
+    }
+    Ok(Probe {
+        library: name.into(),
+        devices,
+    })
+}
+
+/// One line for `/status` and the log: what was found, and that the backend is not there yet.
+pub fn status_line() -> String {
+    match probe() {
+        Err(e) => format!("unavailable: {e}; the ROCm op backend is not in this build (never run)"),
+        Ok(p) if p.devices.is_empty() => format!(
+            "{} loaded, no devices; the ROCm op backend is not in this build (never run)",
+            p.library
+        ),
+        Ok(p) => {
+            let devs: Vec<String> = p
+                .devices
+                .iter()
+                .map(|d| match &d.arch {
+                    Some(a) => format!("{} {} ({})", d.index, d.name, a.name),
+                    None => format!("{} {}", d.index, d.name),
+                })
+                .collect();
+            format!(
+                "found {}: {}; the ROCm op backend is not in this build (never run)",
+                p.library,
+                devs.join(", ")
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn architectures_from_kfd_versions() {
+        let mi300 = arch_from_target_version(90402).expect("gfx942");
+        assert_eq!(mi300.name, "gfx942");
+        assert_eq!(mi300.fp8, Some(Fp8Format::E4m3Fnuz));
+        assert_eq!(mi300.fp8.map(Fp8Format::max), Some(240.0));
+        assert_eq!(mi300.wave_size, 64);
+        assert!(mi300.compiled_in_ci);
+        let mi355 = arch_from_target_version(90500).expect("gfx950");
+        assert_eq!(mi355.name, "gfx950");
+        assert_eq!(mi355.fp8.map(Fp8Format::max), Some(448.0));
+        assert!(!mi355.compiled_in_ci);
+        let mi250 = arch_from_target_version(90010).expect("gfx90a");
+        assert_eq!(mi250.name, "gfx90a");
+        assert_eq!(mi250.fp8, None);
+        let rdna3 = arch_from_target_version(110000).expect("gfx1100");
+        assert_eq!((rdna3.name.as_str(), rdna3.wave_size), ("gfx1100", 32));
+        assert!(arch_from_target_version(0).is_none());
+    }
+
+    #[test]
+    fn kfd_topology_lists_gpu_nodes_in_order() {
+        let dir = std::env::temp_dir().join(format!("worldline-kfd-{}", std::process::id()));
+        let node = |n: u32, version: u32| {
+            let d = dir.join(n.to_string());
+            std::fs::create_dir_all(&d).expect("node dir");
+            let props =
+                format!("cpu_cores_count 0\ngfx_target_version {version}\nsimd_count 1216\n");
+            std::fs::write(d.join("properties"), props).expect("properties");
+        };
+        // A CPU node, then GPUs out of directory order (10 sorts after 2 as a number).
+        node(0, 0);
+        node(10, 90402);
+        node(2, 90500);
+        std::fs::create_dir_all(dir.join("not-a-node")).expect("junk dir");
+        let gpus = kfd_gpus(&dir).expect("topology");
+        let names: Vec<&str> = gpus.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["gfx950", "gfx942"]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_probe_explains_what_is_missing() {
+        // Whatever this machine has, the line says the op backend is absent and never ran.
+        let line = status_line();
+        assert!(line.contains("not in this build (never run)"), "{line}");
+        if let Err(e) = probe() {
+            assert!(e.contains("libamdhip64"), "{e}");
+        }
+    }
+}
