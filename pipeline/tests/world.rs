@@ -147,6 +147,18 @@ fn random_play_keeps_clear_of_solids_and_splits_differ() {
     let a = trajectory::random(&scene, &cfg, Split::Train, 5, 0, 4);
     let b = trajectory::random(&scene, &cfg, Split::HeldOut, 5, 0, 4);
     assert_ne!(a.spawn, b.spawn, "held-out clips come from another stream");
+    // The motion check's commands (4 chunks, its default) from its spawn stay clear.
+    for (name, c) in pipeline::world::verify::motion_commands() {
+        let t = Trajectory::follow(&cfg, pipeline::world::verify::motion_spawn(), &[c; 4]);
+        for i in 0..t.poses.len() {
+            let p = t.world_pose(i);
+            assert!(
+                scene.is_free(p.t[0], p.t[2], BODY_RADIUS),
+                "motion {name} frame {i} at {:?}",
+                p.t
+            );
+        }
+    }
     // Scripted tours from the default spawn stay clear too.
     for (name, controls) in trajectory::scripted(14) {
         let t = Trajectory::follow(&cfg, scene.spawn(), &controls);

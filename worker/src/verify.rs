@@ -19,7 +19,7 @@ use crate::setup::{self, ModelArgs};
 pub enum VerifyCommand {
     /// Scripted held-out tours through the streaming engine and the tiny decoder, against the
     /// renderer's frames of the same poses: PSNR and SSIM of the first and last second, and a
-    /// motion check (W/A/D/S each closest to its own renders).
+    /// motion check (W/S/A/D/still, each against its own renders and the others').
     World(WorldArgs),
 }
 
@@ -134,10 +134,16 @@ pub fn run(args: &ModelArgs, dec: &DecoderArgs, cmd: &VerifyCommand) -> Result<(
         println!();
     }
     println!(
-        "{} of {} commands are closest to their own renders",
+        "{} of {} commands are closest to their own renders of all",
         motion.correct,
         motion.commands.len()
     );
+    for (c, ok) in &motion.beats_opposite_and_still {
+        println!(
+            "{c}: own renders beat the opposite command's and standing still's: {}",
+            if *ok { "yes" } else { "NO" }
+        );
+    }
     if let Some(path) = &a.json {
         let json = serde_json::json!({
             "model": loaded.cfg.name,

@@ -32,8 +32,22 @@ fn help_lists_the_model_flags() {
 }
 
 #[test]
-fn default_run_says_its_weights_are_random_and_streams_chunks() {
-    let out = worker(&["--chunks", "2", "--log-format", "json"]);
+fn default_run_plays_the_embedded_world_and_random_says_so() {
+    let out = worker(&["--chunks", "1", "--log-format", "json"]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("embedded default weights"), "{log}");
+    assert!(log.contains("tiny/world"), "the world decoder: {log}");
+    assert!(!log.contains("RANDOM"), "{log}");
+    assert_eq!(log.matches("chunk done").count(), 1, "{log}");
+    let out = worker(&[
+        "--weights",
+        "random",
+        "--chunks",
+        "2",
+        "--log-format",
+        "json",
+    ]);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(log.contains("RANDOM WEIGHTS"), "{log}");
@@ -142,7 +156,17 @@ fn out_writes_every_decoded_frame_as_y4m() {
     for decoder in ["tiny", "vae"] {
         let path = dir.join(format!("{decoder}.y4m"));
         let path_arg = path.to_str().expect("UTF-8 temp path");
-        let args = ["--chunks", "2", "--decoder", decoder, "--out", path_arg];
+        // Random weights: the plumbing is checked here, and they bring random decoders.
+        let args = [
+            "--weights",
+            "random",
+            "--chunks",
+            "2",
+            "--decoder",
+            decoder,
+            "--out",
+            path_arg,
+        ];
         let out = worker(&args);
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{log}");

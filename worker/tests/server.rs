@@ -40,7 +40,13 @@ struct Running {
     done: JoinHandle<anyhow::Result<()>>,
 }
 
+/// A server of the `tiny` model on random weights (the plumbing is what these tests check, and
+/// random weights bring the small test decoder).
 async fn start(extra: &[&str]) -> Running {
+    start_args(&[&["--weights", "random"], extra].concat()).await
+}
+
+async fn start_args(extra: &[&str]) -> Running {
     let mut args = vec!["worker", "--model", "tiny", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let f = Flags::try_parse_from(args).expect("flags");
@@ -276,6 +282,20 @@ async fn bad_input_closes_only_its_own_session() {
             other => panic!("expected a close, got {other:?}"),
         }
     }
+    srv.done.await.expect("join").expect("run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_the_default_is_the_embedded_world_model() {
+    let srv = start_args(&[]).await;
+    let (code, body) = get(srv.addr, "/status").await;
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(status["model"], "tiny", "{status}");
+    assert_eq!(status["weights"]["state"], "embedded", "{status}");
+    assert_eq!(status["decoder"], "tiny/world", "{status}");
+    assert_eq!(status["decoder_weights"]["state"], "embedded", "{status}");
+    let _ = srv.stop.send(());
     srv.done.await.expect("join").expect("run");
 }
 

@@ -395,7 +395,8 @@ fn surface_colour(scene: &Scene, s: Surface, p: [f64; 3]) -> (Rgb, [f64; 3]) {
                 if face == 4 { b - b.floor() - 0.12 } else { b },
             );
             let size = 0.76;
-            let frame = a < 0.07 || a > size - 0.07 || b < 0.07 || b > FLOOR_Y - CRATE_TOP_Y - 0.07;
+            let frame = !(0.07..=size - 0.07).contains(&a)
+                || !(0.07..=FLOOR_Y - CRATE_TOP_Y - 0.07).contains(&b);
             let frame = frame || (face == 4 && b > size - 0.07);
             let diagonal = face < 4 && ((a - b).abs() < 0.05);
             let wood = [0.62, 0.43, 0.22];

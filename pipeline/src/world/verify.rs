@@ -147,11 +147,15 @@ pub fn score(name: &str, p: &Played, height: usize, width: usize) -> TourScore {
 pub struct MotionCheck {
     pub commands: Vec<String>,
     pub psnr: Vec<Vec<f64>>,
-    /// Commands whose own renders match their generated clip best.
+    /// Commands whose own renders match their generated clip best of all.
     pub correct: usize,
+    /// Per moving command: its own renders beat those of the opposite command (W/S, A/D) and
+    /// those of standing still.
+    pub beats_opposite_and_still: Vec<(String, bool)>,
 }
 
-/// The commands of the motion check: forward, yaw left, yaw right, back.
+/// The commands of the motion check: forward, back, yaw left, yaw right, and standing still
+/// (last); each moving command's opposite is its neighbour in the pair.
 pub fn motion_commands() -> Vec<(&'static str, Controls)> {
     let key = |f: fn(&mut Controls)| {
         let mut c = Controls::default();
@@ -160,9 +164,10 @@ pub fn motion_commands() -> Vec<(&'static str, Controls)> {
     };
     vec![
         ("W", key(|c| c.w = true)),
+        ("S", key(|c| c.s = true)),
         ("A", key(|c| c.a = true)),
         ("D", key(|c| c.d = true)),
-        ("S", key(|c| c.s = true)),
+        ("still", Controls::default()),
     ]
 }
 
@@ -200,9 +205,18 @@ pub fn motion_check(
         .enumerate()
         .filter(|(i, row)| row.iter().enumerate().all(|(j, v)| j == *i || *v < row[*i]))
         .count();
+    let still = commands.len() - 1;
+    let beats = (0..still)
+        .map(|i| {
+            let row = &psnr[i];
+            let ok = row[i] > row[i ^ 1] && row[i] > row[still];
+            (commands[i].0.to_string(), ok)
+        })
+        .collect();
     Ok(MotionCheck {
         commands: commands.iter().map(|(n, _)| n.to_string()).collect(),
         psnr,
         correct,
+        beats_opposite_and_still: beats,
     })
 }
