@@ -53,7 +53,7 @@ def torch_model(cfg_dict, W):
                                                 "text_dim", "text_len", "freq_dim", "eps", "control_dim")})
     m = WanDiT(cfg)
     sd = {k: torch.tensor(v, dtype=torch.float32) for k, v in W.items()}
-    missing, unexpected = m.load_state_dict(sd, strict=True), None
+    m.load_state_dict(sd, strict=True)  # the reference's names are the checkpoint's: no renaming
     return m.eval()
 
 
