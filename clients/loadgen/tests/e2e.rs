@@ -183,7 +183,7 @@ async fn loadgen_streams_and_agrees_with_metrics() {
         .expect("worldline_model_info");
     assert!(
         info.contains("model=\"tiny\"")
-            && info.contains("weights=\"random\"")
+            && info.contains("weights=\"embedded\"")
             && info.ends_with(" 1"),
         "{info}"
     );

@@ -190,7 +190,8 @@ impl Server {
             weights: loaded.weights.json(),
             decoder: probe.name().to_string(),
             decoder_weights: probe.weights_json(),
-            device: model.device.clone(),
+            // The device picked (`auto` resolved), as /status and the metrics labels say it.
+            device: model.device()?.to_string(),
             resolution: format!("{}x{}", engine_cfg.width, engine_cfg.height),
             fps: session::FPS,
             backends: backends(),
@@ -200,16 +201,16 @@ impl Server {
             }),
         };
         let metrics = metrics::Metrics::new().context("creating the metrics")?;
-        let weights_state = if model.weights.is_some() {
-            "loaded"
-        } else {
-            "random"
-        };
+        // "random", "loaded" or "embedded", as /status says.
+        let weights_state = info.weights["state"]
+            .as_str()
+            .unwrap_or("unknown")
+            .to_string();
         metrics.model(
             &info.model,
             &info.device,
             &info.decoder,
-            weights_state,
+            &weights_state,
             info.fps,
         );
         let (shutdown, _) = broadcast::channel(1);
