@@ -205,7 +205,23 @@ fn check_streaming(seen: &serde_json::Value, metrics: &str) {
         .count();
     assert!(prompt_replies >= 2, "{seen}");
     assert_eq!(seen["errorShown"], false, "{seen}");
-    assert_eq!(seen["pageErrors"], serde_json::json!([]), "{seen}");
+    // A reconnect can meet the old session's slot still held while its engine thread finishes
+    // the chunk in flight: the worker answers 503 and the page retries, as designed. The browser
+    // logs that refused handshake; anything else on the console is an error.
+    let busy = |e: &str| e.contains("503");
+    let errors: Vec<&str> = seen["pageErrors"]
+        .as_array()
+        .expect("pageErrors")
+        .iter()
+        .filter_map(|e| e.as_str())
+        .filter(|e| !busy(e))
+        .collect();
+    assert!(errors.is_empty(), "{seen}");
+    let sessions = seen["sessions"].as_array().map_or(0, Vec::len);
+    assert!(
+        sessions >= 2,
+        "the page did not come back after the drop: {seen}"
+    );
     // The worker sent at least what the page drew, and measured every latency sample the page
     // computed (the page can only miss some: frames queued when a session ended).
     let drawn = num(&first["frames"]) + num(&again["frames"]);
