@@ -103,7 +103,17 @@ fn loadgen_parses_the_workers_frame_header() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn loadgen_streams_and_agrees_with_metrics() {
     let f =
-        Flags::try_parse_from(["worker", "--model", "tiny", "--max-sessions", "2"]).expect("flags");
+        // Random weights keep the fast test decoder: this checks the plumbing, not the world.
+        Flags::try_parse_from([
+            "worker",
+            "--model",
+            "tiny",
+            "--weights",
+            "random",
+            "--max-sessions",
+            "2",
+        ])
+        .expect("flags");
     let server = Server::new(&f.model, &f.decoder, &f.serve).expect("server");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -183,7 +193,7 @@ async fn loadgen_streams_and_agrees_with_metrics() {
         .expect("worldline_model_info");
     assert!(
         info.contains("model=\"tiny\"")
-            && info.contains("weights=\"embedded\"")
+            && info.contains("weights=\"random\"")
             && info.ends_with(" 1"),
         "{info}"
     );

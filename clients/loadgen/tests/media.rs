@@ -36,7 +36,8 @@ async fn start(
     oneshot::Sender<()>,
     JoinHandle<anyhow::Result<()>>,
 ) {
-    let mut args = vec!["worker", "--model", "tiny"];
+    // Random weights keep the fast test decoder: this checks the media path, not the world.
+    let mut args = vec!["worker", "--model", "tiny", "--weights", "random"];
     args.extend_from_slice(extra);
     let f = Flags::try_parse_from(args).expect("flags");
     let server = Server::new(&f.model, &f.decoder, &f.serve).expect("server");

@@ -40,6 +40,11 @@ pub struct Running {
 
 pub async fn start(extra: &[&str]) -> Running {
     let mut args = vec!["worker", "--model", "tiny", "--listen", "127.0.0.1:0"];
+    // Plumbing tests: random weights keep the fast test decoder (the embedded world's decoder
+    // takes seconds per chunk on a debug build); `world_default` covers the default itself.
+    if !extra.contains(&"--weights") {
+        args.extend_from_slice(&["--weights", "random"]);
+    }
     args.extend_from_slice(extra);
     let f = Flags::try_parse_from(args).expect("flags");
     let server = Server::new(&f.model, &f.decoder, &f.serve).expect("server");
