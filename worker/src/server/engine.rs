@@ -26,6 +26,8 @@ use crate::decode::FrameSink;
 
 /// Frames the output queue holds (two chunks of 12).
 pub const OUTPUT_FRAMES: usize = 24;
+/// Frames kept queued beyond what the next chunk's expected work time will play, against jitter.
+const MARGIN_FRAMES: f64 = 4.0;
 const JPEG_QUALITY: u8 = 80;
 /// Most frames between H.264 keyframes (2 s at the model clock); a PLI asks for one sooner.
 pub const GOP: u32 = 32;
@@ -183,7 +185,12 @@ fn engine_loop(
     let mut _camera: Option<CameraFrame> = None;
     let mut _first_image: Option<CameraFrame> = None;
     let mut index = 0u64;
+    // Recent wall time of a chunk's own work (model, decode, encode), seconds.
+    let mut work: Option<f64> = None;
     while !shared.stop.load(Ordering::Relaxed) {
+        wait_until_needed(tx, shared, work);
+        let begun = Instant::now();
+        let mut blocked = Duration::ZERO;
         let inputs = shared.pending().take();
         metrics.queue(Queue::Controls).sub(inputs.messages);
         if inputs.reset {
@@ -245,12 +252,35 @@ fn engine_loop(
             };
             // Waits while the queue is full (the engine is ahead of the clock); fails once the
             // session has gone.
+            let sending = Instant::now();
             if tx.blocking_send(Out::Frame(frame)).is_err() {
                 return Ok(());
             }
+            blocked += sending.elapsed();
             metrics.queue(Queue::Output).inc();
             index += 1;
         }
+        let took = begun.elapsed().saturating_sub(blocked).as_secs_f64();
+        work = Some(work.map_or(took, |w| 0.5 * w + 0.5 * took));
     }
     Ok(())
+}
+
+/// Starts the next chunk just in time: while the output queue holds more frames than will play
+/// during the chunk's expected work (plus a margin), the inputs wait here, so the chunk takes the
+/// newest controls instead of ones that would reach the screen a queue's length later.
+fn wait_until_needed(tx: &mpsc::Sender<Out>, shared: &Shared, work: Option<f64>) {
+    let Some(work) = work else {
+        return;
+    };
+    let fps = f64::from(super::session::FPS);
+    let needed = (work * fps + MARGIN_FRAMES).ceil() as usize;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let queued = tx.max_capacity().saturating_sub(tx.capacity());
+        if queued <= needed || tx.is_closed() {
+            return;
+        }
+        let excess = (queued - needed) as f64 / fps;
+        std::thread::sleep(Duration::from_secs_f64(excess.min(0.05)));
+    }
 }
