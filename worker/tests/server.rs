@@ -5,60 +5,17 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use tokio::net::TcpStream;
+use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{connect_async, MaybeTlsStream, WebSocketStream};
-use worker::decode::DecoderArgs;
 use worker::server::protocol::{FrameHeader, HEADER_LEN};
-use worker::server::{ServeArgs, Server};
-use worker::setup::ModelArgs;
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+mod common;
 
-/// Generous bound on any wait, so a bug fails the test instead of hanging it.
-const PATIENCE: Duration = Duration::from_secs(120);
-
-#[derive(Parser)]
-struct Flags {
-    #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    decoder: DecoderArgs,
-    #[command(flatten)]
-    serve: ServeArgs,
-}
-
-struct Running {
-    addr: SocketAddr,
-    stop: oneshot::Sender<()>,
-    done: JoinHandle<anyhow::Result<()>>,
-}
-
-/// A server of the `tiny` model on random weights (the plumbing is what these tests check, and
-/// random weights bring the small test decoder).
-async fn start(extra: &[&str]) -> Running {
-    start_args(&[&["--weights", "random"], extra].concat()).await
-}
-
-async fn start_args(extra: &[&str]) -> Running {
-    let mut args = vec!["worker", "--model", "tiny", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    let f = Flags::try_parse_from(args).expect("flags");
-    let server = Server::new(&f.model, &f.decoder, &f.serve).expect("server");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let done = tokio::spawn(server.run(listener, async {
-        let _ = stopped.await;
-    }));
-    Running { addr, stop, done }
-}
+use common::{start, start_exact as start_args, Ws, PATIENCE};
 
 /// `GET path` over a raw socket: (status, body).
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {

@@ -38,13 +38,20 @@ pub struct Running {
     pub done: JoinHandle<anyhow::Result<()>>,
 }
 
+/// A server of the `tiny` model, on random weights unless `extra` names others: plumbing tests
+/// keep the fast test decoder (the embedded world's decoder takes seconds per chunk on a debug
+/// build); `world_default` covers the default itself.
 pub async fn start(extra: &[&str]) -> Running {
-    let mut args = vec!["worker", "--model", "tiny", "--listen", "127.0.0.1:0"];
-    // Plumbing tests: random weights keep the fast test decoder (the embedded world's decoder
-    // takes seconds per chunk on a debug build); `world_default` covers the default itself.
-    if !extra.contains(&"--weights") {
-        args.extend_from_slice(&["--weights", "random"]);
+    if extra.contains(&"--weights") {
+        start_exact(extra).await
+    } else {
+        start_exact(&[&["--weights", "random"], extra].concat()).await
     }
+}
+
+/// A server of the `tiny` model with exactly `extra` on top (no weights flag: the default).
+pub async fn start_exact(extra: &[&str]) -> Running {
+    let mut args = vec!["worker", "--model", "tiny", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let f = Flags::try_parse_from(args).expect("flags");
     let server = Server::new(&f.model, &f.decoder, &f.serve).expect("server");
