@@ -800,3 +800,6 @@ pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()>
 
 mod conv;
 pub use conv::{channel_affine, channel_rms_norm, clamp, conv3d, soft_clamp, upsample_nearest_2d};
+
+mod vsa;
+pub use vsa::vsa_attention;
