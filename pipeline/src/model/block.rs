@@ -70,11 +70,27 @@ pub struct WanBlock {
 }
 
 impl WanBlock {
+    /// The block's projections and FFN as fp8 linears (weights per output channel, activations
+    /// per token); norms, modulation and the camera layers keep their dtype.
+    pub fn quantize_linears_fp8(&mut self) -> Result<()> {
+        let a = &mut self.self_attn;
+        let c = &mut self.cross_attn;
+        for l in [
+            &mut a.q, &mut a.k, &mut a.v, &mut a.o, &mut c.q, &mut c.k, &mut c.v, &mut c.o,
+        ] {
+            l.quantize_fp8()?;
+        }
+        self.ffn.fc0.quantize_fp8()?;
+        self.ffn.fc2.quantize_fp8()
+    }
+
     /// The dtype projections are fed in: their weights' (bf16 activations for a bf16 model, so
     /// the fused norm writes them directly and no cast runs before the GEMM).
     fn projection_input(&self) -> NormOut {
         match self.self_attn.q.weight.dtype() {
             DType::BF16 => NormOut::Dtype(DType::BF16),
+            // fp8 linears: the norm quantizes per token in the same pass.
+            DType::F8E4M3 => NormOut::Fp8Rowwise,
             _ => NormOut::Dtype(DType::F32),
         }
     }

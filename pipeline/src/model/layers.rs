@@ -1,4 +1,4 @@
-use kernels::{ops, Tensor};
+use kernels::{ops, DType, ScaleKind, Tensor};
 
 use crate::weights::Vb;
 use crate::Result;
@@ -19,7 +19,24 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(ops::linear(x, &self.weight, self.bias.as_ref())?)
+        if self.weight.dtype() != DType::F8E4M3 {
+            return Ok(ops::linear(x, &self.weight, self.bias.as_ref())?);
+        }
+        // fp8 × fp8: the activation per token (already fp8 when the fused norm wrote it); the
+        // output in bf16, the dtype of a model with fp8 linears.
+        let xq = match x.dtype() {
+            DType::F8E4M3 => x.clone(),
+            _ => ops::quantize_fp8(x, ScaleKind::Rowwise)?,
+        };
+        Ok(ops::linear(&xq, &self.weight, self.bias.as_ref())?.to_dtype(DType::BF16)?)
+    }
+
+    /// The weight as fp8 e4m3 with one scale per output channel (its rows).
+    pub fn quantize_fp8(&mut self) -> Result<()> {
+        if self.weight.dtype() != DType::F8E4M3 {
+            self.weight = ops::quantize_fp8(&self.weight, ScaleKind::Rowwise)?;
+        }
+        Ok(())
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod attention;
 mod block;
+mod fp8;
 mod layers;
 
 pub use attention::{CrossAttention, KvMode, SelfAttention, TextKv};
