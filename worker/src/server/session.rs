@@ -21,7 +21,8 @@ use super::ingest::{Camera, Ingest, Job};
 use super::metrics::{Drop, Metrics, Overhead, Queue};
 use super::pacer::Pacer;
 use super::protocol::{
-    keys_to_controls, CameraHeader, ClientMsg, Codec, FIRST_IMAGE, HEADER_LEN, PROTOCOL,
+    keys_to_controls, CameraHeader, ClientMsg, Codec, DEFAULT_STRENGTH, FIRST_IMAGE, HEADER_LEN,
+    PROTOCOL,
 };
 use super::App;
 
@@ -170,6 +171,11 @@ async fn serve(
                     let due = pacer.due(frame.header.index, started.elapsed());
                     pending = Some((frame, tokio::time::Instant::from_std(started + due)));
                 }
+                Some(Out::Status(v)) => {
+                    if socket.send(Message::Text(v.to_string().into())).await.is_err() {
+                        break "client gone".into();
+                    }
+                }
                 Some(Out::Failed(why)) => {
                     fail(&mut socket, CLOSE_ERROR, &why).await;
                     break format!("engine failed: {why}");
@@ -257,11 +263,17 @@ pub(super) fn handle_text(
             metrics.queue(Queue::Controls).inc();
             Ok(None)
         }
-        ClientMsg::Prompt { text } => Ok(Some(json!({
-            "type": "status",
-            "prompt": "ignored: this build has no text encoder, so prompts do not change the stream",
-            "chars": text.chars().count(),
-        }))),
+        // The engine answers once a chunk has taken it (applied, or why not).
+        ClientMsg::Prompt { text } => {
+            shared.pending().prompt(text);
+            Ok(None)
+        }
+        ClientMsg::Mode { mode, strength } => {
+            shared
+                .pending()
+                .mode(mode, strength.unwrap_or(DEFAULT_STRENGTH));
+            Ok(None)
+        }
         ClientMsg::Reset => {
             shared.pending().reset();
             Ok(Some(

@@ -172,6 +172,8 @@ impl Peer {
             }
         };
         let mut channel: Option<Arc<RTCDataChannel>> = None;
+        // Status messages from the engine before the channel opened, sent when it does.
+        let mut early: Vec<serde_json::Value> = Vec::new();
         let mut connected = false;
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         let mut pacer = Pacer::new(FPS);
@@ -195,6 +197,9 @@ impl Peer {
                             "height": app.engine_cfg.height, "fps": FPS, "output": "h264",
                         });
                         let _ = dc.send_text(hello.to_string()).await;
+                        for v in early.drain(..) {
+                            let _ = dc.send_text(v.to_string()).await;
+                        }
                         channel = Some(dc);
                     }
                     Some(Event::ChannelClosed) => break "controls channel closed".into(),
@@ -247,6 +252,14 @@ impl Peer {
                         let due = pacer.due(frame.header.index, self.started.elapsed());
                         pending = Some((frame, tokio::time::Instant::from_std(self.started + due)));
                     }
+                    Some(Out::Status(v)) => match &channel {
+                        Some(dc) => {
+                            let _ = dc.send_text(v.to_string()).await;
+                        }
+                        // Few: one per prompt, mode or first image a chunk took.
+                        None if early.len() < 16 => early.push(v),
+                        None => {}
+                    },
                     Some(Out::Failed(why)) => {
                         if let Some(dc) = &channel {
                             let msg = serde_json::json!({"type": "error", "message": why});
