@@ -10,6 +10,7 @@
 //!   thread waits: it is ahead of the model clock, and waiting is what bounds memory.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use anyhow::{Context, Result};
 use jpeg_encoder::{ColorType, Encoder};
 use kernels::{DType, Tensor};
 use pipeline::{Chunk, ChunkInputs, Edit, Engine, EngineGroup};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
 use tracing::{warn, Span};
 
 use super::metrics::{Metrics, Overhead, Queue, Stage};
@@ -40,12 +41,37 @@ pub struct Shared {
     pub stop: AtomicBool,
     /// The client asked for a keyframe (a WebRTC PLI/FIR): the next H.264 frame is an IDR.
     pub keyframe: AtomicBool,
+    /// Status messages from the engine thread for the client (a prompt, mode or first image
+    /// applied, or why not). They bypass the frame queue, so they are not a queue's length
+    /// late; each names the frame it applies from. At most [`SAID`] wait.
+    said: Mutex<VecDeque<serde_json::Value>>,
+    /// Woken when a status message waits.
+    pub said_ready: Notify,
 }
+
+/// Status messages kept for a transport that has not taken them (the oldest go first).
+const SAID: usize = 32;
 
 impl Shared {
     pub fn pending(&self) -> MutexGuard<'_, Pending> {
         // A panic elsewhere cannot leave `Pending` half-updated in a harmful way.
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn say(&self, msg: serde_json::Value) {
+        let mut said = self.said.lock().unwrap_or_else(|e| e.into_inner());
+        said.push_back(msg);
+        while said.len() > SAID {
+            said.pop_front();
+        }
+        drop(said);
+        self.said_ready.notify_one();
+    }
+
+    /// The status messages waiting, oldest first.
+    pub fn take_said(&self) -> Vec<serde_json::Value> {
+        let mut said = self.said.lock().unwrap_or_else(|e| e.into_inner());
+        said.drain(..).collect()
     }
 }
 
@@ -62,9 +88,6 @@ pub struct Frame {
 #[derive(Debug)]
 pub enum Out {
     Frame(Frame),
-    /// A status message for the client (a prompt, mode or first image applied, or why not),
-    /// in order with the frames: it comes before the first frame it speaks of.
-    Status(serde_json::Value),
     Failed(String),
 }
 
@@ -248,12 +271,12 @@ fn null_context(app: &App) -> Result<Tensor> {
     Ok(Tensor::zeros(&[0, app.text_dim], DType::F32)?)
 }
 
-fn status(fields: serde_json::Value) -> Out {
+fn status(fields: serde_json::Value) -> serde_json::Value {
     let mut v = serde_json::json!({"type": "status"});
     if let (Some(o), serde_json::Value::Object(f)) = (v.as_object_mut(), fields) {
         o.extend(f);
     }
-    Out::Status(v)
+    v
 }
 
 /// The engine thread's session state beyond the engine itself.
@@ -316,7 +339,7 @@ fn run_session(
         // Answers to the client, sent ahead of this chunk's frames.
         let mut said = Vec::new();
         if inputs.reset {
-            restart(engine, &mut sink, &session)?;
+            restart(engine, &mut sink, &mut session)?;
         }
         if let Some(image) = inputs.first_image.take() {
             said.push(first_image(app, engine, &mut sink, &mut session, &image, index)?);
@@ -342,13 +365,7 @@ fn run_session(
             Mode::World => None,
             Mode::Edit => edit_input(app, &mut sink, &mut session, &inputs.camera, index, &mut said),
         };
-        for msg in said {
-            let sending = Instant::now();
-            if tx.blocking_send(msg).is_err() {
-                return Ok(());
-            }
-            blocked += sending.elapsed();
-        }
+        said.into_iter().for_each(|msg| shared.say(msg));
         let chunk = engine.next_chunk(
             &ChunkInputs {
                 controls: inputs.controls,
@@ -417,9 +434,11 @@ fn run_session(
 
 /// Starts the stream over: engine, decoder and encoder streams; from the first image, if the
 /// client gave one.
-fn restart(engine: &mut SessionEngine, sink: &mut FrameSink, session: &Session) -> Result<()> {
+fn restart(engine: &mut SessionEngine, sink: &mut FrameSink, session: &mut Session) -> Result<()> {
     engine.reset()?;
     sink.reset();
+    // Edit mode says again from which frame it applies.
+    session.edit_told = false;
     if let Some(latent) = &session.first_latent {
         engine.set_first_frame(latent)?;
     }
@@ -434,7 +453,7 @@ fn first_image(
     session: &mut Session,
     image: &CameraFrame,
     index: u64,
-) -> Result<Out> {
+) -> Result<serde_json::Value> {
     let not = |why: String| status(serde_json::json!({"first_image": format!("not applied: {why}"), "id": image.id}));
     if !app.i2v {
         return Ok(not(format!("model {} takes no first frame", app.info.model)));
@@ -457,7 +476,7 @@ fn first_image(
 }
 
 /// A new prompt: its context (cached per prompt) becomes the engine's from this chunk on.
-fn prompt_change(app: &App, engine: &mut SessionEngine, prompt: &str, index: u64) -> Result<Out> {
+fn prompt_change(app: &App, engine: &mut SessionEngine, prompt: &str, index: u64) -> Result<serde_json::Value> {
     let chars = prompt.chars().count();
     match app.prompts.encode(prompt, app.text_dim) {
         Ok(enc) => {
@@ -489,7 +508,7 @@ fn edit_input(
     session: &mut Session,
     camera: &[CameraFrame],
     index: u64,
-    said: &mut Vec<Out>,
+    said: &mut Vec<serde_json::Value>,
 ) -> Option<Edit> {
     let held;
     let frames: Vec<&CameraFrame> = if camera.is_empty() {

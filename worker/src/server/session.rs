@@ -132,6 +132,15 @@ async fn serve(
                     }
                 },
             },
+            _ = shared.said_ready.notified() => {
+                let mut gone = false;
+                for v in shared.take_said() {
+                    gone |= socket.send(Message::Text(v.to_string().into())).await.is_err();
+                }
+                if gone {
+                    break "client gone".into();
+                }
+            },
             why = camera_errors.recv() => {
                 let why = why.unwrap_or_else(|| "camera decoder stopped".into());
                 fail(&mut socket, CLOSE_POLICY, &why).await;
@@ -170,11 +179,6 @@ async fn serve(
                     metrics.queue(Queue::Output).dec();
                     let due = pacer.due(frame.header.index, started.elapsed());
                     pending = Some((frame, tokio::time::Instant::from_std(started + due)));
-                }
-                Some(Out::Status(v)) => {
-                    if socket.send(Message::Text(v.to_string().into())).await.is_err() {
-                        break "client gone".into();
-                    }
                 }
                 Some(Out::Failed(why)) => {
                     fail(&mut socket, CLOSE_ERROR, &why).await;

@@ -210,6 +210,18 @@ impl Peer {
                     }
                     None => break "callbacks gone".into(),
                 },
+                _ = self.shared.said_ready.notified() => {
+                    for v in self.shared.take_said() {
+                        match &channel {
+                            Some(dc) => {
+                                let _ = dc.send_text(v.to_string()).await;
+                            }
+                            // Few: one per prompt, mode or first image a chunk took.
+                            None if early.len() < 16 => early.push(v),
+                            None => {}
+                        }
+                    }
+                },
                 _ = tokio::time::sleep_until(deadline), if !connected => {
                     break "the client did not connect in time".into();
                 }
@@ -252,14 +264,6 @@ impl Peer {
                         let due = pacer.due(frame.header.index, self.started.elapsed());
                         pending = Some((frame, tokio::time::Instant::from_std(self.started + due)));
                     }
-                    Some(Out::Status(v)) => match &channel {
-                        Some(dc) => {
-                            let _ = dc.send_text(v.to_string()).await;
-                        }
-                        // Few: one per prompt, mode or first image a chunk took.
-                        None if early.len() < 16 => early.push(v),
-                        None => {}
-                    },
                     Some(Out::Failed(why)) => {
                         if let Some(dc) = &channel {
                             let msg = serde_json::json!({"type": "error", "message": why});
