@@ -22,7 +22,7 @@ pub const UMT5_TOKENIZER: &str = "google/umt5-xxl/tokenizer.json";
 pub enum Prompts {
     /// Prompts are encoded (cached per prompt) and change the stream from the next chunk.
     Encoder {
-        conditioner: Mutex<TextConditioner>,
+        conditioner: Box<Mutex<TextConditioner>>,
         /// For `/status`: `{"state":"random"|"loaded",...}`.
         source: serde_json::Value,
     },
@@ -110,8 +110,8 @@ fn t5_config(model: &ModelConfig) -> T5Config {
 /// [`UMT5_WEIGHTS`] or a single `.safetensors`, and `tokenizer.json` or [`UMT5_TOKENIZER`]), or
 /// the weights file itself with the tokenizer beside it.
 fn text_encoder_files(path: &Path) -> Result<(PathBuf, PathBuf)> {
-    let meta = std::fs::metadata(path)
-        .with_context(|| format!("--text-encoder {}", path.display()))?;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("--text-encoder {}", path.display()))?;
     let (dir, weights) = if meta.is_dir() {
         let named = path.join(UMT5_WEIGHTS);
         let weights = if named.is_file() {
@@ -214,7 +214,7 @@ pub fn load(
         "text encoder ready"
     );
     Ok(Prompts::Encoder {
-        conditioner: Mutex::new(conditioner),
+        conditioner: Box::new(Mutex::new(conditioner)),
         source,
     })
 }

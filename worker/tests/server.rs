@@ -254,7 +254,10 @@ async fn status_says_the_default_is_the_embedded_world_model() {
     assert_eq!(status["decoder"], "tiny/world", "{status}");
     assert_eq!(status["decoder_weights"]["state"], "embedded", "{status}");
     // Trained with the null prompt: a prompt is answered honestly and changes nothing.
-    assert_eq!(status["text_encoder"]["state"], "not_conditioned", "{status}");
+    assert_eq!(
+        status["text_encoder"]["state"], "not_conditioned",
+        "{status}"
+    );
     let (mut ws, _) = connect(srv.addr, "").await;
     ws.send(Message::text(r#"{"type":"prompt","text":"a castle"}"#))
         .await

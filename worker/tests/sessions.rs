@@ -40,7 +40,7 @@ impl Seen {
     }
 
     /// The `from_frame` of the `nth` status (from 0) that has `key` equal to `value`.
-    fn from_frame(&self, key: &str, value: &str, nth: usize) -> Option<u64> {
+    fn applied_from(&self, key: &str, value: &str, nth: usize) -> Option<u64> {
         self.statuses
             .iter()
             .filter(|s| s[key] == value && s.get("from_frame").is_some())
@@ -59,9 +59,9 @@ async fn a_prompt_change_conditions_the_stream_from_the_frame_it_names() {
     seen.until(&mut b, |s| s.frames.len() >= 9).await;
     let send = |text: &str| Message::text(format!(r#"{{"type":"prompt","text":"{text}"}}"#));
     b.send(send("a stone bridge")).await.expect("send");
-    seen.until(&mut b, |s| s.from_frame("prompt", "applied", 0).is_some())
+    seen.until(&mut b, |s| s.applied_from("prompt", "applied", 0).is_some())
         .await;
-    let from = seen.from_frame("prompt", "applied", 0).expect("applied");
+    let from = seen.applied_from("prompt", "applied", 0).expect("applied");
     let first = seen.statuses.last().expect("status").clone();
     assert_eq!(first["cached"], false, "{first}");
     assert!(from >= 9 && from % 12 == 9, "a chunk boundary: {first}");
@@ -69,10 +69,10 @@ async fn a_prompt_change_conditions_the_stream_from_the_frame_it_names() {
     seen.until(&mut b, |s| s.frames.len() >= end).await;
     // Another prompt, then the first again: the encoder runs for the new one only.
     b.send(send("a castle")).await.expect("send");
-    seen.until(&mut b, |s| s.from_frame("prompt", "applied", 1).is_some())
+    seen.until(&mut b, |s| s.applied_from("prompt", "applied", 1).is_some())
         .await;
     b.send(send("a stone bridge")).await.expect("send");
-    seen.until(&mut b, |s| s.from_frame("prompt", "applied", 2).is_some())
+    seen.until(&mut b, |s| s.applied_from("prompt", "applied", 2).is_some())
         .await;
     let third = seen.statuses.last().expect("status").clone();
     assert_eq!(third["cached"], true, "{third}");
@@ -91,11 +91,14 @@ async fn a_prompt_change_conditions_the_stream_from_the_frame_it_names() {
     let mut plain = Seen::default();
     plain.until(&mut a, |s| s.frames.len() >= end).await;
     assert!(plain.statuses.is_empty(), "{:?}", plain.statuses);
-    for i in 0..from as usize {
-        assert_eq!(
-            plain.frames[i].1, with_prompt[i].1,
-            "frame {i}, before the prompt, differs"
-        );
+    for (i, (a, b)) in plain
+        .frames
+        .iter()
+        .zip(&with_prompt)
+        .take(from as usize)
+        .enumerate()
+    {
+        assert_eq!(a.1, b.1, "frame {i}, before the prompt, differs");
     }
     let changed = (from as usize..end)
         .filter(|&i| plain.frames[i].1 != with_prompt[i].1)
@@ -121,6 +124,53 @@ async fn a_prompt_change_conditions_the_stream_from_the_frame_it_names() {
     );
     let _ = srv.stop.send(());
     srv.done.await.expect("join").expect("run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_on_two_cards_streams_the_frames_of_one_card() {
+    // Two ranks over the loopback communicator (tiny has 4 heads: 2 per rank).
+    let two = start(&["--cards", "2", "--device", "cpu"]).await;
+    let (code, body) = get(two.addr, "/status").await;
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(status["cards"], 2, "{status}");
+    let one = start(&["--device", "cpu"]).await;
+    let mut frames = Vec::new();
+    for srv in [&two, &one] {
+        let (mut ws, _) = connect(srv.addr, "").await;
+        let mut seen = Seen::default();
+        seen.until(&mut ws, |s| s.frames.len() >= 9).await;
+        // A prompt goes through the rank group too.
+        ws.send(Message::text(r#"{"type":"prompt","text":"a castle"}"#))
+            .await
+            .expect("send");
+        seen.until(&mut ws, |s| {
+            s.applied_from("prompt", "applied", 0).is_some()
+        })
+        .await;
+        let from = seen.applied_from("prompt", "applied", 0).expect("applied");
+        seen.until(&mut ws, |s| s.frames.len() as u64 >= from + 12)
+            .await;
+        frames.push((from, seen.frames));
+    }
+    // The same seed and no controls: the same frames, up to where the prompts applied (each
+    // session's prompt may land on another chunk), and again after both.
+    let (from2, two_frames) = &frames[0];
+    let (from1, one_frames) = &frames[1];
+    let upto = *from2.min(from1) as usize;
+    assert!(upto >= 9);
+    let same = |i: usize| two_frames[i].1 == one_frames[i].1;
+    for i in 0..upto {
+        assert!(same(i), "frame {i} differs");
+    }
+    if from1 == from2 {
+        let f = *from1 as usize;
+        assert!((f..f + 12).all(same), "after the prompt");
+    }
+    for srv in [two, one] {
+        let _ = srv.stop.send(());
+        srv.done.await.expect("join").expect("run");
+    }
 }
 
 #[cfg(feature = "media")]
@@ -197,7 +247,9 @@ mod camera {
         let store = WeightStore::random(0, DType::F32);
         let mut enc = TinyEncoder::load(&TinyEncoderConfig::tiny(), &store).expect("encoder");
         let mut dec = TinyDecoder::load(&TinyDecoderConfig::tiny(), &store).expect("decoder");
-        let y = dec.decode(&enc.encode(&x).expect("encode")).expect("decode");
+        let y = dec
+            .decode(&enc.encode(&x).expect("encode"))
+            .expect("decode");
         assert_eq!(y.shape(), &[3, t, SIZE, SIZE]);
         let v = y.to_vec_f32();
         let byte = |v: f32| ((v.clamp(-1.0, 1.0) + 1.0) * 127.5).round() as u8;
@@ -227,37 +279,47 @@ mod camera {
         assert_eq!(hello["width"], SIZE, "{hello}");
         let mut seen = Seen::default();
         // Edit mode before any camera frame: said, and world mode goes on.
-        ws.send(Message::text(r#"{"type":"mode","mode":"edit","strength":0}"#))
-            .await
-            .expect("send");
-        seen.until(&mut ws, |s| s.statuses.iter().any(|v| v.get("waiting").is_some()))
-            .await;
+        ws.send(Message::text(
+            r#"{"type":"mode","mode":"edit","strength":0}"#,
+        ))
+        .await
+        .expect("send");
+        seen.until(&mut ws, |s| {
+            s.statuses.iter().any(|v| v.get("waiting").is_some())
+        })
+        .await;
         let camera = jpeg(&pattern(SIZE, SIZE, 7));
         ws.send(picture(0, 1, &camera)).await.expect("send");
-        seen.until(&mut ws, |s| s.from_frame("mode", "edit", 0).is_some())
+        seen.until(&mut ws, |s| s.applied_from("mode", "edit", 0).is_some())
             .await;
         // A restart, so the encoder, engine and decoder streams all begin at the next chunk
         // and the expected frames are one encode → decode.
         ws.send(Message::text(r#"{"type":"reset"}"#))
             .await
             .expect("send");
-        seen.until(&mut ws, |s| s.from_frame("mode", "edit", 1).is_some())
+        seen.until(&mut ws, |s| s.applied_from("mode", "edit", 1).is_some())
             .await;
-        let edit0 = seen.from_frame("mode", "edit", 1).expect("edit after reset");
+        let edit0 = seen
+            .applied_from("mode", "edit", 1)
+            .expect("edit after reset");
         seen.until(&mut ws, |s| s.frames.len() as u64 >= edit0 + 9)
             .await;
         // Strength 1: from noise, with the camera only as a start.
-        ws.send(Message::text(r#"{"type":"mode","mode":"edit","strength":1}"#))
-            .await
-            .expect("send");
-        seen.until(&mut ws, |s| s.from_frame("mode", "edit", 2).is_some())
+        ws.send(Message::text(
+            r#"{"type":"mode","mode":"edit","strength":1}"#,
+        ))
+        .await
+        .expect("send");
+        seen.until(&mut ws, |s| s.applied_from("mode", "edit", 2).is_some())
             .await;
         ws.send(Message::text(r#"{"type":"reset"}"#))
             .await
             .expect("send");
-        seen.until(&mut ws, |s| s.from_frame("mode", "edit", 3).is_some())
+        seen.until(&mut ws, |s| s.applied_from("mode", "edit", 3).is_some())
             .await;
-        let edit1 = seen.from_frame("mode", "edit", 3).expect("edit after reset");
+        let edit1 = seen
+            .applied_from("mode", "edit", 3)
+            .expect("edit after reset");
         seen.until(&mut ws, |s| s.frames.len() as u64 >= edit1 + 9)
             .await;
         let reference = round_trip(&rgb(&camera), 9);
@@ -271,7 +333,10 @@ mod camera {
                 .map(|f| f.1.clone())
                 .collect()
         };
-        assert!(frames(edit0) == expected, "strength 0 is not encode → decode of the camera");
+        assert!(
+            frames(edit0) == expected,
+            "strength 0 is not encode → decode of the camera"
+        );
         assert!(frames(0) != expected && frames(edit1) != expected);
         let at0 = mean_psnr(&seen, edit0, &reference);
         let world = mean_psnr(&seen, 0, &reference);
@@ -298,7 +363,12 @@ mod camera {
         let (mut ws, _) = connect(srv.addr, "").await;
         let mut seen = Seen::default();
         let x = jpeg(&pattern(SIZE, SIZE, 3));
-        let y = jpeg(&pattern(SIZE, SIZE, 40).iter().map(|v| 255 - v).collect::<Vec<_>>());
+        let y = jpeg(
+            &pattern(SIZE, SIZE, 40)
+                .iter()
+                .map(|v| 255 - v)
+                .collect::<Vec<_>>(),
+        );
         // The world without a first image first: the session's first chunk.
         seen.until(&mut ws, |s| s.frames.len() >= 9).await;
         let mut starts = Vec::new();
@@ -306,21 +376,31 @@ mod camera {
             ws.send(picture(FIRST_IMAGE, n as u64 + 1, image))
                 .await
                 .expect("send");
-            seen.until(&mut ws, |s| s.from_frame("first_image", "applied: the stream starts over from it", n).is_some())
-                .await;
+            seen.until(&mut ws, |s| {
+                s.applied_from("first_image", "applied: the stream starts over from it", n)
+                    .is_some()
+            })
+            .await;
             let from = seen
-                .from_frame("first_image", "applied: the stream starts over from it", n)
+                .applied_from("first_image", "applied: the stream starts over from it", n)
                 .expect("applied");
             seen.until(&mut ws, |s| s.frames.len() as u64 >= from + 9)
                 .await;
             starts.push(from as usize);
         }
         let chunk = |k: usize| -> Vec<&Vec<u8>> {
-            seen.frames[starts[k]..starts[k] + 9].iter().map(|f| &f.1).collect()
+            seen.frames[starts[k]..starts[k] + 9]
+                .iter()
+                .map(|f| &f.1)
+                .collect()
         };
         // The same image restarts the same world; another image, another world.
         assert_eq!(chunk(0), chunk(2), "the same first image, the same frames");
-        assert_ne!(chunk(0)[0], chunk(1)[0], "another first image, another first frame");
+        assert_ne!(
+            chunk(0)[0],
+            chunk(1)[0],
+            "another first image, another first frame"
+        );
         // And it is not the world without a first image (the session's first chunk).
         let plain: Vec<&Vec<u8>> = seen.frames[..9].iter().map(|f| &f.1).collect();
         assert_ne!(plain[0], chunk(0)[0]);

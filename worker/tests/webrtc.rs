@@ -72,7 +72,10 @@ async fn a_webrtc_session_streams_h264_and_takes_camera_and_controls() {
     let prompt = prompt_reply.expect("prompt reply");
     assert_eq!(prompt["prompt"], "applied", "{prompt}");
     let from = prompt["from_frame"].as_u64().expect("from_frame");
-    assert!(from == 0 || from % 12 == 9, "a chunk's first frame: {prompt}");
+    assert!(
+        from == 0 || from % 12 == 9,
+        "a chunk's first frame: {prompt}"
+    );
     assert!(pictures <= metas.len() as u64 + 1);
     let received = metas.len() as f64;
     peer.pc.close().await.expect("close");

@@ -9,8 +9,8 @@
 //! - output: a bounded channel of [`OUTPUT_FRAMES`] encoded frames. When it is full the engine
 //!   thread waits: it is ahead of the model clock, and waiting is what bounds memory.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,7 @@ pub const OUTPUT_FRAMES: usize = 24;
 const MARGIN_FRAMES: f64 = 4.0;
 const JPEG_QUALITY: u8 = 80;
 /// Most frames between H.264 keyframes (2 s at the model clock); a PLI asks for one sooner.
+#[cfg(feature = "media")]
 pub const GOP: u32 = 32;
 
 /// What the transport and the engine thread share.
@@ -198,16 +199,17 @@ impl VideoOut {
 /// The session's chunk engine: on one card, or a rank group (`--cards` > 1) taken from the
 /// worker's pool and handed back when the session ends well.
 enum SessionEngine {
-    One(Engine),
+    One(Box<Engine>),
     Group(Option<EngineGroup>),
 }
 
 impl SessionEngine {
     fn start(app: &App) -> Result<Self> {
         Ok(match &app.engines {
-            Engines::One(model) => {
-                SessionEngine::One(Engine::new(model.clone(), app.engine_cfg.clone())?)
-            }
+            Engines::One(model) => SessionEngine::One(Box::new(Engine::new(
+                model.clone(),
+                app.engine_cfg.clone(),
+            )?)),
             Engines::Group(pool) => {
                 let mut g = pool.take()?;
                 // A group that served a session before starts over, prompt included.
@@ -342,7 +344,14 @@ fn run_session(
             restart(engine, &mut sink, &mut session)?;
         }
         if let Some(image) = inputs.first_image.take() {
-            said.push(first_image(app, engine, &mut sink, &mut session, &image, index)?);
+            said.push(first_image(
+                app,
+                engine,
+                &mut sink,
+                &mut session,
+                &image,
+                index,
+            )?);
         }
         if let Some(prompt) = inputs.prompt.take() {
             said.push(prompt_change(app, engine, &prompt, index)?);
@@ -363,7 +372,14 @@ fn run_session(
         }
         let edit = match session.mode {
             Mode::World => None,
-            Mode::Edit => edit_input(app, &mut sink, &mut session, &inputs.camera, index, &mut said),
+            Mode::Edit => edit_input(
+                app,
+                &mut sink,
+                &mut session,
+                &inputs.camera,
+                index,
+                &mut said,
+            ),
         };
         said.into_iter().for_each(|msg| shared.say(msg));
         let chunk = engine.next_chunk(
@@ -454,9 +470,14 @@ fn first_image(
     image: &CameraFrame,
     index: u64,
 ) -> Result<serde_json::Value> {
-    let not = |why: String| status(serde_json::json!({"first_image": format!("not applied: {why}"), "id": image.id}));
+    let not = |why: String| {
+        status(serde_json::json!({"first_image": format!("not applied: {why}"), "id": image.id}))
+    };
     if !app.i2v {
-        return Ok(not(format!("model {} takes no first frame", app.info.model)));
+        return Ok(not(format!(
+            "model {} takes no first frame",
+            app.info.model
+        )));
     }
     let started = Instant::now();
     let latent = match frames_tensor(&[image], (app.engine_cfg.width, app.engine_cfg.height))
@@ -476,7 +497,12 @@ fn first_image(
 }
 
 /// A new prompt: its context (cached per prompt) becomes the engine's from this chunk on.
-fn prompt_change(app: &App, engine: &mut SessionEngine, prompt: &str, index: u64) -> Result<serde_json::Value> {
+fn prompt_change(
+    app: &App,
+    engine: &mut SessionEngine,
+    prompt: &str,
+    index: u64,
+) -> Result<serde_json::Value> {
     let chars = prompt.chars().count();
     match app.prompts.encode(prompt, app.text_dim) {
         Ok(enc) => {
@@ -531,9 +557,7 @@ fn edit_input(
         camera.iter().collect()
     };
     let want = sink.encoder_frames(app.engine_cfg.chunk_frames);
-    let picked: Vec<&CameraFrame> = (0..want)
-        .map(|j| frames[j * frames.len() / want])
-        .collect();
+    let picked: Vec<&CameraFrame> = (0..want).map(|j| frames[j * frames.len() / want]).collect();
     let started = Instant::now();
     let encoded = frames_tensor(&picked, (app.engine_cfg.width, app.engine_cfg.height))
         .and_then(|video| sink.encode_chunk(&video));
@@ -565,7 +589,8 @@ fn edit_input(
 #[cfg(feature = "media")]
 const NO_CAMERA: &str = "no camera frames yet: world mode continues until one arrives";
 #[cfg(not(feature = "media"))]
-const NO_CAMERA: &str = "this worker takes no camera input (built without the media feature): world mode continues";
+const NO_CAMERA: &str =
+    "this worker takes no camera input (built without the media feature): world mode continues";
 
 /// Camera pictures (RGB at the session size) as frames `[3, t, H, W]` in `[-1, 1]`.
 fn frames_tensor(frames: &[&CameraFrame], (w, h): (usize, usize)) -> Result<Tensor> {

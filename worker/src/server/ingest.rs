@@ -6,20 +6,27 @@
 //! waits on decoding), a newer picture replaced one no chunk took (`stale`), and H.264 frames
 //! after a drop until the next keyframe (`awaiting_keyframe`: they could not decode).
 
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+#[cfg(feature = "media")]
+use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::engine::Shared;
-use super::metrics::{CameraDrop, Metrics};
+use super::metrics::CameraDrop;
+#[cfg(feature = "media")]
+use super::metrics::Metrics;
 use super::protocol::CameraHeader;
 use super::App;
 
 /// Compressed frames waiting for the decoder.
+#[cfg(feature = "media")]
 const QUEUE: usize = 4;
 
-/// A compressed camera frame as it arrived.
+/// A compressed camera frame as it arrived. (Without the `media` feature no decoder reads it:
+/// the first one is refused.)
 #[derive(Debug)]
+#[cfg_attr(not(feature = "media"), allow(dead_code))]
 pub struct Job {
     pub codec: Camera,
     pub id: u64,
@@ -33,6 +40,8 @@ pub struct Job {
 pub enum Camera {
     Jpeg,
     H264,
+    /// WebRTC camera tracks only.
+    #[cfg(feature = "media")]
     Vp8,
 }
 

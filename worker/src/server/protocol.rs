@@ -504,9 +504,18 @@ mod tests {
             ),
             (r#"{"type":"controls","id":1,"keys":"ww"}"#, "given twice"),
             (r#"{"type":"controls","keys":""}"#, "missing field `id`"),
-            (r#"{"type":"mode","mode":"edit","strength":1.5}"#, "outside 0 to 1"),
-            (r#"{"type":"mode","mode":"edit","strength":-0.1}"#, "outside 0 to 1"),
-            (r#"{"type":"mode","mode":"world","strength":0.5}"#, "edit only"),
+            (
+                r#"{"type":"mode","mode":"edit","strength":1.5}"#,
+                "outside 0 to 1",
+            ),
+            (
+                r#"{"type":"mode","mode":"edit","strength":-0.1}"#,
+                "outside 0 to 1",
+            ),
+            (
+                r#"{"type":"mode","mode":"world","strength":0.5}"#,
+                "edit only",
+            ),
             (r#"{"type":"mode","mode":"dream"}"#, "unknown variant"),
         ] {
             let e = ClientMsg::parse(bad).expect_err(bad);

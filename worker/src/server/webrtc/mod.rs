@@ -88,7 +88,13 @@ pub(super) async fn offer(
     }
     let req: OfferRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return refuse(&app, StatusCode::BAD_REQUEST, format!("bad offer request: {e}")),
+        Err(e) => {
+            return refuse(
+                &app,
+                StatusCode::BAD_REQUEST,
+                format!("bad offer request: {e}"),
+            )
+        }
     };
     if req.kind != "offer" {
         return refuse(
@@ -110,7 +116,11 @@ pub(super) async fn offer(
     }
     if let Some(p) = &req.settings.prompt {
         if p.len() > super::protocol::MAX_MESSAGE {
-            return refuse(&app, StatusCode::BAD_REQUEST, "the prompt is over the limit");
+            return refuse(
+                &app,
+                StatusCode::BAD_REQUEST,
+                "the prompt is over the limit",
+            );
         }
     }
     let checked = match offer::check(&req.sdp) {
