@@ -218,3 +218,95 @@ pub fn load(
         source,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh folder under the system's temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("worldline-text-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    fn context(p: &Prompts, text: &str) -> Vec<f32> {
+        p.encode(text, ModelConfig::tiny().text_dim)
+            .expect("encode")
+            .context
+            .to_vec_f32()
+    }
+
+    #[test]
+    fn a_text_encoder_folder_loads_by_the_official_names() {
+        let model = ModelConfig::tiny();
+        let random = WeightsSource::Random { seed: 3 };
+        let builtin = load(None, &model, &random, Device::Cpu, DType::F32, 3).expect("random");
+        assert_eq!(builtin.json()["state"], "random");
+        // The same weights written as a checkpoint with a tokenizer.json beside them.
+        let dir = scratch("folder");
+        let store = WeightStore::random(3, DType::F32);
+        let shapes = t5_config(&model).weight_shapes();
+        let tensors: Vec<(String, Tensor)> = shapes
+            .iter()
+            .map(|(name, shape)| (name.clone(), store.root().get(shape, name).expect("tensor")))
+            .collect();
+        let named: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
+        pipeline::weights::save_safetensors(&dir.join(UMT5_WEIGHTS), &named).expect("save");
+        let no_tokenizer = load(Some(&dir), &model, &random, Device::Cpu, DType::F32, 9);
+        let why = format!("{:#}", no_tokenizer.err().expect("no tokenizer"));
+        assert!(why.contains("no tokenizer.json"), "{why}");
+        let tok = dir.join(UMT5_TOKENIZER);
+        std::fs::create_dir_all(tok.parent().expect("parent")).expect("dirs");
+        std::fs::write(&tok, pipeline::text::builtin_json()).expect("tokenizer");
+        let loaded = load(Some(&dir), &model, &random, Device::Cpu, DType::F32, 9).expect("load");
+        assert_eq!(loaded.json()["state"], "loaded");
+        let a = context(&loaded, "a castle at dusk");
+        assert_eq!(a, context(&builtin, "a castle at dusk"));
+        assert_ne!(a, context(&loaded, "a stone bridge"));
+        // The empty prompt is the null context: no rows.
+        assert!(context(&loaded, "  ").is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn without_a_text_encoder_prompts_are_answered_not_applied() {
+        let big = ModelConfig::lingbot_1_3b();
+        let random = WeightsSource::Random { seed: 0 };
+        let p = load(None, &big, &random, Device::Cpu, DType::F32, 0).expect("load");
+        let why = p.encode("a castle", big.text_dim).expect_err("unavailable");
+        assert!(
+            why.starts_with("prompts are unavailable") && why.contains("--text-encoder"),
+            "{why}"
+        );
+        assert_eq!(p.json()["state"], "unavailable");
+        let tiny = ModelConfig::tiny();
+        let p = load(
+            None,
+            &tiny,
+            &WeightsSource::Embedded,
+            Device::Cpu,
+            DType::F32,
+            0,
+        )
+        .expect("embedded");
+        let why = p
+            .encode("a castle", tiny.text_dim)
+            .expect_err("not conditioned");
+        assert!(
+            why.starts_with("this model has no text conditioning"),
+            "{why}"
+        );
+        let refused = load(
+            Some(Path::new("/nonexistent")),
+            &tiny,
+            &WeightsSource::Embedded,
+            Device::Cpu,
+            DType::F32,
+            0,
+        );
+        assert!(format!("{:#}", refused.err().expect("refused")).contains("null prompt"));
+    }
+}

@@ -570,7 +570,7 @@ mod tests {
         assert_eq!((ids[0], ids[CAMERA_KEPT - 1]), (2, 99));
         let b = p.take();
         assert!(b.camera.is_empty(), "nothing new");
-        assert_eq!(b.camera_newest.map(|c| c.0), Some(2));
+        assert_eq!(b.camera_newest.map(|c| c.0), Some(99));
     }
 
     #[test]
