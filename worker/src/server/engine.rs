@@ -7,7 +7,15 @@
 //!   engine thread takes it once per chunk, so controls coalesce per chunk and camera frames are
 //!   latest-wins (a frame replaced before a chunk took it is dropped and counted);
 //! - output: a bounded channel of [`OUTPUT_FRAMES`] encoded frames. When it is full the engine
-//!   thread waits: it is ahead of the model clock, and waiting is what bounds memory.
+//!   thread waits: it is ahead of the model clock, and waiting is what bounds memory;
+//! - status messages (a prompt, mode or first image applied, or why not): a short list in
+//!   [`Shared`] that the transport drains when woken, ahead of queued frames (each names the
+//!   frame it applies from).
+//!
+//! Per chunk the thread applies, in order: a reset, a first image (encoded as the I2V first
+//! frame; the stream restarts from it), a prompt (the worker's text encoder, cached per
+//! prompt), a mode change; then in edit mode it encodes the chunk's camera frames with the
+//! encoder paired with the session's decoder and runs the engine's edit from them.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
