@@ -182,7 +182,9 @@ pub fn load(
             });
             (tok, store, json)
         }
-        None if model.name.starts_with("tiny") => {
+        // Random conditioning only on a random model: on trained weights it would silently
+        // perturb what they learned.
+        None if model.name.starts_with("tiny") && weights.is_random() => {
             warn!(
                 seed,
                 "RANDOM TEXT ENCODER: no --text-encoder, so the tiny model's T5 is random from the seed with a built-in character tokenizer; prompts change the stream but mean nothing"
@@ -256,7 +258,7 @@ mod tests {
         let named: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
         pipeline::weights::save_safetensors(&dir.join(UMT5_WEIGHTS), &named).expect("save");
         let no_tokenizer = load(Some(&dir), &model, &random, Device::Cpu, DType::F32, 9);
-        let why = format!("{:#}", no_tokenizer.err().expect("no tokenizer"));
+        let why = format!("{:#}", no_tokenizer.expect_err("no tokenizer"));
         assert!(why.contains("no tokenizer.json"), "{why}");
         let tok = dir.join(UMT5_TOKENIZER);
         std::fs::create_dir_all(tok.parent().expect("parent")).expect("dirs");
@@ -283,6 +285,10 @@ mod tests {
         );
         assert_eq!(p.json()["state"], "unavailable");
         let tiny = ModelConfig::tiny();
+        // Trained tiny weights from a file get no random conditioning either.
+        let file = WeightsSource::File(PathBuf::from("dit.safetensors"));
+        let p = load(None, &tiny, &file, Device::Cpu, DType::F32, 0).expect("load");
+        assert_eq!(p.json()["state"], "unavailable");
         let p = load(
             None,
             &tiny,
@@ -307,6 +313,6 @@ mod tests {
             DType::F32,
             0,
         );
-        assert!(format!("{:#}", refused.err().expect("refused")).contains("null prompt"));
+        assert!(format!("{:#}", refused.expect_err("refused")).contains("null prompt"));
     }
 }

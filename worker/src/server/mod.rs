@@ -86,8 +86,8 @@ pub struct ServeArgs {
 
     /// The umT5 text encoder: a folder with models_t5_umt5-xxl-enc-bf16.safetensors (or one
     /// .safetensors) and tokenizer.json (or google/umt5-xxl/tokenizer.json), or the weights
-    /// file. Without it, `tiny` on --weights random/a file uses a random tiny T5 and other
-    /// models answer prompts as unavailable.
+    /// file. Without it, `tiny` on --weights random uses a random tiny T5, the embedded default
+    /// says it has no text conditioning, and other weights answer prompts as unavailable.
     #[arg(long)]
     pub text_encoder: Option<PathBuf>,
 }
