@@ -1,7 +1,9 @@
 //! What a session's inputs do to its stream, end to end over a real WebSocket with the `tiny`
 //! model on random weights (CPU, loopback): a prompt change conditions the chunks from the frame
 //! the worker names and is cached per prompt; edit mode turns the camera into the output; a first
-//! image restarts the world from it. No timing assertions.
+//! image restarts the world from it; two loopback ranks stream what one card streams. On the
+//! embedded default world (trained), the first image and edit mode's camera show in the frames.
+//! No timing assertions.
 
 mod common;
 
@@ -404,6 +406,82 @@ mod camera {
         // And it is not the world without a first image (the session's first chunk).
         let plain: Vec<&Vec<u8>> = seen.frames[..9].iter().map(|f| &f.1).collect();
         assert_ne!(plain[0], chunk(0)[0]);
+        drop(ws);
+        let _ = srv.stop.send(());
+        srv.done.await.expect("join").expect("run");
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn on_the_default_world_the_first_image_and_edit_mode_show_their_pictures() {
+        // The embedded default: a trained I2V DiT and autoencoder (no --weights).
+        let srv = start_exact(&[]).await;
+        let (mut ws, _) = connect(srv.addr, "").await;
+        let mut seen = Seen::default();
+        seen.until(&mut ws, |s| !s.frames.is_empty()).await;
+        // A view of the procedural world the model was trained on, away from the spawn point.
+        let cfg = pipeline::EngineConfig::tiny(0);
+        let scene = pipeline::world::scene::Scene::new();
+        let cells = scene.open_cells(0.4);
+        let (x, z) = cells[cells.len() / 2];
+        let view = pipeline::world::dataset::renderer(&cfg, 2)
+            .render(&pipeline::camera::Pose::level([x, 0.0, z], 2.0));
+        let image = jpeg(&view);
+        ws.send(picture(FIRST_IMAGE, 1, &image))
+            .await
+            .expect("send");
+        let applied = "applied: the stream starts over from it";
+        seen.until(&mut ws, |s| {
+            s.applied_from("first_image", applied, 0).is_some()
+        })
+        .await;
+        let from = seen
+            .applied_from("first_image", applied, 0)
+            .expect("applied");
+        seen.until(&mut ws, |s| s.frames.len() as u64 > from).await;
+        let want = rgb(&image);
+        let after = psnr(&rgb(&seen.frames[from as usize].1), &want);
+        let before = psnr(&rgb(&seen.frames[0].1), &want);
+        println!(
+            "first frame against the first image: {after:.1} dB (the default's: {before:.1} dB)"
+        );
+        assert!(
+            after > 20.0 && after > before + 6.0,
+            "{after:.1} dB against {before:.1} dB"
+        );
+
+        // Edit mode at strength 0 gives back the camera (through the trained autoencoder);
+        // the world the session streamed before does not look like it.
+        let (x, z) = cells[cells.len() / 4];
+        let view = pipeline::world::dataset::renderer(&cfg, 2)
+            .render(&pipeline::camera::Pose::level([x, 0.0, z], -1.0));
+        let camera = jpeg(&view);
+        ws.send(picture(0, 2, &camera)).await.expect("send");
+        ws.send(Message::text(
+            r#"{"type":"mode","mode":"edit","strength":0}"#,
+        ))
+        .await
+        .expect("send");
+        seen.until(&mut ws, |s| s.applied_from("mode", "edit", 0).is_some())
+            .await;
+        ws.send(Message::text(r#"{"type":"reset"}"#))
+            .await
+            .expect("send");
+        seen.until(&mut ws, |s| s.applied_from("mode", "edit", 1).is_some())
+            .await;
+        let edit = seen.applied_from("mode", "edit", 1).expect("edit") as usize;
+        seen.until(&mut ws, |s| s.frames.len() >= edit + 9).await;
+        let want = rgb(&camera);
+        let mean = |from: usize| {
+            (from..from + 9)
+                .map(|i| psnr(&rgb(&seen.frames[i].1), &want))
+                .sum::<f64>()
+                / 9.0
+        };
+        let (edited, world) = (mean(edit), mean(0));
+        println!("edit strength 0 against the camera: {edited:.1} dB (world mode: {world:.1} dB)");
+        assert!(
+            edited > 20.0 && edited > world + 6.0,
+            "{edited:.1} dB against {world:.1} dB"
+        );
         drop(ws);
         let _ = srv.stop.send(());
         srv.done.await.expect("join").expect("run");
