@@ -14,7 +14,7 @@ const RETRY_MS = [1000, 2000, 4000, 8000];
 const STORE = "worldline.settings";
 const LOG_LINES = 40;
 
-const settings = { transport: "ws", token: "", prompt: "", mode: "world", ...loadSettings() };
+const settings = { transport: "ws", token: "", prompt: "", mode: "world", strength: 0.6, ...loadSettings() };
 const TRANSPORTS = ["ws", "ws-h264", "webrtc"];
 if (!TRANSPORTS.includes(settings.transport)) settings.transport = "ws";
 const stats = new Stats();
@@ -89,7 +89,7 @@ function onOpen(hello) {
   refreshCaps();
   // What the session was set to before: the worker starts every session from scratch.
   if (settings.prompt) send({ type: "prompt", text: settings.prompt });
-  if (session.accepts.has("mode")) send({ type: "mode", mode: settings.mode });
+  if (session.accepts.has("mode")) send(modeMessage());
   if (image) session.sendImage(image);
   cameraNote();
   controls.flush(); // held keys stay held; the first frames then carry a control id
@@ -215,6 +215,7 @@ function setState(state, text) {
 function refreshCaps() {
   const can = (kind) => !session?.hello || session.accepts.has(kind);
   for (const r of document.querySelectorAll("input[name=mode]")) r.disabled = !can("mode");
+  $("strength").disabled = !can("mode");
   $("image").disabled = !can("image");
   $("reset").disabled = !session?.hello;
   const notes = [];
@@ -282,6 +283,11 @@ async function refreshStatus() {
 
 // ---- settings -------------------------------------------------------------------------------
 
+/** The `mode` message: edit mode carries its strength (protocol 3). */
+function modeMessage() {
+  return settings.mode === "edit" ? { type: "mode", mode: "edit", strength: settings.strength } : { type: "mode", mode: "world" };
+}
+
 function loadSettings() {
   try {
     return JSON.parse(sessionStorage.getItem(STORE)) ?? {};
@@ -319,6 +325,8 @@ function wire() {
   $("token").value = settings.token;
   $("prompt").value = settings.prompt;
   for (const r of document.querySelectorAll("input[name=mode]")) r.checked = r.value === settings.mode;
+  $("strength").value = String(settings.strength);
+  $("strength-value").textContent = String(settings.strength);
 
   $("connect").onclick = () => (wanted ? disconnect() : connect());
   $("transport").onchange = (e) => {
@@ -341,9 +349,15 @@ function wire() {
     r.onchange = () => {
       settings.mode = r.value;
       saveSettings();
-      if (session?.accepts.has("mode")) send({ type: "mode", mode: settings.mode });
+      if (session?.accepts.has("mode")) send(modeMessage());
     };
   }
+  $("strength").onchange = (e) => {
+    settings.strength = Number(e.target.value);
+    $("strength-value").textContent = String(settings.strength);
+    saveSettings();
+    if (settings.mode === "edit" && session?.accepts.has("mode")) send(modeMessage());
+  };
   $("image").onchange = async (e) => {
     const file = e.target.files[0];
     if (!file) return;

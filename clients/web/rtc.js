@@ -85,7 +85,8 @@ export class RtcTransport {
         if (msg.type === "frame") return this.on.meta(frameMeta(msg));
         if (!this.hello && msg.type === "status" && msg.session !== undefined) {
           this.hello = msg;
-          this.accepts = new Set(ACCEPTS);
+          // Protocol 3 added the mode message.
+          this.accepts = new Set([...ACCEPTS, ...(msg.protocol >= 3 ? ["mode"] : [])]);
           resolve(msg);
         }
         if (msg.type === "error") this.on.error(msg.message);

@@ -49,7 +49,9 @@ export class WsTransport {
           this.hello = msg;
           // Protocol 1 took controls only; protocol 2 added camera pictures and the first image.
           const v2 = msg.protocol >= 2 ? ["camera", "image"] : [];
-          this.accepts = new Set(["controls", "prompt", "reset", ...v2]);
+          // Protocol 3 added the mode message (world or edit).
+          const v3 = msg.protocol >= 3 ? ["mode"] : [];
+          this.accepts = new Set(["controls", "prompt", "reset", ...v2, ...v3]);
           this.setCamera(camera);
           resolve(msg);
         }

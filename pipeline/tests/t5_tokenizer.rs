@@ -124,3 +124,35 @@ fn contexts_are_cached_per_prompt() {
     assert_ne!(a.to_vec_f32(), b.to_vec_f32());
     assert_eq!(a.shape(), &[cfg.text_len, cfg.dim]);
 }
+
+#[test]
+fn the_builtin_tokenizer_spells_prompts_out_in_characters() {
+    let tok = T5Tokenizer::builtin(12).expect("builtin");
+    let (ids, valid) = tok.encode("  Cab 9 ").expect("encode");
+    // ▁ 3, then a..z from 4, digits after z; upper case folds to lower; </s> ends it.
+    assert_eq!(&ids[..valid], &[3, 6, 4, 5, 3, 4 + 26 + 9, 1]);
+    assert!(ids[valid..].iter().all(|&i| i == 0));
+    assert_eq!(tok.decode(&ids).expect("decode"), "cab 9");
+    // A character outside the pieces is <unk>.
+    let (ids, valid) = tok.encode("é").expect("encode");
+    assert_eq!(&ids[..valid], &[3, 2, 1]);
+    assert!(pipeline::text::BUILTIN_PIECES.len() + 4 <= T5Config::tiny().vocab);
+}
+
+#[test]
+fn the_context_cache_is_bounded_and_counts_hits() {
+    let cfg = T5Config::tiny();
+    let tok = T5Tokenizer::builtin(cfg.text_len).expect("builtin");
+    let enc = T5Encoder::load(&cfg, &WeightStore::random(7, DType::F32)).expect("tiny");
+    let mut text = TextConditioner::new(tok, enc).expect("conditioner");
+    text.set_capacity(2);
+    let a = text.context("a").expect("a").to_vec_f32();
+    text.context("b").expect("b");
+    assert_eq!(text.context("a").expect("a").to_vec_f32(), a);
+    assert_eq!((text.encodes, text.hits), (2, 1));
+    // "c" pushes out the least recently used, "b"; "a" stays.
+    text.context("c").expect("c");
+    assert!(text.is_cached("a") && text.is_cached("c") && !text.is_cached("b"));
+    text.context("b").expect("b again");
+    assert_eq!((text.encodes, text.hits), (4, 1));
+}

@@ -1,4 +1,6 @@
-//! Latents to frames: the decoder a session runs after each chunk, and where its frames go.
+//! Latents to frames: the decoder a session runs after each chunk, and where its frames go;
+//! and frames to latents with the encoder paired with that decoder (edit mode's camera video,
+//! world mode's first image).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -6,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use kernels::{DType, Device, Tensor};
-use pipeline::vae::{TinyDecoder, TinyDecoderConfig};
+use pipeline::vae::{TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig};
 use pipeline::world::assets::WorldAssets;
 use pipeline::{VaeConfig, WanVae, WeightStore};
 use tracing::{info, warn};
@@ -65,12 +67,19 @@ pub struct Decoded {
     pub time: Duration,
 }
 
-/// The session's decoder and, with `--out`, its file.
+/// The session's decoder and, with `--out`, its file; the paired encoder, loaded when first
+/// used.
 pub struct FrameSink {
     decoder: Decoder,
     out: Option<Y4mWriter>,
     name: String,
     weights: serde_json::Value,
+    /// Where the decoder came from, to load its encoder from (the full VAE has both already).
+    store: WeightStore,
+    encoder_cfg: TinyEncoderConfig,
+    encoder: Option<TinyEncoder>,
+    /// Whether the encoder's stream has begun (its first call takes `1 + 4k` frames).
+    encoding: bool,
 }
 
 impl std::fmt::Debug for FrameSink {
@@ -180,12 +189,81 @@ impl FrameSink {
             }
             None => None,
         };
+        let encoder_cfg = match (&args.world, &decoder) {
+            (Some(_), _) => TinyEncoderConfig::world(),
+            (None, Decoder::Tiny(d)) if d.config().name == TinyDecoderConfig::tiny().name => {
+                TinyEncoderConfig::tiny()
+            }
+            _ => TinyEncoderConfig::taew2_1(),
+        };
         Ok(FrameSink {
             decoder,
             out,
             name,
             weights,
+            store,
+            encoder_cfg,
+            encoder: None,
+            encoding: false,
         })
+    }
+
+    /// Frames the encoder's next call takes to give `latents` latents: `1 + 4(n − 1)` when its
+    /// stream has not begun, `4n` after.
+    pub fn encoder_frames(&self, latents: usize) -> usize {
+        match (latents, self.encoding) {
+            (0, _) => 0,
+            (n, true) => 4 * n,
+            (n, false) => 1 + 4 * (n - 1),
+        }
+    }
+
+    /// The encoder paired with the decoder, loaded on first use: the full VAE's own, or the
+    /// tiny encoder from the tiny decoder's weights (`encoder.N.*` beside `decoder.N.*`).
+    fn tiny_encoder(&mut self) -> Result<&mut TinyEncoder> {
+        if self.encoder.is_none() {
+            let cfg = &self.encoder_cfg;
+            let e = TinyEncoder::load(cfg, &self.store).with_context(|| {
+                format!(
+                    "loading the tiny encoder {} paired with the decoder from {}",
+                    cfg.name,
+                    self.store.describe()
+                )
+            })?;
+            info!(encoder = %cfg.name, weights = %self.store.describe(), "encoder ready");
+            self.encoder = Some(e);
+        }
+        self.encoder
+            .as_mut()
+            .context("the tiny encoder did not load")
+    }
+
+    /// Encodes the next frames `[3, t, H, W]` in `[-1, 1]` (on the host) of the encoder's
+    /// stream, `t` = [`encoder_frames`](Self::encoder_frames), to latents `[16, n, H/8, W/8]`.
+    pub fn encode_chunk(&mut self, frames: &Tensor) -> Result<Tensor> {
+        let z = match &mut self.decoder {
+            Decoder::Vae(v) => v.encode_chunk(frames).context("encoding camera frames")?,
+            Decoder::Tiny(_) => self
+                .tiny_encoder()?
+                .encode_chunk(frames)
+                .context("encoding camera frames")?,
+        };
+        self.encoding = true;
+        Ok(z)
+    }
+
+    /// Encodes one picture `[3, 1, H, W]` as a stream of its own (world mode's first image) to
+    /// `[16, 1, H/8, W/8]`; the encoder's running stream starts over afterwards.
+    pub fn encode_still(&mut self, frame: &Tensor) -> Result<Tensor> {
+        let z = match &mut self.decoder {
+            Decoder::Vae(v) => v.encode(frame).context("encoding the first image")?,
+            Decoder::Tiny(_) => self
+                .tiny_encoder()?
+                .encode(frame)
+                .context("encoding the first image")?,
+        };
+        self.encoding = false;
+        Ok(z)
     }
 
     /// Where the decoder's weights came from, for `/status`.
@@ -212,12 +290,16 @@ impl FrameSink {
         Ok((frames, started.elapsed()))
     }
 
-    /// Starts the decoder's stream over (with the engine's `reset`).
+    /// Starts the decoder's and the encoder's streams over (with the engine's `reset`).
     pub fn reset(&mut self) {
         match &mut self.decoder {
             Decoder::Tiny(d) => d.reset(),
-            Decoder::Vae(d) => d.reset_decoder(),
+            Decoder::Vae(d) => d.reset(),
         }
+        if let Some(e) = &mut self.encoder {
+            e.reset();
+        }
+        self.encoding = false;
     }
 
     /// Decodes one chunk's latents on the CPU and appends the frames to `--out`.

@@ -7,4 +7,5 @@ pub mod decode;
 pub mod media;
 pub mod server;
 pub mod setup;
+pub mod text;
 pub mod y4m;

@@ -184,7 +184,7 @@ async fn bad_input_closes_only_its_own_session() {
     let srv = start(&["--max-sessions", "6"]).await;
     let (mut good, _) = connect(srv.addr, "").await;
     let oversized = format!(r#"{{"type":"prompt","text":"{}"}}"#, "x".repeat(70_000));
-    let cases: [(Message, &str); 5] = [
+    let cases: [(Message, &str); 6] = [
         (Message::text("this is not json"), "bad message"),
         (Message::text(r#"{"type":"dance"}"#), "unknown variant"),
         (
@@ -192,6 +192,10 @@ async fn bad_input_closes_only_its_own_session() {
             "unknown key",
         ),
         (Message::text(oversized), "over the limit"),
+        (
+            Message::text(r#"{"type":"mode","mode":"edit","strength":2}"#),
+            "outside 0 to 1",
+        ),
         (Message::binary(vec![0u8; 10]), "bad camera message"),
     ];
     for (msg, why) in cases {
@@ -213,15 +217,12 @@ async fn bad_input_closes_only_its_own_session() {
         good.send(controls(1)).await.expect("send");
         next_frame(&mut good).await;
     }
-    // A prompt is accepted and said to be ignored.
+    // A prompt is applied by the next chunk (the random tiny text encoder), which says so.
     good.send(Message::text(r#"{"type":"prompt","text":"a castle"}"#))
         .await
         .expect("send");
     let reply = next_text(&mut good).await;
-    assert!(reply["prompt"]
-        .as_str()
-        .expect("prompt")
-        .contains("ignored"));
+    assert_eq!(reply["prompt"], "applied", "{reply}");
     good.send(Message::text(r#"{"type":"reset"}"#))
         .await
         .expect("send");
@@ -252,6 +253,27 @@ async fn status_says_the_default_is_the_embedded_world_model() {
     assert_eq!(status["weights"]["state"], "embedded", "{status}");
     assert_eq!(status["decoder"], "tiny/world", "{status}");
     assert_eq!(status["decoder_weights"]["state"], "embedded", "{status}");
+    // Trained with the null prompt: a prompt is answered honestly and changes nothing.
+    assert_eq!(
+        status["text_encoder"]["state"], "not_conditioned",
+        "{status}"
+    );
+    let (mut ws, _) = connect(srv.addr, "").await;
+    ws.send(Message::text(r#"{"type":"prompt","text":"a castle"}"#))
+        .await
+        .expect("send");
+    let reply = next_text(&mut ws).await;
+    let said = reply["prompt"].as_str().expect("prompt");
+    assert!(
+        said.starts_with("not applied: this model has no text conditioning"),
+        "{reply}"
+    );
+    let (_, scrape) = get(srv.addr, "/metrics").await;
+    assert_eq!(
+        sample(&scrape, "worldline_prompts_total{result=\"not_applied\"}"),
+        1.0
+    );
+    drop(ws);
     let _ = srv.stop.send(());
     srv.done.await.expect("join").expect("run");
 }
@@ -265,6 +287,7 @@ async fn status_tells_random_weights_and_the_token_gates_sessions() {
     assert_eq!(status["model"], "tiny", "{status}");
     assert_eq!(status["weights"]["state"], "random", "{status}");
     assert_eq!(status["decoder_weights"]["state"], "random", "{status}");
+    assert_eq!(status["text_encoder"]["state"], "random", "{status}");
     assert_eq!(status["sessions"]["max"], 1, "{status}");
     let backends = status["backends"].as_array().expect("backends");
     assert!(backends.iter().any(|b| b["name"] == "rocm"

@@ -68,13 +68,13 @@ async fn a_webrtc_session_streams_h264_and_takes_camera_and_controls() {
     let hello = hello.expect("hello");
     assert_eq!(hello["output"], "h264", "{hello}");
     assert_eq!(metas[0]["keyframe"], true, "the first frame is a keyframe");
+    // The random tiny text encoder applies it at a chunk boundary, announced in frame order.
     let prompt = prompt_reply.expect("prompt reply");
+    assert_eq!(prompt["prompt"], "applied", "{prompt}");
+    let from = prompt["from_frame"].as_u64().expect("from_frame");
     assert!(
-        prompt["prompt"]
-            .as_str()
-            .expect("prompt")
-            .contains("ignored"),
-        "{prompt}"
+        from == 0 || from % 12 == 9,
+        "a chunk's first frame: {prompt}"
     );
     assert!(pictures <= metas.len() as u64 + 1);
     let received = metas.len() as f64;
@@ -181,6 +181,19 @@ async fn offers_that_cannot_work_get_clear_errors_and_another_session_streams_on
     assert!(err.1["message"].as_str().expect("message").contains("busy"));
     one_more_picture(&mut good).await;
 
+    // Every refusal is counted by reason on a real scrape: two tokens, one busy, and three
+    // requests that could not make a session.
+    let (_, scrape) = get(srv.addr, "/metrics").await;
+    let refused = |reason: &str| {
+        sample(
+            &scrape,
+            &format!("worldline_sessions_refused_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(refused("unauthorized"), 2.0, "{scrape}");
+    assert_eq!(refused("busy"), 1.0, "{scrape}");
+    assert_eq!(refused("bad_request"), 3.0, "{scrape}");
+
     // A bad controls message closes that session with an error.
     good.send(r#"{"type":"dance"}"#.into()).await;
     loop {
@@ -192,6 +205,45 @@ async fn offers_that_cannot_work_get_clear_errors_and_another_session_streams_on
                     .contains("unknown variant"));
                 break;
             }
+        }
+    }
+    let _ = srv.stop.send(());
+    srv.done.await.expect("join").expect("run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_picture_loss_indication_makes_the_next_frame_a_keyframe() {
+    let srv = start(&["--ice-loopback"]).await;
+    let mut peer = rtc::connect(srv.addr, false, None).await.expect("connect");
+    // (index, IDR in its RTP payload, keyframe flag of its frame message), in arrival order.
+    let mut idrs: Vec<bool> = Vec::new();
+    let mut metas: Vec<serde_json::Value> = Vec::new();
+    let mut asked_at = None;
+    loop {
+        match peer.next().await {
+            RtcEvent::Picture { idr, .. } => idrs.push(idr),
+            RtcEvent::Text(v) if v["type"] == "frame" => metas.push(v),
+            _ => {}
+        }
+        let n = idrs.len().min(metas.len());
+        // Ask once the first frame (an IDR) and one delta frame are in.
+        if asked_at.is_none() && n >= 2 {
+            assert!(idrs[0], "the first frame is an IDR");
+            assert!(!idrs[1], "the second is not");
+            peer.picture_loss().await;
+            asked_at = Some(n);
+        }
+        if let Some(at) = asked_at {
+            if let Some(k) = (at..n).find(|&i| idrs[i]) {
+                // The frame message says the same, and the IDR came sooner than the encoder's
+                // own keyframe interval (32 frames) would have made one: at most the frames
+                // already queued (24) plus the ones in flight went first.
+                assert_eq!(metas[k]["keyframe"], true, "{}", metas[k]);
+                let index = metas[k]["index"].as_u64().expect("index");
+                assert!(index < 32, "keyframe at {index}: not the PLI's");
+                break;
+            }
+            assert!(n < at + 40, "no keyframe {} frames after the PLI", n - at);
         }
     }
     let _ = srv.stop.send(());

@@ -117,9 +117,12 @@ pub struct PromptReport {
     pub sent_s: f64,
     /// The worker answered with a status about the prompt.
     pub acknowledged: bool,
-    /// The answer says the prompt changes the stream (protocol 1 without a text encoder says
-    /// it is ignored).
+    /// The answer says the prompt changes the stream: `"prompt":"applied"` with the frame it
+    /// applies from (protocol 3); a worker without text conditioning says `not applied: …`,
+    /// protocols 1 and 2 said `ignored: …`.
     pub applied: bool,
+    /// The first frame the prompt conditions, as the worker says.
+    pub from_frame: Option<u64>,
     pub reply: Option<serde_json::Value>,
     pub reply_ms: Option<f64>,
 }
@@ -168,11 +171,7 @@ fn us(v: u64) -> Duration {
 
 /// Whether the prompt answer says the stream changed (see [`PromptReport::applied`]).
 fn prompt_applied(reply: &serde_json::Value) -> bool {
-    match &reply["prompt"] {
-        serde_json::Value::String(s) => !s.contains("ignored"),
-        serde_json::Value::Null => false,
-        _ => true,
-    }
+    reply["prompt"] == "applied"
 }
 
 impl SessionReport {
@@ -240,6 +239,7 @@ impl SessionReport {
                 .as_secs_f64(),
             acknowledged: p.reply.is_some(),
             applied: p.reply.as_ref().is_some_and(|(v, _)| prompt_applied(v)),
+            from_frame: p.reply.as_ref().and_then(|(v, _)| v["from_frame"].as_u64()),
             reply: p.reply.as_ref().map(|(v, _)| v.clone()),
             reply_ms: p
                 .reply

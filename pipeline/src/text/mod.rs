@@ -27,12 +27,12 @@
 
 mod tokenizer;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use kernels::{ops, DType, Tensor};
 use serde::{Deserialize, Serialize};
 
-pub use tokenizer::T5Tokenizer;
+pub use tokenizer::{builtin_json, T5Tokenizer, BUILTIN_PIECES};
 
 use crate::weights::Vb;
 use crate::{Error, Result, WeightStore};
@@ -381,16 +381,25 @@ impl T5Encoder {
     }
 }
 
-/// Prompt → context, with the contexts of earlier prompts kept: a prompt seen before costs a
-/// lookup, a new one one encode.
+/// Prompt → context, with the contexts of recent prompts kept: a prompt seen before costs a
+/// lookup, a new one one encode. At most [`capacity`](Self::set_capacity) contexts are kept
+/// (the least recently used goes first), so prompts a client sends cannot grow memory.
 #[derive(Debug)]
 pub struct TextConditioner {
     pub tokenizer: T5Tokenizer,
     pub encoder: T5Encoder,
     cache: HashMap<String, Tensor>,
+    /// Cached prompts, least recently used first.
+    order: VecDeque<String>,
+    capacity: usize,
     /// Encoder passes run so far (cache misses).
     pub encodes: usize,
+    /// Prompts answered from the cache.
+    pub hits: usize,
 }
+
+/// Contexts a [`TextConditioner`] keeps unless told otherwise.
+pub const DEFAULT_CACHED_PROMPTS: usize = 32;
 
 impl TextConditioner {
     pub fn new(tokenizer: T5Tokenizer, encoder: T5Encoder) -> Result<Self> {
@@ -405,19 +414,49 @@ impl TextConditioner {
             tokenizer,
             encoder,
             cache: HashMap::new(),
+            order: VecDeque::new(),
+            capacity: DEFAULT_CACHED_PROMPTS,
             encodes: 0,
+            hits: 0,
         })
+    }
+
+    /// Keeps at most `n` contexts (at least one).
+    pub fn set_capacity(&mut self, n: usize) {
+        self.capacity = n.max(1);
+        self.evict();
+    }
+
+    fn evict(&mut self) {
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.cache.remove(&old);
+            }
+        }
+    }
+
+    /// Whether `prompt`'s context is cached (a [`context`](Self::context) call would not encode).
+    pub fn is_cached(&self, prompt: &str) -> bool {
+        self.cache.contains_key(prompt)
     }
 
     /// The `[text_len, dim]` context of `prompt`.
     pub fn context(&mut self, prompt: &str) -> Result<Tensor> {
         if let Some(t) = self.cache.get(prompt) {
+            self.hits += 1;
+            if let Some(at) = self.order.iter().position(|p| p == prompt) {
+                if let Some(p) = self.order.remove(at) {
+                    self.order.push_back(p);
+                }
+            }
             return Ok(t.clone());
         }
         let (ids, valid) = self.tokenizer.encode(prompt)?;
         let ctx = self.encoder.encode(&ids, valid)?;
         self.encodes += 1;
         self.cache.insert(prompt.to_string(), ctx.clone());
+        self.order.push_back(prompt.to_string());
+        self.evict();
         Ok(ctx)
     }
 }

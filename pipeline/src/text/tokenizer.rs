@@ -69,6 +69,13 @@ impl T5Tokenizer {
         })
     }
 
+    /// A tokenizer that needs no file, for the `tiny` text encoder on random weights: the umT5
+    /// layout ([`builtin_json`]) over a vocabulary of single characters. It makes prompts reach
+    /// the model as distinct ids; it is not umT5's vocabulary.
+    pub fn builtin(text_len: usize) -> Result<Self> {
+        Self::from_bytes(builtin_json().as_bytes(), text_len)
+    }
+
     pub fn text_len(&self) -> usize {
         self.text_len
     }
@@ -97,4 +104,58 @@ impl T5Tokenizer {
             .decode(ids, true)
             .map_err(|e| tok_err("decode", e))
     }
+}
+
+/// Pieces of [`T5Tokenizer::builtin`] after `<pad>` 0, `</s>` 1, `<unk>` 2 and `▁` 3: ids 4 on.
+pub const BUILTIN_PIECES: &str = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-";
+
+/// The `tokenizer.json` of [`T5Tokenizer::builtin`]: umT5's layout (a Unigram model, Metaspace
+/// pre-tokenizer, `$A </s>` post-processor) with a lowercasing normalizer and one piece per
+/// character of [`BUILTIN_PIECES`]; anything else is `<unk>`.
+pub fn builtin_json() -> String {
+    let special = |id: u32, content: &str| {
+        serde_json::json!({
+            "id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        })
+    };
+    let metaspace = serde_json::json!({
+        "type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "always", "split": true
+    });
+    let mut vocab = vec![
+        serde_json::json!(["<pad>", 0.0]),
+        serde_json::json!(["</s>", 0.0]),
+        serde_json::json!(["<unk>", 0.0]),
+        serde_json::json!(["\u{2581}", -2.0]),
+    ];
+    vocab.extend(
+        BUILTIN_PIECES
+            .chars()
+            .map(|c| serde_json::json!([c.to_string(), -3.0])),
+    );
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [special(0, "<pad>"), special(1, "</s>"), special(2, "<unk>")],
+        "normalizer": {"type": "Lowercase"},
+        "pre_tokenizer": metaspace,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "</s>", "type_id": 0}}
+            ],
+            "pair": [
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "</s>", "type_id": 0}},
+                {"Sequence": {"id": "B", "type_id": 0}},
+                {"SpecialToken": {"id": "</s>", "type_id": 0}}
+            ],
+            "special_tokens": {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}}
+        },
+        "decoder": metaspace,
+        "model": {"type": "Unigram", "unk_id": 2, "vocab": vocab, "byte_fallback": false}
+    })
+    .to_string()
 }

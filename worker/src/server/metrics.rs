@@ -22,8 +22,9 @@ const OVERHEAD_BUCKETS: &[f64] = &[
     0.1, 0.25, 1.0,
 ];
 
-/// A chunk stage: the camera context, one DiT step, the KV refresh, the decoder, and the video
-/// encoding of each frame (`jpeg` or `h264`).
+/// A chunk stage: the camera context, one DiT step, the KV refresh, the decoder, the video
+/// encoding of each frame (`jpeg` or `h264`), a new prompt's text encoding, and the encoding of
+/// pictures to latents (edit mode's camera frames, the first image).
 #[derive(Clone, Copy, Debug)]
 pub enum Stage {
     Camera,
@@ -31,6 +32,8 @@ pub enum Stage {
     KvRefresh,
     Decode,
     Encode(Codec),
+    TextEncode,
+    LatentEncode,
 }
 
 /// The worker's own work on one frame, apart from the model.
@@ -103,6 +106,8 @@ impl Stage {
             Stage::KvRefresh => "kv_refresh",
             Stage::Decode => "decode",
             Stage::Encode(c) => c.name(),
+            Stage::TextEncode => "text_encode",
+            Stage::LatentEncode => "latent_encode",
         }
     }
 }
@@ -140,10 +145,14 @@ pub struct Metrics {
     camera_drops: IntCounterVec,
     pub camera_frames: IntCounter,
     refused: IntCounterVec,
+    prompts: IntCounterVec,
     model_info: IntGaugeVec,
     model_fps: IntGauge,
     device_memory: IntGaugeVec,
 }
+
+/// The `result` labels of `worldline_prompts_total`.
+pub const PROMPT_RESULTS: [&str; 3] = ["encoded", "cached", "not_applied"];
 
 /// Why a session was turned away before the upgrade.
 #[derive(Clone, Copy, Debug)]
@@ -152,6 +161,8 @@ pub enum Refusal {
     Busy,
     /// The auth token was missing or wrong (HTTP 401).
     Unauthorized,
+    /// The request could not make a session (HTTP 400 or 413: a bad query, offer or SDP).
+    BadRequest,
 }
 
 fn histogram(name: &str, help: &str) -> prometheus::Result<Histogram> {
@@ -227,6 +238,13 @@ impl Metrics {
                 ),
                 &["reason"],
             )?,
+            prompts: IntCounterVec::new(
+                Opts::new(
+                    "worldline_prompts_total",
+                    "Prompt changes a chunk took: encoded (a new prompt), cached (seen before: no encoder pass), not_applied (no text conditioning)",
+                ),
+                &["result"],
+            )?,
             model_info: IntGaugeVec::new(
                 Opts::new(
                     "worldline_model_info",
@@ -265,6 +283,10 @@ impl Metrics {
             m.camera_drops.with_label_values(&[d.label()]);
         }
         m.registry.register(Box::new(m.refused.clone()))?;
+        m.registry.register(Box::new(m.prompts.clone()))?;
+        for r in PROMPT_RESULTS {
+            m.prompts.with_label_values(&[r]);
+        }
         m.registry.register(Box::new(m.model_info.clone()))?;
         m.registry.register(Box::new(m.model_fps.clone()))?;
         m.registry.register(Box::new(m.device_memory.clone()))?;
@@ -276,6 +298,8 @@ impl Metrics {
             Stage::Decode,
             Stage::Encode(Codec::Jpeg),
             Stage::Encode(Codec::H264),
+            Stage::TextEncode,
+            Stage::LatentEncode,
         ] {
             m.chunk_stage.with_label_values(&[s.label()]);
         }
@@ -285,6 +309,7 @@ impl Metrics {
         m.queue(Queue::Output);
         m.refused(Refusal::Busy, 0);
         m.refused(Refusal::Unauthorized, 0);
+        m.refused(Refusal::BadRequest, 0);
         Ok(m)
     }
 
@@ -324,10 +349,16 @@ impl Metrics {
         self.queue_depth.with_label_values(&[label])
     }
 
+    /// Counts a prompt change by its result (one of [`PROMPT_RESULTS`]).
+    pub fn prompt(&self, result: &str) {
+        self.prompts.with_label_values(&[result]).inc();
+    }
+
     pub fn refused(&self, why: Refusal, n: u64) {
         let label = match why {
             Refusal::Busy => "busy",
             Refusal::Unauthorized => "unauthorized",
+            Refusal::BadRequest => "bad_request",
         };
         self.refused.with_label_values(&[label]).inc_by(n);
     }

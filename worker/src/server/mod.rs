@@ -10,7 +10,9 @@
 //! every session to close (code 1001), and `run` waits up to the drain deadline for every engine
 //! thread to finish its chunk and hand its session slot back.
 //!
-//! Not here yet (issue 5): prompts that change the stream, edit mode's use of the camera.
+//! Prompts reach the engine through the worker's text encoder (`crate::text`), cached per
+//! prompt for every session; edit mode encodes the camera frames with the encoder paired with
+//! the session's decoder; `--cards` > 1 runs each session on a rank group.
 
 mod engine;
 mod ingest;
@@ -24,14 +26,15 @@ mod web;
 mod webrtc;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kernels::Device;
-use pipeline::{EngineConfig, WanModel};
+use pipeline::{EngineConfig, EngineGroup, WanModel};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, Semaphore};
@@ -39,6 +42,7 @@ use tracing::{info, warn};
 
 use crate::decode::{DecoderArgs, FrameSink};
 use crate::setup::{self, ModelArgs};
+use crate::text::Prompts;
 pub use pacer::Pacer;
 
 #[derive(Clone, Debug, Args)]
@@ -79,6 +83,13 @@ pub struct ServeArgs {
     /// WebRTC host candidates on loopback only (tests, or a client on this machine).
     #[arg(long)]
     pub ice_loopback: bool,
+
+    /// The umT5 text encoder: a folder with models_t5_umt5-xxl-enc-bf16.safetensors (or one
+    /// .safetensors) and tokenizer.json (or google/umt5-xxl/tokenizer.json), or the weights
+    /// file. Without it, `tiny` on --weights random uses a random tiny T5, the embedded default
+    /// says it has no text conditioning, and other weights answer prompts as unavailable.
+    #[arg(long)]
+    pub text_encoder: Option<PathBuf>,
 }
 
 /// `--resolution WxH`: both sides multiples of 16, at most 4096.
@@ -111,13 +122,64 @@ struct Info {
     fps: u32,
     backends: serde_json::Value,
     versions: serde_json::Value,
+    text_encoder: serde_json::Value,
+    cards: usize,
+}
+
+/// Where sessions get their chunk engine.
+enum Engines {
+    /// One card: each session builds an `Engine` on the shared model.
+    One(Arc<WanModel>),
+    /// `--cards` > 1: each session takes a rank group from the pool.
+    Group(GroupPool),
+}
+
+impl std::fmt::Debug for Engines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Engines::One(_) => write!(f, "Engines::One"),
+            Engines::Group(_) => write!(f, "Engines::Group"),
+        }
+    }
+}
+
+type GroupBuilder = dyn Fn() -> Result<EngineGroup> + Send + Sync;
+
+/// Rank groups not in use. A group is built once (at start, so a failure shows before serving)
+/// and reused by the sessions after; a group that failed is not handed back, and the next
+/// session builds a new one.
+struct GroupPool {
+    idle: Mutex<Vec<EngineGroup>>,
+    build: Box<GroupBuilder>,
+}
+
+impl GroupPool {
+    fn take(&self) -> Result<EngineGroup> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(g) => Ok(g),
+            None => (self.build)(),
+        }
+    }
+
+    fn give_back(&self, group: EngineGroup) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(group);
+    }
 }
 
 /// State shared by the routes and the sessions.
 #[derive(Debug)]
 struct App {
-    model: Arc<WanModel>,
+    engines: Engines,
     engine_cfg: EngineConfig,
+    prompts: Prompts,
+    /// Width of the DiT's text context (the null prompt's rows).
+    text_dim: usize,
+    /// The model takes a first frame (I2V).
+    i2v: bool,
     decoder: DecoderArgs,
     seed: u64,
     tiny: bool,
@@ -167,10 +229,10 @@ impl Server {
         if !serve.ice_servers.is_empty() || serve.ice_loopback {
             bail!("--ice-server and --ice-loopback need a worker built with the `media` feature");
         }
-        if model.cards != 1 {
-            bail!("serve runs on one card for now (--cards {})", model.cards);
-        }
         let loaded = setup::load(model)?;
+        if loaded.gpu_group.is_some() && serve.max_sessions > 1 {
+            bail!("--cards {} on GPUs serves one session at a time (each session's rank group holds a copy of the model per GPU): use --max-sessions 1", model.cards);
+        }
         let decoder = &loaded.decoder_args(decoder);
         let mut engine_cfg = loaded.engine_config(model.seed);
         if let Some(r) = &serve.resolution {
@@ -179,8 +241,38 @@ impl Server {
         }
         let tiny = loaded.cfg.name.starts_with("tiny");
         let on_host = model.device()? == Device::Cpu;
-        let Some(weights) = loaded.model.clone() else {
-            bail!("serve needs a model loaded on this card");
+        let device = model.device()?;
+        let dtype = model.dtype.parse().map_err(anyhow::Error::msg)?;
+        let prompts = crate::text::load(
+            serve.text_encoder.as_deref(),
+            &loaded.cfg,
+            &loaded.weights,
+            device,
+            dtype,
+            model.seed,
+        )?;
+        let cards = loaded.cards;
+        let loaded = Arc::new(loaded);
+        let engines = if cards > 1 {
+            let cfg = engine_cfg.clone();
+            let group_of = loaded.clone();
+            let build: Box<GroupBuilder> = Box::new(move || {
+                group_of
+                    .engine_group(cfg.clone())
+                    .context("starting the session's rank group")
+            });
+            // Built now, so a rank group that cannot start fails before serving.
+            let first = build()?;
+            info!(cards, "sessions run on a rank group (sequence parallel)");
+            Engines::Group(GroupPool {
+                idle: Mutex::new(vec![first]),
+                build,
+            })
+        } else {
+            let Some(weights) = loaded.model.clone() else {
+                bail!("serve needs a model loaded on this card");
+            };
+            Engines::One(weights)
         };
         // Load the decoder once now, so bad decoder flags fail before serving.
         let size = (engine_cfg.width, engine_cfg.height);
@@ -199,6 +291,8 @@ impl Server {
                 "worker": env!("CARGO_PKG_VERSION"),
                 "protocol": protocol::PROTOCOL,
             }),
+            text_encoder: prompts.json(),
+            cards,
         };
         let metrics = metrics::Metrics::new().context("creating the metrics")?;
         // "random", "loaded" or "embedded", as /status says.
@@ -215,7 +309,10 @@ impl Server {
         );
         let (shutdown, _) = broadcast::channel(1);
         let app = App {
-            model: weights,
+            engines,
+            text_dim: loaded.cfg.text_dim,
+            i2v: loaded.cfg.is_i2v(),
+            prompts,
             engine_cfg,
             decoder: decoder.clone(),
             seed: model.seed,

@@ -1,11 +1,13 @@
-//! The WebSocket protocol of `GET /v1/ws` (version 1; `worker/PROTOCOL.md` is the long form).
+//! The WebSocket protocol of `GET /v1/ws` (version 3; `worker/PROTOCOL.md` is the long form).
 //!
 //! Client → worker, text JSON, at most [`MAX_MESSAGE`] bytes:
 //! - `{"type":"controls","id":N,"keys":"wd","mouse":[dx,dy]}`: the keys held now (any of
 //!   `wasdqeik`; `""` for none) and the mouse motion in pixels since the previous message.
 //!   `id` is the client's number for the message (u64, increasing). `mouse` may be left out.
-//! - `{"type":"prompt","text":"..."}`: accepted and ignored (this build has no text encoder);
-//!   the status reply says so.
+//! - `{"type":"prompt","text":"..."}`: the text conditioning from the next chunk on; the engine
+//!   answers with a status once it applied it (or says why it could not).
+//! - `{"type":"mode","mode":"world"|"edit","strength":0.6}`: world mode, or edit mode
+//!   (video-to-video from the camera) with an edit strength in `[0, 1]`.
 //! - `{"type":"reset"}`: the stream starts over at the next chunk.
 //!
 //! Worker → client:
@@ -25,8 +27,16 @@ use std::time::Instant;
 use pipeline::camera::Controls;
 use serde::Deserialize;
 
-/// The protocol version in the hello status and `/status`.
-pub const PROTOCOL: u32 = 2;
+/// The protocol version in the hello status and `/status` (3: the `mode` message; prompts
+/// change the stream).
+pub const PROTOCOL: u32 = 3;
+
+/// Camera frames a chunk keeps (a chunk plays 12): more arriving between two chunks push the
+/// oldest out (counted as stale).
+pub const CAMERA_KEPT: usize = 12;
+
+/// Edit strength when a `mode` message gives none.
+pub const DEFAULT_STRENGTH: f64 = 0.6;
 
 /// Largest client message in bytes.
 pub const MAX_MESSAGE: usize = 64 * 1024;
@@ -158,7 +168,31 @@ pub enum ClientMsg {
     Prompt {
         text: String,
     },
+    Mode {
+        mode: Mode,
+        #[serde(default)]
+        strength: Option<f64>,
+    },
     Reset,
+}
+
+/// A session mode (DESIGN.md §4).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Keys, mouse and the first image drive a generated world.
+    World,
+    /// The camera video is encoded, noised to the strength and denoised with the prompt.
+    Edit,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::World => "world",
+            Mode::Edit => "edit",
+        }
+    }
 }
 
 impl ClientMsg {
@@ -175,6 +209,19 @@ impl ClientMsg {
             keys_to_controls(keys)?;
             if !mouse.iter().all(|v| v.is_finite()) {
                 return Err("bad message: mouse motion must be finite".into());
+            }
+        }
+        if let ClientMsg::Mode { mode, strength } = &msg {
+            match (mode, strength) {
+                (Mode::World, Some(_)) => {
+                    return Err("bad message: strength is for mode edit only".into())
+                }
+                (Mode::Edit, Some(s)) if !(0.0..=1.0).contains(s) => {
+                    return Err(format!(
+                        "bad message: strength {s} is outside 0 to 1 (0 keeps the camera, 1 starts from noise)"
+                    ))
+                }
+                _ => {}
             }
         }
         Ok(msg)
@@ -218,9 +265,11 @@ pub struct Pending {
     fresh: bool,
     messages: i64,
     reset: bool,
-    camera: Option<CameraFrame>,
+    camera: Vec<CameraFrame>,
     camera_newest: Option<(u64, Instant)>,
     first_image: Option<CameraFrame>,
+    prompt: Option<String>,
+    mode: Option<(Mode, f64)>,
 }
 
 /// A decoded camera picture (or world mode's first image).
@@ -247,12 +296,17 @@ pub struct Taken {
     /// Control messages coalesced into this chunk.
     pub messages: i64,
     pub reset: bool,
-    /// The newest camera frame since the previous chunk (latest wins; older ones were dropped).
-    pub camera: Option<CameraFrame>,
+    /// The camera frames since the previous chunk, oldest first: the newest
+    /// [`CAMERA_KEPT`] (latest wins; older ones were dropped).
+    pub camera: Vec<CameraFrame>,
     /// The newest camera frame so far (client id, arrival), taken by this chunk or earlier.
     pub camera_newest: Option<(u64, Instant)>,
     /// A first image sent since the previous chunk.
     pub first_image: Option<CameraFrame>,
+    /// The newest prompt since the previous chunk (earlier ones were replaced).
+    pub prompt: Option<String>,
+    /// The newest mode (with its edit strength) since the previous chunk.
+    pub mode: Option<(Mode, f64)>,
 }
 
 impl Pending {
@@ -270,11 +324,24 @@ impl Pending {
         self.reset = true;
     }
 
-    /// Records a decoded camera frame, latest wins: `true` when it replaced one no chunk took
-    /// (that one is dropped as stale).
+    /// Records a decoded camera frame, latest wins: `true` when it pushed out one no chunk
+    /// took (that one is dropped as stale).
     pub fn camera(&mut self, frame: CameraFrame) -> bool {
         self.camera_newest = Some((frame.id, frame.arrival));
-        self.camera.replace(frame).is_some()
+        self.camera.push(frame);
+        if self.camera.len() > CAMERA_KEPT {
+            self.camera.remove(0);
+            return true;
+        }
+        false
+    }
+
+    pub fn prompt(&mut self, text: String) {
+        self.prompt = Some(text);
+    }
+
+    pub fn mode(&mut self, mode: Mode, strength: f64) {
+        self.mode = Some((mode, strength));
     }
 
     pub fn first_image(&mut self, frame: CameraFrame) {
@@ -294,9 +361,11 @@ impl Pending {
             fresh: std::mem::take(&mut self.fresh),
             messages: std::mem::take(&mut self.messages),
             reset: std::mem::take(&mut self.reset),
-            camera: self.camera.take(),
+            camera: std::mem::take(&mut self.camera),
             camera_newest: self.camera_newest,
             first_image: self.first_image.take(),
+            prompt: self.prompt.take(),
+            mode: self.mode.take(),
         }
     }
 }
@@ -419,6 +488,13 @@ mod tests {
             ClientMsg::parse(r#"{"type":"reset"}"#),
             Ok(ClientMsg::Reset)
         );
+        assert_eq!(
+            ClientMsg::parse(r#"{"type":"mode","mode":"edit","strength":0.25}"#),
+            Ok(ClientMsg::Mode {
+                mode: Mode::Edit,
+                strength: Some(0.25)
+            })
+        );
         for (bad, why) in [
             ("not json", "bad message"),
             (r#"{"type":"dance"}"#, "unknown variant"),
@@ -428,6 +504,19 @@ mod tests {
             ),
             (r#"{"type":"controls","id":1,"keys":"ww"}"#, "given twice"),
             (r#"{"type":"controls","keys":""}"#, "missing field `id`"),
+            (
+                r#"{"type":"mode","mode":"edit","strength":1.5}"#,
+                "outside 0 to 1",
+            ),
+            (
+                r#"{"type":"mode","mode":"edit","strength":-0.1}"#,
+                "outside 0 to 1",
+            ),
+            (
+                r#"{"type":"mode","mode":"world","strength":0.5}"#,
+                "edit only",
+            ),
+            (r#"{"type":"mode","mode":"dream"}"#, "unknown variant"),
         ] {
             let e = ClientMsg::parse(bad).expect_err(bad);
             assert!(e.contains(why), "{bad}: {e}");
@@ -471,13 +560,17 @@ mod tests {
             height: 1,
             rgb: Default::default(),
         };
-        assert!(!p.camera(frame(1)));
-        assert!(p.camera(frame(2)), "frame 1 was never taken: stale");
+        for id in 1..=CAMERA_KEPT as u64 {
+            assert!(!p.camera(frame(id)));
+        }
+        assert!(p.camera(frame(99)), "frame 1 was never taken: stale");
         let a = p.take();
-        assert_eq!(a.camera.map(|c| c.id), Some(2));
+        let ids: Vec<u64> = a.camera.iter().map(|c| c.id).collect();
+        assert_eq!(ids.len(), CAMERA_KEPT);
+        assert_eq!((ids[0], ids[CAMERA_KEPT - 1]), (2, 99));
         let b = p.take();
-        assert!(b.camera.is_none(), "nothing new");
-        assert_eq!(b.camera_newest.map(|c| c.0), Some(2));
+        assert!(b.camera.is_empty(), "nothing new");
+        assert_eq!(b.camera_newest.map(|c| c.0), Some(99));
     }
 
     #[test]

@@ -112,7 +112,10 @@ async fn ws(
     };
     let output = match Codec::parse(query.get("output").map_or("jpeg", String::as_str)) {
         Ok(c) => c,
-        Err(why) => return (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response(),
+        Err(why) => {
+            app.metrics.refused(Refusal::BadRequest, 1);
+            return (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response();
+        }
     };
     // The library refuses messages well past our limits; up to them, the session checks the
     // size itself so the client is told why (protocol::MAX_MESSAGE, MAX_CAMERA).

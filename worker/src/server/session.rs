@@ -21,7 +21,8 @@ use super::ingest::{Camera, Ingest, Job};
 use super::metrics::{Drop, Metrics, Overhead, Queue};
 use super::pacer::Pacer;
 use super::protocol::{
-    keys_to_controls, CameraHeader, ClientMsg, Codec, FIRST_IMAGE, HEADER_LEN, PROTOCOL,
+    keys_to_controls, CameraHeader, ClientMsg, Codec, DEFAULT_STRENGTH, FIRST_IMAGE, HEADER_LEN,
+    PROTOCOL,
 };
 use super::App;
 
@@ -130,6 +131,15 @@ async fn serve(
                         break format!("bad input: {why}");
                     }
                 },
+            },
+            _ = shared.said_ready.notified() => {
+                let mut gone = false;
+                for v in shared.take_said() {
+                    gone |= socket.send(Message::Text(v.to_string().into())).await.is_err();
+                }
+                if gone {
+                    break "client gone".into();
+                }
             },
             why = camera_errors.recv() => {
                 let why = why.unwrap_or_else(|| "camera decoder stopped".into());
@@ -257,11 +267,17 @@ pub(super) fn handle_text(
             metrics.queue(Queue::Controls).inc();
             Ok(None)
         }
-        ClientMsg::Prompt { text } => Ok(Some(json!({
-            "type": "status",
-            "prompt": "ignored: this build has no text encoder, so prompts do not change the stream",
-            "chars": text.chars().count(),
-        }))),
+        // The engine answers once a chunk has taken it (applied, or why not).
+        ClientMsg::Prompt { text } => {
+            shared.pending().prompt(text);
+            Ok(None)
+        }
+        ClientMsg::Mode { mode, strength } => {
+            shared
+                .pending()
+                .mode(mode, strength.unwrap_or(DEFAULT_STRENGTH));
+            Ok(None)
+        }
         ClientMsg::Reset => {
             shared.pending().reset();
             Ok(Some(

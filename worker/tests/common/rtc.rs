@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ use webrtc::media::Sample;
 use webrtc::peer_connection::configuration::RTCConfiguration;
 use webrtc::peer_connection::sdp::session_description::RTCSessionDescription;
 use webrtc::peer_connection::RTCPeerConnection;
+use webrtc::rtcp::payload_feedbacks::picture_loss_indication::PictureLossIndication;
 use webrtc::rtp::codecs::h264::H264Packet;
 use webrtc::rtp_transceiver::rtp_codec::{RTCRtpCodecCapability, RTPCodecType};
 use webrtc::rtp_transceiver::rtp_transceiver_direction::RTCRtpTransceiverDirection;
@@ -39,6 +41,8 @@ pub enum RtcEvent {
         width: usize,
         height: usize,
         at: Instant,
+        /// The RTP payload's access unit held an IDR slice (NAL type 5).
+        idr: bool,
     },
     Open,
 }
@@ -49,6 +53,14 @@ pub struct Rtc {
     pub events: mpsc::Receiver<RtcEvent>,
     pub camera: Option<Arc<TrackLocalStaticSample>>,
     pub session: u64,
+    /// SSRC of the worker's output track (0 until it arrives).
+    pub output_ssrc: Arc<AtomicU32>,
+}
+
+/// Whether an H.264 Annex-B access unit holds an IDR slice (NAL type 5).
+pub fn has_idr(au: &[u8]) -> bool {
+    au.windows(4)
+        .any(|w| w[..3] == [0, 0, 1] && w[3] & 0x1F == 5)
 }
 
 /// An offer as a browser would make it: default codecs (VP8, VP9, H.264, AV1), loopback only.
@@ -161,14 +173,18 @@ pub async fn connect(
         })
     }));
     let t = tx.clone();
+    let output_ssrc = Arc::new(AtomicU32::new(0));
+    let ssrc = output_ssrc.clone();
     pc.on_track(Box::new(move |track, _, _| {
         let t = t.clone();
+        ssrc.store(track.ssrc(), Ordering::Relaxed);
         tokio::spawn(async move {
             let mut builder = SampleBuilder::new(64, H264Packet::default(), 90000);
             let mut decoder = Decoder::new(CameraCodec::H264).expect("decoder");
             while let Ok((p, _)) = track.read_rtp().await {
                 builder.push(p);
                 while let Some(s) = builder.pop() {
+                    let idr = has_idr(&s.data);
                     let Ok(pictures) = decoder.decode(&s.data) else {
                         continue;
                     };
@@ -178,6 +194,7 @@ pub async fn connect(
                                 width: p.width,
                                 height: p.height,
                                 at: Instant::now(),
+                                idr,
                             })
                             .await;
                     }
@@ -208,6 +225,7 @@ pub async fn connect(
         events,
         camera,
         session,
+        output_ssrc,
     };
     loop {
         if let RtcEvent::Open = rtc.next().await {
@@ -227,6 +245,16 @@ impl Rtc {
 
     pub async fn send(&self, text: String) {
         self.dc.send_text(text).await.expect("send");
+    }
+
+    /// Sends a Picture Loss Indication for the worker's output track, as a browser does when
+    /// it cannot decode.
+    pub async fn picture_loss(&self) {
+        let pli = PictureLossIndication {
+            sender_ssrc: 0,
+            media_ssrc: self.output_ssrc.load(Ordering::Relaxed),
+        };
+        self.pc.write_rtcp(&[Box::new(pli)]).await.expect("PLI");
     }
 
     pub async fn camera_frame(&self, au: Vec<u8>) {

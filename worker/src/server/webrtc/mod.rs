@@ -23,6 +23,7 @@ use serde_json::json;
 use tracing::{info_span, warn, Instrument};
 use webrtc::peer_connection::sdp::session_description::RTCSessionDescription;
 
+use super::metrics::Refusal;
 use super::routes::authorized;
 use super::App;
 
@@ -51,6 +52,21 @@ pub(super) struct Settings {
     pub prompt: Option<String>,
 }
 
+/// A refused offer: counted in `worldline_sessions_refused_total` like a refused WebSocket
+/// upgrade (401 `unauthorized`, 503 `busy`, other 4xx `bad_request`), with a JSON error.
+fn refuse(app: &App, code: StatusCode, message: impl Into<String>) -> Response {
+    let why = match code {
+        StatusCode::UNAUTHORIZED => Some(Refusal::Unauthorized),
+        StatusCode::SERVICE_UNAVAILABLE => Some(Refusal::Busy),
+        c if c.is_client_error() => Some(Refusal::BadRequest),
+        _ => None,
+    };
+    if let Some(why) = why {
+        app.metrics.refused(why, 1);
+    }
+    error(code, message)
+}
+
 fn error(code: StatusCode, message: impl Into<String>) -> Response {
     let message = message.into();
     warn!(code = code.as_u16(), message, "offer refused");
@@ -64,17 +80,25 @@ pub(super) async fn offer(
     body: Bytes,
 ) -> Response {
     if body.len() > offer::MAX_SDP + 4096 {
-        return error(
+        return refuse(
+            &app,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("offer of {} bytes is over the limit", body.len()),
         );
     }
     let req: OfferRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad offer request: {e}")),
+        Err(e) => {
+            return refuse(
+                &app,
+                StatusCode::BAD_REQUEST,
+                format!("bad offer request: {e}"),
+            )
+        }
     };
     if req.kind != "offer" {
-        return error(
+        return refuse(
+            &app,
             StatusCode::BAD_REQUEST,
             format!("bad offer request: type is {:?}, not \"offer\"", req.kind),
         );
@@ -84,21 +108,27 @@ pub(super) async fn offer(
         query.insert("token".into(), t.clone());
     }
     if !authorized(&app, &query, &headers) {
-        return error(
+        return refuse(
+            &app,
             StatusCode::UNAUTHORIZED,
             "this worker needs its auth token (\"token\", ?token= or Authorization: Bearer)",
         );
     }
     if let Some(p) = &req.settings.prompt {
         if p.len() > super::protocol::MAX_MESSAGE {
-            return error(StatusCode::BAD_REQUEST, "the prompt is over the limit");
+            return refuse(
+                &app,
+                StatusCode::BAD_REQUEST,
+                "the prompt is over the limit",
+            );
         }
     }
     let checked = match offer::check(&req.sdp) {
         Ok(c) => c,
-        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+        Err(why) => return refuse(&app, StatusCode::BAD_REQUEST, why),
     };
     let Ok(permit) = app.slots.clone().try_acquire_owned() else {
+        app.metrics.refused(Refusal::Busy, 1);
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "5")],
@@ -111,16 +141,16 @@ pub(super) async fn offer(
     let span = info_span!("session", id, transport = "webrtc");
     let desc = match RTCSessionDescription::offer(req.sdp) {
         Ok(d) => d,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad SDP: {e}")),
+        Err(e) => return refuse(&app, StatusCode::BAD_REQUEST, format!("bad SDP: {e}")),
     };
     let started = session::Peer::start(app.clone(), desc, checked.camera, id, span.clone())
         .instrument(span.clone())
         .await;
     let (peer, answer) = match started {
         Ok(p) => p,
-        Err(session::StartError::Client(why)) => return error(StatusCode::BAD_REQUEST, why),
+        Err(session::StartError::Client(why)) => return refuse(&app, StatusCode::BAD_REQUEST, why),
         Err(session::StartError::Worker(why)) => {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, why)
+            return refuse(&app, StatusCode::INTERNAL_SERVER_ERROR, why)
         }
     };
     tokio::spawn(

@@ -172,6 +172,8 @@ impl Peer {
             }
         };
         let mut channel: Option<Arc<RTCDataChannel>> = None;
+        // Status messages from the engine before the channel opened, sent when it does.
+        let mut early: Vec<serde_json::Value> = Vec::new();
         let mut connected = false;
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         let mut pacer = Pacer::new(FPS);
@@ -195,6 +197,9 @@ impl Peer {
                             "height": app.engine_cfg.height, "fps": FPS, "output": "h264",
                         });
                         let _ = dc.send_text(hello.to_string()).await;
+                        for v in early.drain(..) {
+                            let _ = dc.send_text(v.to_string()).await;
+                        }
                         channel = Some(dc);
                     }
                     Some(Event::ChannelClosed) => break "controls channel closed".into(),
@@ -204,6 +209,18 @@ impl Peer {
                         break format!("bad input: {why}");
                     }
                     None => break "callbacks gone".into(),
+                },
+                _ = self.shared.said_ready.notified() => {
+                    for v in self.shared.take_said() {
+                        match &channel {
+                            Some(dc) => {
+                                let _ = dc.send_text(v.to_string()).await;
+                            }
+                            // Few: one per prompt, mode or first image a chunk took.
+                            None if early.len() < 16 => early.push(v),
+                            None => {}
+                        }
+                    }
                 },
                 _ = tokio::time::sleep_until(deadline), if !connected => {
                     break "the client did not connect in time".into();
