@@ -42,7 +42,8 @@ def amp():
 
 
 def devn(i):
-    return torch.device(f"cuda:{i}") if DEVTYPE == "cuda" else torch.device("cpu")
+    # More DiTs than cards share them (the tiny model leaves a card mostly idle).
+    return torch.device(f"cuda:{i % torch.cuda.device_count()}") if DEVTYPE == "cuda" else torch.device("cpu")
 
 
 def log(out, name, msg):
