@@ -482,7 +482,7 @@ pub fn rope_3d(
 }
 
 /// Largest head dim of the attention kernel.
-pub const MAX_HEAD_DIM: usize = 256;
+pub const MAX_HEAD_DIM: usize = 512;
 
 pub fn attention(
     q: &Tensor,
@@ -797,3 +797,6 @@ pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()>
     let _ = inner;
     write_rows(t, to, &staged)
 }
+
+mod conv;
+pub use conv::{channel_affine, channel_rms_norm, clamp, conv3d, soft_clamp, upsample_nearest_2d};

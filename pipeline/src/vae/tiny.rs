@@ -188,7 +188,8 @@ impl MemBlock {
         let t = x.dim(1);
         let before = match self.past.take() {
             Some(p) => p,
-            None => Tensor::zeros(&[x.dim(0), 1, x.dim(2), x.dim(3)], x.dtype())?,
+            None => Tensor::zeros(&[x.dim(0), 1, x.dim(2), x.dim(3)], x.dtype())?
+                .to_device(x.device())?,
         };
         // Each frame's predecessor: the held frame, then this chunk's frames but the last.
         let shifted = cat_frames(&[
