@@ -399,6 +399,9 @@ fn rope_attention_and_layout_match_the_cpu() {
     }
 }
 
+/// `(input [cin, t, h, w], weight [cout, cin, kt, kh, kw], stride, padding)`.
+type ConvCase = ([usize; 4], [usize; 5], [usize; 3], kernels::Padding3d);
+
 #[test]
 fn video_vae_ops_match_the_cpu() {
     for dev in gpus() {
@@ -408,7 +411,7 @@ fn video_vae_ops_match_the_cpu() {
             let gemm_tol = if dt == DType::F32 { 3e-4 } else { 1e-2 };
             // (input [cin, t, h, w], weight [cout, cin, kt, kh, kw], stride, padding): a causal
             // 3-D conv, a strided downsampling conv, a per-frame 2-D conv, a 1×1 projection.
-            let cases: [([usize; 4], [usize; 5], [usize; 3], kernels::Padding3d); 4] = [
+            let cases: [ConvCase; 4] = [
                 (
                     [5, 3, 9, 11],
                     [7, 5, 3, 3, 3],
