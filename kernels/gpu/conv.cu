@@ -3,27 +3,25 @@
 // Per-channel parameters arrive as f32 (the host casts them: they are a few hundred values).
 
 // Column matrix of one tile: row (c, a, b, e) holds that tap's input for output rows r0 .. r0+nr
-// of output frame `ot` (positions contiguous, so neighbouring threads read neighbouring pixels);
-// taps in the zero padding read 0. Row-major [cin·kt·kh·kw, nr·wo].
+// of output frames ot .. ot+nf (frame by frame, positions contiguous); taps in the zero padding
+// read 0. Row-major [cin·kt·kh·kw, nf·nr·wo]. One grid row per column row (blockIdx.y), so the
+// tap is decoded once per thread and neighbouring threads read neighbouring pixels.
 template <typename T>
 WL_DEVICE void im2col(T* col, const T* x, int cin, int ti, int hi, int wi, int kt, int kh, int kw, int st, int sh,
-                      int sw, int pt, int ph, int pw, int ot, int r0, int nr, int wo) {
-    const wl_u64 n = (wl_u64)nr * wo;
-    const wl_u64 total = (wl_u64)cin * kt * kh * kw * n;
-    WL_GRID_STRIDE(i, total) {
-        const wl_u64 row = i / n;
-        const int pos = (int)(i % n);
-        const int e = (int)(row % kw);
-        const int b = (int)((row / kw) % kh);
-        const int a = (int)((row / ((wl_u64)kw * kh)) % kt);
-        const wl_u64 c = row / ((wl_u64)kw * kh * kt);
-        const int it = ot * st + a - pt;
-        const int iy = (r0 + pos / wo) * sh + b - ph;
-        const int ix = (pos % wo) * sw + e - pw;
+                      int sw, int pt, int ph, int pw, int ot, int nf, int r0, int nr, int wo) {
+    const int row = blockIdx.y;
+    const int e = row % kw, b = (row / kw) % kh, a = (row / (kw * kh)) % kt, c = row / (kw * kh * kt);
+    const int per_frame = nr * wo, n = nf * per_frame;
+    T* dst = col + (wl_u64)row * n;
+    for (int pos = blockIdx.x * blockDim.x + threadIdx.x; pos < n; pos += gridDim.x * blockDim.x) {
+        const int f = pos / per_frame, rem = pos - f * per_frame;
+        const int oy = rem / wo, ox = rem - oy * wo;
+        const int it = (ot + f) * st + a - pt;
+        const int iy = (r0 + oy) * sh + b - ph, ix = ox * sw + e - pw;
         float v = 0.0f;
         if (it >= 0 && it < ti && iy >= 0 && iy < hi && ix >= 0 && ix < wi)
-            v = wl_ld(x, ((c * ti + it) * hi + iy) * wi + ix);
-        wl_st(col, i, v);
+            v = wl_ld(x, (((wl_u64)c * ti + it) * hi + iy) * wi + ix);
+        wl_st(dst, pos, v);
     }
 }
 
@@ -87,8 +85,9 @@ WL_DEVICE void soft_clamp(T* out, const T* x, wl_u64 n, float limit) {
 
 #define WL_CONV(T, tn)                                                                                      \
     WL_KERNEL void im2col_##tn(T* col, const T* x, int cin, int ti, int hi, int wi, int kt, int kh, int kw,   \
-                               int st, int sh, int sw, int pt, int ph, int pw, int ot, int r0, int nr, int wo) { \
-        im2col(col, x, cin, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, ot, r0, nr, wo);                 \
+                               int st, int sh, int sw, int pt, int ph, int pw, int ot, int nf, int r0, int nr, \
+                               int wo) {                                                                    \
+        im2col(col, x, cin, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, ot, nf, r0, nr, wo);             \
     }                                                                                                       \
     WL_KERNEL void add_channel_bias_##tn(T* y, const float* bias, wl_u64 per_channel, wl_u64 n) {           \
         add_channel_bias(y, bias, per_channel, n);                                                          \

@@ -407,8 +407,8 @@ fn video_vae_ops_match_the_cpu() {
     for dev in gpus() {
         let mut rng = Rng::new(7);
         for dt in [DType::F32, DType::BF16] {
-            // cuBLASLt's f32 GEMM runs in TF32.
-            let gemm_tol = if dt == DType::F32 { 3e-4 } else { 1e-2 };
+            // cuBLASLt's f32 GEMM runs in TF32 (the notes' ~3e-4; 3.05e-4 was seen at K = 135).
+            let gemm_tol = if dt == DType::F32 { 6e-4 } else { 1e-2 };
             // (input [cin, t, h, w], weight [cout, cin, kt, kh, kw], stride, padding): a causal
             // 3-D conv, a strided downsampling conv, a per-frame 2-D conv, a 1×1 projection.
             let cases: [ConvCase; 4] = [
@@ -496,11 +496,14 @@ fn video_vae_ops_match_the_cpu() {
                 ops::soft_clamp(&v[0], 3.0)
             });
         }
-        // Large enough that the column buffer takes two tiles of output rows per frame.
-        let x = rand(&mut rng, &[64, 3, 160, 256], DType::F32);
-        let w = rand(&mut rng, &[8, 64, 3, 3, 3], DType::F32);
-        check("conv3d tiled rows", dev, 3e-4, &[&x, &w], |v| {
-            ops::conv3d(&v[0], &v[1], None, [1, 1, 1], [[2, 0], [1, 1], [1, 1]])
-        });
+        // Large enough for the column buffer's other tilings: one whole frame per GEMM, then
+        // rows of one frame per GEMM (1728 taps × 250×400 and × 400×400 outputs).
+        for hw in [[250, 400], [400, 400]] {
+            let x = rand(&mut rng, &[64, 3, hw[0], hw[1]], DType::F32);
+            let w = rand(&mut rng, &[8, 64, 3, 3, 3], DType::F32);
+            check(&format!("conv3d tiled {hw:?}"), dev, 6e-4, &[&x, &w], |v| {
+                ops::conv3d(&v[0], &v[1], None, [1, 1, 1], [[2, 0], [1, 1], [1, 1]])
+            });
+        }
     }
 }

@@ -82,7 +82,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     let mut rows = Vec::new();
     let mut push = |what: &str, dtype: DType, t: Duration| {
         let ms = t.as_secs_f64() * 1e3;
-        println!("{what} {dtype:?}: {ms:.2} ms");
+        println!("{what}, {dtype:?} weights: {ms:.2} ms");
         rows.push(Row {
             what: what.into(),
             dtype: format!("{dtype:?}").to_lowercase(),
@@ -91,6 +91,9 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     };
     for dtype in [DType::BF16, DType::F32] {
         let store = WeightStore::random(7, dtype).on_device(dev);
+        // The tiny coders compute in their input's dtype; the Wan VAE always in f32.
+        let (first_latents, latents) = (first_latents.to_dtype(dtype)?, latents.to_dtype(dtype)?);
+        let (first_video, video) = (first_video.to_dtype(dtype)?, video.to_dtype(dtype)?);
         let mut dec =
             TinyDecoder::load(&TinyDecoderConfig::taew2_1(), &store).context("tiny decoder")?;
         let t = stream(dev, repeat, &mut dec, &first_latents, &latents, |d, x| {
@@ -107,11 +110,11 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         let t = stream(dev, repeat, &mut vae, &first_latents, &latents, |v, x| {
             v.decode_chunk(x)
         })?;
-        push("Wan2.1 VAE decode", dtype, t);
+        push("Wan2.1 VAE decode (f32 activations)", dtype, t);
         let t = stream(dev, repeat, &mut vae, &first_video, &video, |v, x| {
             v.encode_chunk(x)
         })?;
-        push("Wan2.1 VAE encode", dtype, t);
+        push("Wan2.1 VAE encode (f32 activations)", dtype, t);
     }
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?)

@@ -1,21 +1,21 @@
-//! The video VAE's ops on CUDA. A 3-D convolution is an im2col of one tile of output rows into a
-//! bounded column buffer, then one cuBLASLt GEMM that writes the tile's rows of every output
-//! channel in place (channels-first output, no transpose). Tiles never straddle output frames, as
-//! on the CPU, so a frame's result does not depend on which frames came with it.
+//! The video VAE's ops on CUDA. A 3-D convolution is an im2col of one tile of outputs (several
+//! whole frames, or rows of one frame at high resolution) into a bounded column buffer, then one
+//! cuBLASLt GEMM that writes the tile of every output channel in place (channels-first output, no
+//! transpose). Few, large GEMMs: each cuBLASLt call pays a heuristic query on the host.
 
 use std::sync::Arc;
 
 use cudarc::cublaslt::{Matmul, MatmulConfig};
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{cast, grid, push, push_mut, storage, suffix, wrap};
 use crate::cpu::conv::Conv3dDims;
 use crate::cuda::{CudaBackend, CudaData, CudaStorage};
 use crate::{DType, Result, Tensor};
 
-/// Column-buffer budget in elements (256 MiB of f32): whole frames at the VAE's coarse levels,
-/// a few output rows per GEMM at 480×832.
-const COL_BUDGET: usize = 64 << 20;
+/// Column-buffer budget in elements (1 GiB of f32): several whole frames per GEMM at the VAE's
+/// coarse levels, a third of a frame at 480×832 with 128 channels in.
+const COL_BUDGET: usize = 256 << 20;
 
 fn i32_of(dev: &CudaBackend, what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| {
@@ -23,6 +23,19 @@ fn i32_of(dev: &CudaBackend, what: &str, v: usize) -> Result<i32> {
             "conv3d: {what} {v} exceeds the kernel's 32-bit index"
         ))
     })
+}
+
+/// One grid row per column row, threads along the tile's positions.
+fn im2col_cfg(rows: usize, positions: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            positions.div_ceil(256).clamp(1, 4096) as u32,
+            rows as u32,
+            1,
+        ),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Per-channel parameters as one f32 buffer on the device.
@@ -54,8 +67,22 @@ pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> 
     if total == 0 {
         return Ok(wrap(out, &[d.cout, to, ho, wo]));
     }
-    let rows = (COL_BUDGET / (kk * wo).max(1)).clamp(1, ho);
-    let mut col = CudaStorage::alloc(&dev, dt, kk * rows * wo)?;
+    // The grid's y extent (column rows) and the kernel's 32-bit positions bound the shapes.
+    if kk > 65_535 || wo * ho > i32::MAX as usize || hi * wi > i32::MAX as usize {
+        return Err(dev.err(format!(
+            "conv3d: {kk} taps × {ho}×{wo} outputs exceed the im2col kernel's limits"
+        )));
+    }
+    // Whole frames per tile while they fit, else rows of one frame.
+    let (frames, rows) = if kk * plane <= COL_BUDGET {
+        ((COL_BUDGET / (kk * plane)).clamp(1, to), ho)
+    } else {
+        (1, (COL_BUDGET / (kk * wo).max(1)).clamp(1, ho))
+    };
+    if frames * plane > i32::MAX as usize {
+        return Err(dev.err("conv3d: tile positions exceed the im2col kernel's 32-bit index"));
+    }
+    let mut col = CudaStorage::alloc(&dev, dt, kk * frames * rows * wo)?;
     let ints = [
         d.cin,
         ti,
@@ -77,18 +104,19 @@ pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> 
     let wo32 = i32_of(&dev, "output width", wo)?;
     let name = format!("im2col_{}", suffix(dt)?);
     let ws = storage(&w)?;
-    for ot in 0..to {
+    for ot in (0..to).step_by(frames) {
+        let nf = frames.min(to - ot);
         for r0 in (0..ho).step_by(rows) {
             let nr = rows.min(ho - r0);
-            let n = nr * wo;
-            let (ot32, r032, nr32) = (ot as i32, r0 as i32, nr as i32);
-            launch!(&dev, "conv", &name, grid(kk * n), |b| {
+            let n = nf * nr * wo;
+            let (ot32, nf32, r032, nr32) = (ot as i32, nf as i32, r0 as i32, nr as i32);
+            launch!(&dev, "conv", &name, im2col_cfg(kk, n), |b| {
                 push_mut(b, &mut col.data);
                 push(b, &s.data);
                 for v in &ints {
                     b.arg(v);
                 }
-                b.arg(&ot32).arg(&r032).arg(&nr32).arg(&wo32);
+                b.arg(&ot32).arg(&nf32).arg(&r032).arg(&nr32).arg(&wo32);
             });
             // Row-major out[o, ·] (row stride to·plane) = w[cout, kk] · col[kk, n]; column-major
             // that is outᵀ[n, cout] = colᵀ[n, kk] · wᵀ[kk, cout], both read as stored.
@@ -112,7 +140,8 @@ pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> 
             };
             let at = ot * plane + r0 * wo;
             // SAFETY: col holds kk·n values, w cout·kk, and the last output column written,
-            // at + (cout−1)·to·plane + n ≤ cout·to·plane, lies inside `out`.
+            // at + (cout−1)·to·plane + n ≤ cout·to·plane, lies inside `out` (a multi-frame tile
+            // has all rows, so its n positions are contiguous in each output channel).
             let r = unsafe {
                 match (&col.data, &ws.data, &mut out.data) {
                     (CudaData::F32(a), CudaData::F32(bw), CudaData::F32(c)) => {
