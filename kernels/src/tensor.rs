@@ -411,12 +411,19 @@ impl Tensor {
         }
         let src = self.cpu_f32();
         let n = numel(&shape);
+        // When the last axis stays last, whole rows are contiguous in the source: copy them as
+        // runs (the decoder's time interleave moves 128-wide rows this way).
+        let (outer, run) = match r {
+            0 => (0, 1),
+            _ if strides[r - 1] == 1 => (r - 1, shape[r - 1]),
+            _ => (r, 1),
+        };
         let mut out = Vec::with_capacity(n);
-        let mut idx = vec![0usize; r];
-        for _ in 0..n {
+        let mut idx = vec![0usize; outer];
+        for _ in 0..n.checked_div(run).unwrap_or(0) {
             let off: usize = idx.iter().zip(&strides).map(|(i, s)| i * s).sum();
-            out.push(src[off]);
-            for d in (0..r).rev() {
+            out.extend_from_slice(&src[off..off + run]);
+            for d in (0..outer).rev() {
                 idx[d] += 1;
                 if idx[d] < shape[d] {
                     break;

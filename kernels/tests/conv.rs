@@ -64,8 +64,8 @@ fn conv3d_matches_naive_loops() -> Result<()> {
     // The VAE's causal 3×3×3 (time padded by the
     // caller), its 1×1×1 shortcut, per-frame 3×3 with symmetric and with right/bottom-only
     // padding and stride 2 (downsampling), the (3, 1, 1) time conv with stride 2, and a channel
-    // count large enough for gemm's packed kernel.
-    let cases: [Case; 6] = [
+    // count large enough for gemm's packed kernel; one padded wider than its input.
+    let cases: [Case; 7] = [
         (
             3,
             5,
@@ -92,6 +92,15 @@ fn conv3d_matches_naive_loops() -> Result<()> {
             [[0, 0], [0, 1], [0, 1]],
         ),
         (4, 4, [5, 2, 3], [3, 1, 1], [2, 1, 1], [[0, 0]; 3]),
+        // Padding wider than the input: some taps of a row read nothing but padding.
+        (
+            2,
+            3,
+            [1, 3, 2],
+            [1, 3, 5],
+            [1, 1, 1],
+            [[0, 0], [1, 1], [4, 1]],
+        ),
         (
             40,
             70,

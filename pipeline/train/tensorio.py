@@ -42,3 +42,20 @@ def save_safetensors(tensors, path, metadata=None):
         f.write(hb)
         for b in blobs:
             f.write(b)
+
+
+_ST_TORCH = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def load_safetensors(path):
+    """A .safetensors file as {name: tensor} (and its metadata), needing only torch."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = bytearray(f.read())
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, h in header.items():
+        a, b = h["data_offsets"]
+        out[name] = torch.frombuffer(data[a:b], dtype=_ST_TORCH[h["dtype"]]).reshape(h["shape"]).clone()
+    return out, meta

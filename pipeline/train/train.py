@@ -30,7 +30,7 @@ from camera import ray_tokens  # noqa: E402
 from dit import DitConfig, WanDiT, teacher_forcing_mask  # noqa: E402
 from engine import CHUNK_FRAMES, SINK_FRAMES, WINDOW_FRAMES, Schedule, i2v_y, stream  # noqa: E402
 from taehv import TinyAE  # noqa: E402
-from tensorio import load_npy, save_safetensors  # noqa: E402
+from tensorio import load_npy, load_safetensors, save_safetensors  # noqa: E402
 from world_config import AE, DIT  # noqa: E402
 
 H = W = 128
@@ -42,7 +42,8 @@ def amp():
 
 
 def devn(i):
-    return torch.device(f"cuda:{i}") if DEVTYPE == "cuda" else torch.device("cpu")
+    # More DiTs than cards share them (the tiny model leaves a card mostly idle).
+    return torch.device(f"cuda:{i % torch.cuda.device_count()}") if DEVTYPE == "cuda" else torch.device("cpu")
 
 
 def log(out, name, msg):
@@ -196,20 +197,55 @@ def rollout(model, z_first, cams, n_chunks, dev, gen):
     return torch.cat([o.float() for o in outs], 2)
 
 
-def train_dit(args, name, cfg_over, gpu):
+def turn_per_latent(rel):
+    """Mean rotation angle (radians) between consecutive latent frames of each clip: [B]."""
+    r = rel[..., :3].to(torch.float64)
+    tr = r[..., 0, 0] + r[..., 1, 1] + r[..., 2, 2]
+    return torch.arccos(((tr - 1) / 2).clamp(-1, 1)).mean(1)
+
+
+# Per-DiT training settings that `--dit-configs` may override with `_name` keys.
+TRAIN_KEYS = ("dit_lr", "dit_batch", "rollout_after", "rollout_prob", "rollout_reuse", "yaw_weight",
+              "warmup_steps")
+
+
+def split_over(over):
+    """`--dit-configs` JSON → (model config overrides, training overrides)."""
+    model = {k: v for k, v in over.items() if not k.startswith("_")}
+    train = {k[1:]: v for k, v in over.items() if k.startswith("_")}
+    bad = set(train) - set(TRAIN_KEYS)
+    if bad:
+        raise SystemExit(f"unknown training keys {sorted(bad)} (known: {TRAIN_KEYS})")
+    return model, train
+
+
+def train_dit(args, name, over, gpu):
     dev = devn(gpu)
     torch.manual_seed(args.seed + gpu)
     gen = torch.Generator(device=dev).manual_seed(args.seed + 100 + gpu)
+    cfg_over, hp = split_over(over)
+    hp = {k: hp.get(k, getattr(args, k)) for k in TRAIN_KEYS}
     lat = torch.load(os.path.join(args.out, "latents_train.pt"))
     z_all, rel_all = lat["z"].to(dev), lat["rel"]
     r_all, t_all = (a.to(dev) for a in rel_split(rel_all))
     n, _, nf, h, w = z_all.shape
     nc = nf // CHUNK_FRAMES
+    # Clips that turn more are drawn more often (weight 1 + yaw_weight · turn / A-D turn per latent).
+    turn = turn_per_latent(rel_all).float()
+    ad_turn = math.radians(45.0) * 4 / 16
+    weights = (1 + hp["yaw_weight"] * turn / ad_turn).to(dev)
+
+    def draw(k):
+        return torch.multinomial(weights, k, replacement=True)
+
     cfg = DitConfig(**dict(DIT, **cfg_over))
     model = WanDiT(cfg).to(dev)
     dit_init(model)
+    if args.init_dit:
+        sd, meta = load_safetensors(args.init_dit)
+        model.load_state_dict(sd)  # strict: a checkpoint of another shape fails here
     nparams = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=args.dit_lr, weight_decay=0.01, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(model.parameters(), lr=hp["dit_lr"], weight_decay=0.01, betas=(0.9, 0.99))
     sched = Schedule()
     tpf = (h // 2) * (w // 2)
     mask = teacher_forcing_mask(nc, CHUNK_FRAMES, tpf, WINDOW_FRAMES, SINK_FRAMES, dev)
@@ -218,31 +254,47 @@ def train_dit(args, name, cfg_over, gpu):
     s1 = torch.tensor([sched.sigma_first(t) for t in steps], device=dev)
     s2 = torch.tensor([1.0] + [sched.sigma_second(t) for t in steps[1:]], device=dev)
     tag = f"dit_{name}"
-    log(args.out, tag, f"config {cfg.to_dict()} params {nparams} clips {n} latent frames {nf} gpu {gpu}")
+    log(args.out, tag, f"config {cfg.to_dict()} params {nparams} clips {n} latent frames {nf} gpu {gpu} "
+                       f"training {hp} init {args.init_dit} mean turn/latent {turn.mean():.3f} rad")
     t0 = time.time()
     step = 0
-    B = args.dit_batch
+    B = int(hp["dit_batch"])
+    R = max(1, int(hp["rollout_reuse"]))
+    own_buf = []  # (clip indices, own-rollout context) slices of one rollout of B·R clips
+    n_own = 0
     while True:
         el = time.time() - t0
         if el > args.dit_seconds:
             break
         frac = el / args.dit_seconds
-        lr = args.dit_lr * min(1.0, step / 200) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        warm = min(1.0, step / max(1, hp["warmup_steps"]))
+        lr = hp["dit_lr"] * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        idx = torch.randint(0, n, (B,), device=dev)
+        # Context: ground truth, or (after warm-up) the model's own rollout as the engine makes it.
+        # One rollout of B·R clips (about the cost of one of B: the tiny model is launch-bound)
+        # serves the next R own-context steps.
+        own = frac >= hp["rollout_after"] and torch.rand(()).item() < hp["rollout_prob"]
+        if own:
+            if not own_buf:
+                big = draw(B * R)
+                cam_big = ray_tokens(r_all[big], t_all[big], H, W)
+                model.eval()
+                ctx_big = rollout(model, z_all[big][:, :, 0], list(cam_big.split(CHUNK_FRAMES * tpf, 1)), nc,
+                                  dev, gen)
+                model.train()
+                own_buf = [(big[i * B:(i + 1) * B], ctx_big[i * B:(i + 1) * B]) for i in range(R)]
+                del cam_big
+            idx, ctx = own_buf.pop()
+            n_own += 1
+        else:
+            idx = draw(B)
         z = z_all[idx]
+        if not own:
+            ctx = z
         cam_tok = ray_tokens(r_all[idx], t_all[idx], H, W)
         first = z[:, :, 0]
         y = torch.cat([i2v_y(first, c * CHUNK_FRAMES, CHUNK_FRAMES) for c in range(nc)], 2)
-        # Context: ground truth, or (after warm-up) the model's own rollout as the engine makes it.
-        own = frac > args.rollout_after and torch.rand(()).item() < args.rollout_prob
-        if own:
-            model.eval()
-            ctx = rollout(model, first, list(cam_tok.split(CHUNK_FRAMES * tpf, 1)), nc, dev, gen)
-            model.train()
-        else:
-            ctx = z
         s = int(torch.randint(0, 4, ()).item())
         cam2 = torch.cat([cam_tok, cam_tok], 1)
         noise = torch.randn(z.shape, device=dev, generator=gen)
@@ -271,7 +323,7 @@ def train_dit(args, name, cfg_over, gpu):
             log(args.out, tag, f"step {step} t {el:.0f}s step_idx {s} own_ctx {int(own)} loss {loss.item():.4f} gn {gn:.2f} lr {lr:.2e}")
         step += 1
     torch.save({"cfg": cfg.to_dict(), "state": model.state_dict(), "steps": step}, os.path.join(args.out, f"{tag}.pt"))
-    log(args.out, tag, f"done: {step} steps in {time.time() - t0:.0f} s")
+    log(args.out, tag, f"done: {step} steps ({n_own} with own-rollout context) in {time.time() - t0:.0f} s")
     return model
 
 
@@ -333,6 +385,14 @@ def parse():
     p.add_argument("--dit-lr", type=float, default=1e-3)
     p.add_argument("--rollout-after", type=float, default=0.4, help="fraction of DiT time before own-context rollouts")
     p.add_argument("--rollout-prob", type=float, default=0.3)
+    p.add_argument("--rollout-reuse", type=int, default=1,
+                   help="one rollout of batch×this clips feeds this many own-context steps")
+    p.add_argument("--yaw-weight", type=float, default=0.0,
+                   help="draw clips with probability ∝ 1 + this × (their mean turn per latent / A-D's)")
+    p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--init-dit", default=None, help="start every DiT from this dit.safetensors (same config)")
+    p.add_argument("--init-ae", default=None,
+                   help="use this ae.safetensors (encoder.* and decoder.*) instead of training the autoencoder")
     p.add_argument("--dit-configs", default="base:{}", help="name:json;name:json — one DiT per GPU")
     p.add_argument("--dit-only", default=None, help="internal: train this name:json on --gpu")
     p.add_argument("--gpu", type=int, default=0)
@@ -374,10 +434,15 @@ def main():
         render(args)
     if args.budget_seconds:
         left = args.budget_seconds - (time.time() - t_all) - args.reserve_seconds
-        args.ae_seconds, args.dit_seconds = left / 3, left * 2 / 3
+        args.ae_seconds, args.dit_seconds = (0, left) if args.init_ae else (left / 3, left * 2 / 3)
         log(args.out, "data", f"budget: AE {args.ae_seconds:.0f} s, DiT {args.dit_seconds:.0f} s")
     ae = None
-    if "ae" in stages:
+    if args.init_ae:
+        ae = TinyAE(**AE).to(dev)
+        ae.load_state_dict(load_safetensors(args.init_ae)[0])
+        torch.save(ae.state_dict(), os.path.join(args.out, "ae.pt"))
+        log(args.out, "ae", f"autoencoder from {args.init_ae} (not trained)")
+    elif "ae" in stages:
         ae = train_ae(args)
     if ae is None:
         ae = TinyAE(**AE).to(dev)
@@ -397,12 +462,16 @@ def main():
         for gpu, (name, over) in enumerate(parse_configs(args.dit_configs)):
             cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--data", args.data,
                    "--dit-only", f"{name}:{json.dumps(over)}", "--gpu", str(gpu)]
-            for k in ("seed", "dit_seconds", "dit_batch", "dit_lr", "rollout_after", "rollout_prob"):
+            for k in ("seed", "dit_seconds") + TRAIN_KEYS:
                 cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+            if args.init_dit:
+                cmd += ["--init-dit", args.init_dit]
             procs.append((name, subprocess.Popen(cmd)))
-        for name, p in procs:
-            if p.wait() != 0:
-                raise SystemExit(f"DiT {name} failed")
+        failed = [name for name, p in procs if p.wait() != 0]
+        if len(failed) == len(procs):
+            raise SystemExit(f"every DiT failed: {failed}")
+        for name in failed:  # the others still export
+            log(args.out, "dit", f"DiT {name} failed")
     if "export" in stages:
         results = {}
         for name, _ in parse_configs(args.dit_configs):
@@ -413,11 +482,13 @@ def main():
         print("\n| model | params | PSNR 1st s | PSNR 10th s | PSNR all |")
         print("|---|---|---|---|---|")
         print(f"| AE recon | - | {ae_m['ae_psnr_first_s']:.2f} | {ae_m['ae_psnr_last_s']:.2f} | {ae_m['ae_psnr_all']:.2f} |")
+        trained = [name for name, _ in parse_configs(args.dit_configs)
+                   if os.path.exists(os.path.join(args.out, f"dit_{name}.pt"))]
         for name, r in results.items():
             ck = torch.load(os.path.join(args.out, f"dit_{name}.pt"))
             npar = sum(v.numel() for v in ck["state"].values())
             print(f"| DiT {name} {ck['cfg']['dim']}×{ck['cfg']['num_layers']} | {npar} | {r['psnr_first_s']:.2f} | {r['psnr_10th_s']:.2f} | {r['psnr_all']:.2f} |")
-        for name, _ in parse_configs(args.dit_configs):
+        for name in trained:
             ck = torch.load(os.path.join(args.out, f"dit_{name}.pt"))
             model = WanDiT(DitConfig(**ck["cfg"]))
             model.load_state_dict(ck["state"])

@@ -144,6 +144,16 @@ pub fn run(args: &ModelArgs, dec: &DecoderArgs, cmd: &VerifyCommand) -> Result<(
             if *ok { "yes" } else { "NO" }
         );
     }
+    println!("\nhorizontal image motion, px per frame (renders / generated):");
+    for r in &motion.shift_px_per_frame {
+        println!("{:<6}{:>8.2}{:>8.2}", r.command, r.truth, r.generated);
+    }
+    for (c, ok) in &motion.yaw_seen {
+        println!(
+            "{c}: the clip pans the renders' way at least half as fast: {}",
+            if *ok { "yes" } else { "NO" }
+        );
+    }
     if let Some(path) = &a.json {
         let json = serde_json::json!({
             "model": loaded.cfg.name,

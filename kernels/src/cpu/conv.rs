@@ -70,10 +70,7 @@ pub fn conv3d(x: &[f32], w: &[f32], bias: Option<&[f32]>, d: &Conv3dDims) -> Vec
                             continue;
                         };
                         let src = &frame[iy * wi..][..wi];
-                        for (ox, v) in dst_row.iter_mut().enumerate() {
-                            let ix = (ox * d.stride[2] + e).checked_sub(d.padding[2][0]);
-                            *v = ix.filter(|&v| v < wi).map_or(0.0, |ix| src[ix]);
-                        }
+                        fill_row(dst_row, src, e, d.stride[2], d.padding[2][0]);
                     }
                 });
             matmul_nn(w, &col[..kk * n], &mut tile[..d.cout * n], d.cout, kk, n);
@@ -87,6 +84,27 @@ pub fn conv3d(x: &[f32], w: &[f32], bias: Option<&[f32]>, d: &Conv3dDims) -> Vec
         }
     }
     out
+}
+
+/// One im2col row: `dst[ox] = src[ox·stride + tap − pad]`, zero where that falls outside `src`.
+/// At stride 1 the inside is one contiguous copy.
+fn fill_row(dst: &mut [f32], src: &[f32], tap: usize, stride: usize, pad: usize) {
+    if stride != 1 {
+        for (ox, v) in dst.iter_mut().enumerate() {
+            let ix = (ox * stride + tap).checked_sub(pad);
+            *v = ix.filter(|&v| v < src.len()).map_or(0.0, |ix| src[ix]);
+        }
+        return;
+    }
+    // Output `ox` reads `ox + tap − pad`: valid for `lo ≤ ox < hi`.
+    let lo = pad.saturating_sub(tap).min(dst.len());
+    let hi = (src.len() + pad).saturating_sub(tap).clamp(lo, dst.len());
+    dst[..lo].fill(0.0);
+    dst[hi..].fill(0.0);
+    if hi > lo {
+        let start = lo + tap - pad;
+        dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
+    }
 }
 
 /// Nearest-neighbour upsampling of the last two axes by integer factors (`outer` planes of

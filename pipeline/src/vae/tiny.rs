@@ -359,8 +359,20 @@ impl TinyDecoder {
     /// carried).
     pub fn forward_raw(&mut self, x: &Tensor) -> Result<Tensor> {
         let mut x = x.clone();
-        for l in &mut self.layers {
-            x = l.forward(&x)?;
+        let n = self.layers.len();
+        let mut i = 0;
+        while i < n {
+            // `Upsample` then `Grow` (a 1×1 conv and a time interleave) commute: the same dot
+            // products per pixel, so growing first gives the same bits on a quarter of the pixels.
+            if let [TinyLayer::Upsample, grow @ TinyLayer::Grow(_)] =
+                &mut self.layers[i..(i + 2).min(n)]
+            {
+                x = TinyLayer::Upsample.forward(&grow.forward(&x)?)?;
+                i += 2;
+                continue;
+            }
+            x = self.layers[i].forward(&x)?;
+            i += 1;
         }
         Ok(x)
     }

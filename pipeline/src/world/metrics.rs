@@ -76,9 +76,80 @@ pub fn ssim(a: &[u8], b: &[u8], h: usize, w: usize) -> f64 {
     total / (h * w) as f64
 }
 
+/// Horizontal image motion from frame `a` to frame `b` (RGB `[h, w, 3]`), in pixels: content at
+/// column `x` of `a` is near column `x + shift` of `b` (a camera turning right moves content
+/// left: negative). The integer shift in `±max` with the least mean absolute luma difference
+/// over the columns both frames share, refined by a parabola through it and its neighbours.
+pub fn horizontal_shift(a: &[u8], b: &[u8], h: usize, w: usize, max: usize) -> f64 {
+    let (x, y) = (luma(a), luma(b));
+    let max = max.min(w.saturating_sub(1)) as i64;
+    let cost = |s: i64| -> f64 {
+        let (mut sum, mut n) = (0.0, 0usize);
+        for r in 0..h {
+            for c in 0..w as i64 {
+                let d = c + s;
+                if d >= 0 && d < w as i64 {
+                    sum += (x[r * w + c as usize] - y[r * w + d as usize]).abs();
+                    n += 1;
+                }
+            }
+        }
+        sum / n.max(1) as f64
+    };
+    let costs: Vec<f64> = (-max..=max).map(cost).collect();
+    let best = costs
+        .iter()
+        .enumerate()
+        .min_by(|p, q| p.1.total_cmp(q.1))
+        .map_or(0, |(i, _)| i);
+    let mut shift = best as f64 - max as f64;
+    if best > 0 && best + 1 < costs.len() {
+        let (l, c, r) = (costs[best - 1], costs[best], costs[best + 1]);
+        let curve = l - 2.0 * c + r;
+        if curve > 0.0 {
+            shift += 0.5 * (l - r) / curve;
+        }
+    }
+    shift
+}
+
+/// Mean [`horizontal_shift`] of consecutive frames: pixels per frame.
+pub fn mean_horizontal_shift(frames: &[Vec<u8>], h: usize, w: usize, max: usize) -> f64 {
+    let n = frames.len().saturating_sub(1).max(1) as f64;
+    frames
+        .windows(2)
+        .map(|p| horizontal_shift(&p[0], &p[1], h, w, max))
+        .sum::<f64>()
+        / n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn horizontal_shift_finds_a_known_pan() {
+        let (h, w) = (24, 40);
+        // A smooth texture sampled at column offset `o`: frame b is frame a moved 3 px right.
+        let frame = |o: f64| -> Vec<u8> {
+            let mut f = Vec::with_capacity(h * w * 3);
+            for r in 0..h {
+                for c in 0..w {
+                    let x = c as f64 - o;
+                    let v =
+                        128.0 + 60.0 * (x * 0.37).sin() + 40.0 * (x * 0.11 + r as f64 * 0.2).cos();
+                    f.extend([v as u8; 3]);
+                }
+            }
+            f
+        };
+        let (a, b) = (frame(0.0), frame(3.0));
+        assert!((horizontal_shift(&a, &b, h, w, 8) - 3.0).abs() < 0.25);
+        assert!((horizontal_shift(&b, &a, h, w, 8) + 3.0).abs() < 0.25);
+        assert!(horizontal_shift(&a, &a, h, w, 8).abs() < 1e-9);
+        let pan: Vec<Vec<u8>> = (0..5).map(|i| frame(-1.5 * i as f64)).collect();
+        assert!((mean_horizontal_shift(&pan, h, w, 8) + 1.5).abs() < 0.3);
+    }
 
     #[test]
     fn psnr_and_ssim_of_known_pairs() {

@@ -16,7 +16,7 @@ use crate::vae::{TinyDecoder, TinyEncoder};
 use crate::{Error, Result};
 
 use super::assets::frame_tensor;
-use super::metrics::{psnr, ssim};
+use super::metrics::{mean_horizontal_shift, psnr, ssim};
 use super::render::Renderer;
 use super::trajectory::Trajectory;
 
@@ -152,7 +152,25 @@ pub struct MotionCheck {
     /// Per moving command: its own renders beat those of the opposite command (W/S, A/D) and
     /// those of standing still.
     pub beats_opposite_and_still: Vec<(String, bool)>,
+    /// Per command: horizontal image motion (pixels per frame, [`mean_horizontal_shift`]) of
+    /// the renders and of the generated clip. Yaw shows here directly, however blurry the clip.
+    pub shift_px_per_frame: Vec<ShiftRow>,
+    /// Per yaw command (A, D): the generated clip pans the way the renders do, at least half as
+    /// fast.
+    pub yaw_seen: Vec<(String, bool)>,
 }
+
+/// Horizontal motion of one command's renders and generated clip.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShiftRow {
+    pub command: String,
+    pub truth: f64,
+    pub generated: f64,
+}
+
+/// Largest pan (pixels per frame) the shift search tries: twice A/D's 3.6 px per frame at
+/// 128×128.
+const MAX_SHIFT_PX: usize = 8;
 
 /// The commands of the motion check: forward, back, yaw left, yaw right, and standing still
 /// (last); each moving command's opposite is its neighbour in the pair.
@@ -213,10 +231,30 @@ pub fn motion_check(
             (commands[i].0.to_string(), ok)
         })
         .collect();
+    let (h, w) = (cfg.height, cfg.width);
+    let shifts: Vec<ShiftRow> = commands
+        .iter()
+        .zip(&played)
+        .map(|((name, _), p)| ShiftRow {
+            command: name.to_string(),
+            truth: mean_horizontal_shift(&p.truth, h, w, MAX_SHIFT_PX),
+            generated: mean_horizontal_shift(&p.generated, h, w, MAX_SHIFT_PX),
+        })
+        .collect();
+    let yaw_seen = shifts
+        .iter()
+        .filter(|r| r.command == "A" || r.command == "D")
+        .map(|r| {
+            let ok = r.generated * r.truth > 0.0 && r.generated.abs() >= 0.5 * r.truth.abs();
+            (r.command.clone(), ok)
+        })
+        .collect();
     Ok(MotionCheck {
         commands: commands.iter().map(|(n, _)| n.to_string()).collect(),
         psnr,
         correct,
         beats_opposite_and_still: beats,
+        shift_px_per_frame: shifts,
+        yaw_seen,
     })
 }
