@@ -43,7 +43,9 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 0, global = true)]
     pub seed: u64,
 
-    /// Run dtype of the weights: f32 or bf16.
+    /// Run dtype of the weights: f32, bf16, or fp8 (a bf16 model whose DiT blocks run their
+    /// attention projections and FFN as fp8 e4m3 linears: weights per output channel,
+    /// activations per token, quantized by the norm that writes them).
     #[arg(long, default_value = "f32", global = true)]
     pub dtype: String,
 }
@@ -282,10 +284,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         );
     }
     device.ensure_available()?;
-    let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
-    if !matches!(dtype, DType::F32 | DType::BF16) {
-        bail!("--dtype {}: the weights run in f32 or bf16", args.dtype);
-    }
+    let (dtype, fp8_linears) = run_dtype(&args.dtype)?;
     let source = weights_source(args, &cfg);
     let world = match source {
         WeightsSource::Embedded => world::assets::embedded(),
@@ -335,7 +334,10 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         let load: Arc<ModelLoader> = Arc::new(move |device| {
             let store = open(device).map_err(|e| pipeline::Error::Config(format!("{e:#}")))?;
             let started = std::time::Instant::now();
-            let model = WanModel::load(&model_cfg, &store)?;
+            let mut model = WanModel::load(&model_cfg, &store)?;
+            if fp8_linears {
+                model.quantize_linears_fp8()?;
+            }
             info!(
                 model = %model_cfg.name,
                 weights = %store.describe(),
@@ -358,12 +360,17 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     }
     let store = open(device)?;
     let started = std::time::Instant::now();
-    let model =
+    let mut model =
         WanModel::load(&cfg, &store).with_context(|| format!("loading {}", store.describe()))?;
+    if fp8_linears {
+        model
+            .quantize_linears_fp8()
+            .context("--dtype fp8: quantizing the DiT's linears")?;
+    }
     info!(
         model = %cfg.name,
         weights = %store.describe(),
-        dtype = dtype.name(),
+        dtype = if fp8_linears { "bf16 + fp8 linears" } else { dtype.name() },
         device = %device,
         seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
         "model ready"
@@ -377,4 +384,16 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         cards: args.cards,
         gpu_group: None,
     })
+}
+
+/// `--dtype`: the weights' run dtype, and whether the DiT blocks' linears run in fp8.
+pub fn run_dtype(arg: &str) -> Result<(DType, bool)> {
+    if arg == "fp8" {
+        return Ok((DType::BF16, true));
+    }
+    let dtype: DType = arg.parse().map_err(anyhow::Error::msg)?;
+    if !matches!(dtype, DType::F32 | DType::BF16) {
+        bail!("--dtype {arg}: the weights run in f32, bf16 or fp8 (bf16 with fp8 linears)");
+    }
+    Ok((dtype, false))
 }

@@ -59,9 +59,29 @@ fn generate_plays_the_embedded_world_and_random_says_so() {
 }
 
 #[test]
+fn fp8_linears_run_and_say_so() {
+    let out = worker(&[
+        "generate",
+        "--weights",
+        "random",
+        "--dtype",
+        "fp8",
+        "--chunks",
+        "1",
+        "--log-format",
+        "json",
+    ]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("bf16 + fp8 linears"), "{log}");
+    assert_eq!(log.matches("chunk done").count(), 1, "{log}");
+}
+
+#[test]
 fn bad_flags_fail_with_a_reason() {
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--model", "giant"], "unknown model 'giant'"),
+        (&["--dtype", "f16"], "the weights run in f32, bf16 or fp8"),
         (&["--cards", "3"], "do not split over 3 cards"),
         (
             &["--device", "cuda", "--cards", "3"],

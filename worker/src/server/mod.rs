@@ -242,7 +242,7 @@ impl Server {
         let tiny = loaded.cfg.name.starts_with("tiny");
         let on_host = model.device()? == Device::Cpu;
         let device = model.device()?;
-        let dtype = model.dtype.parse().map_err(anyhow::Error::msg)?;
+        let (dtype, _) = crate::setup::run_dtype(&model.dtype)?;
         let prompts = crate::text::load(
             serve.text_encoder.as_deref(),
             &loaded.cfg,
