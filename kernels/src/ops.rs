@@ -837,7 +837,7 @@ pub fn assemble(
     }
     let rows = shape[0];
     let n: usize = shape.iter().product();
-    let cols = if rows == 0 { 0 } else { n / rows };
+    let cols = n.checked_div(rows).unwrap_or(0);
     let mut covered = 0;
     for (i, p) in pieces.iter().enumerate() {
         let src_rows = p.src.dim(0);

@@ -6,6 +6,7 @@
 mod common;
 
 use common::{rel_l2, widen, Rng};
+use kernels::ops::Piece;
 use kernels::{
     ops, AttnMask, DType, Device, KvCache, NormOut, Result, RopeTable, ScaleKind, Tensor,
 };
@@ -340,6 +341,35 @@ fn rope_attention_and_layout_match_the_cpu() {
                 });
                 check(&format!("cat {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
                     Tensor::cat(&[&v[0], &v[1]], 1)
+                });
+                // Offsets that are not whole 16-byte units take the element-wise copy.
+                check(
+                    &format!("narrow unaligned {dt:?}"),
+                    dev,
+                    1e-12,
+                    &[&x],
+                    |v| v[0].narrow(2, 1, d - 3),
+                );
+                // One head of x at the left, q's rows 5.. at the right three rows down, and
+                // what neither covers (poisoned on the device first) zero.
+                check(&format!("assemble {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
+                    ops::assemble(
+                        &[l + 3, heads + 1, d],
+                        dt,
+                        v[0].device(),
+                        &[
+                            Piece {
+                                src_col: d,
+                                cols: d,
+                                ..Piece::whole(&v[0], 0, 0)
+                            },
+                            Piece {
+                                src_row: 5,
+                                rows: l - 5,
+                                ..Piece::whole(&v[1], 3, d)
+                            },
+                        ],
+                    )
                 });
             }
         }

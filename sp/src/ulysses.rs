@@ -143,7 +143,12 @@ impl<'a> Ulysses<'a> {
                     ..Piece::whole(t, 0, 0)
                 })
                 .collect();
-            Ok(ops::assemble(&[ts.len() * rows, hn, d], dtype, dev, &pieces)?)
+            Ok(ops::assemble(
+                &[ts.len() * rows, hn, d],
+                dtype,
+                dev,
+                &pieces,
+            )?)
         };
         let send = (0..n)
             .map(|j| {
@@ -213,7 +218,11 @@ impl<'a> Ulysses<'a> {
                     rows: real(j),
                     ..Piece::whole(t, 0, 0)
                 };
-                let pieces = if real(j) == 0 { Vec::new() } else { vec![piece] };
+                let pieces = if real(j) == 0 {
+                    Vec::new()
+                } else {
+                    vec![piece]
+                };
                 Ok(ops::assemble(&[rows, hn, d], dtype, dev, &pieces)?)
             })
             .collect::<Result<Vec<_>, Error>>()?;

@@ -858,7 +858,7 @@ pub fn assemble(
     pieces: &[crate::ops::Piece],
 ) -> Result<Tensor> {
     let n: usize = shape.iter().product();
-    let cols = if shape[0] == 0 { 0 } else { n / shape[0] };
+    let cols = n.checked_div(shape[0]).unwrap_or(0);
     let mut out = CudaStorage::alloc(dev, dtype, n)?;
     if !covered && n > 0 {
         let ptr = out.device_ptr_mut()?;

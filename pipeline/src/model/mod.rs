@@ -42,7 +42,13 @@ impl Head {
     /// cheaper on the links but not bit-identical: for a narrow output (5120 → 64 in
     /// lingbot-14b) cuBLASLt picks another kernel for a shard's row count than for the chunk's,
     /// with another summation order (`worker bench gemm-rows` shows which shapes differ).
-    pub fn forward(&self, h: &Tensor, e: &Tensor, eps: f32, sp: Option<&Ulysses>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        h: &Tensor,
+        e: &Tensor,
+        eps: f32,
+        sp: Option<&Ulysses>,
+    ) -> Result<Tensor> {
         let dim = h.dim(1);
         // Modulation rows (shift, scale) take `e`, not `e0`.
         let m = ops::add(&self.modulation.reshape(&[2, dim])?, e)?;
