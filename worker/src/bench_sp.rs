@@ -214,7 +214,7 @@ fn kv_bytes(cfg: &ModelConfig, ecfg: &EngineConfig, cards: usize, elem: usize) -
     (calls * 2 * part * (cards - 1)) as f64
 }
 
-pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
+pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) -> Result<()> {
     let cfg = ModelConfig::by_name(&args.model)?;
     let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
     let first_gpu = match device {
@@ -223,8 +223,12 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
     };
     let gpus: Vec<usize> = match &args.gpus {
         Some(g) => g.clone(),
+        None if one_gpu => vec![first_gpu; args.cards.max(1)],
         None => (first_gpu..first_gpu + args.cards.max(1)).collect(),
     };
+    if one_gpu && gpus.iter().any(|&g| g != gpus[0]) {
+        bail!("--one-gpu runs every rank on one GPU: pass --device cuda:N, not --gpus");
+    }
     let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
     let elem = dtype.size_in_bytes();
     let mut counts = vec![1];
@@ -240,6 +244,12 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
     } else {
         EngineConfig::lingbot(args.seed)
     };
+    if one_gpu {
+        eprintln!(
+            "bench sp --one-gpu: every rank on GPU {first_gpu} over the in-process loopback (no \
+             NCCL, no links): the ranks' work runs one after another on one stream"
+        );
+    }
     eprintln!(
         "bench sp: {} (RANDOM weights from seed {}, timing only), {}×{}, chunks of {} latent \
          frames, window {} with {} sink, {} steps + refresh, {dtype}; {WARMUP} warm-up + {chunks} \
@@ -265,14 +275,24 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
 
     let mut runs: Vec<Run> = Vec::new();
     let mut reference: Option<(f64, Vec<Vec<f32>>)> = None;
+    // The one-card model, kept for ranks that share its GPU.
+    let mut shared: Option<Arc<WanModel>> = None;
     for &cards in &counts {
         let on = gpus[..cards].to_vec();
         let mut runner = if cards == 1 {
-            let model = load(Device::Cuda(on[0])).context("loading the model")?;
-            Runner::One(Box::new(Engine::new(Arc::new(model), ecfg.clone())?))
+            let model = Arc::new(load(Device::Cuda(on[0])).context("loading the model")?);
+            if one_gpu {
+                shared = Some(model.clone());
+            }
+            Runner::One(Box::new(Engine::new(model, ecfg.clone())?))
+        } else if let Some(model) = &shared {
+            Runner::Group(EngineGroup::loopback(model.clone(), ecfg.clone(), cards)?)
         } else {
             Runner::Group(EngineGroup::nccl(&cfg, load.clone(), ecfg.clone(), &on)?)
         };
+        // Profiles are per device: ranks sharing one are profiled together.
+        let mut devices = on.clone();
+        devices.dedup();
         let warm = runner.run(WARMUP, 0)?;
         let timed = runner.run(chunks, WARMUP)?;
         let chunk_s = median(&timed.times);
@@ -291,7 +311,7 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
             (chunk_s, 0.0, 0.0)
         };
         let profiled = WARMUP + chunks + if cards > 1 { STOCK_CHUNKS } else { 0 };
-        let profile = profile_chunk(&mut runner, &on, profiled)?;
+        let profile = profile_chunk(&mut runner, &devices, profiled)?;
         let mut latents = warm.latents;
         latents.extend(timed.latents);
         let kv = if cards > 1 {
@@ -333,15 +353,17 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
         drop(runner);
     }
 
+    let place = if one_gpu {
+        format!(
+            "{} ranks sharing GPU {first_gpu} (loopback, no links)",
+            gpus.len()
+        )
+    } else {
+        format!("{} GPU(s)", gpus.len())
+    };
     println!(
-        "\n{} on {} GPU(s), random weights, {}×{}, window {} (sink {}), chunk {} latents:",
-        cfg.name,
-        gpus.len(),
-        ecfg.width,
-        ecfg.height,
-        ecfg.window_frames,
-        ecfg.sink_frames,
-        ecfg.chunk_frames
+        "\n{} on {place}, random weights, {}×{}, window {} (sink {}), chunk {} latents:",
+        cfg.name, ecfg.width, ecfg.height, ecfg.window_frames, ecfg.sink_frames, ecfg.chunk_frames
     );
     println!(
         "{:>5} {:>9} {:>7} {:>7} {:>5} {:>10} {:>8} {:>10} {:>10} {:>8} {:>6} {:>9} {:>9}",
