@@ -324,7 +324,19 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
                 reference = Some((chunk_s, latents));
                 (1.0, (0.0, 0.0))
             }
-            Some((t1, lat1)) => (t1 / chunk_s, compare(lat1, &latents)),
+            Some((t1, lat1)) => {
+                for (i, (a, b)) in lat1.iter().zip(&latents).enumerate() {
+                    let nans = |v: &[f32]| v.iter().filter(|x| !x.is_finite()).count();
+                    let (max, rel) = compare(std::slice::from_ref(a), std::slice::from_ref(b));
+                    eprintln!(
+                        "chunk {i}: non-finite values 1 card {} / {cards} cards {}; max abs \
+                         {max:.3e}, rel L2 {rel:.3e}",
+                        nans(a),
+                        nans(b)
+                    );
+                }
+                (t1 / chunk_s, compare(lat1, &latents))
+            }
         };
         let run = Run {
             cards,

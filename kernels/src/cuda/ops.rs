@@ -689,7 +689,8 @@ fn copy2d_t<T: cudarc::driver::DeviceRepr>(
         src.device_ptr(&dev.stream).0 as usize,
     ];
     let lanes = 16 / bytes;
-    let aligned = bases.iter().all(|b| b % 16 == 0)
+    let aligned = copy16()
+        && bases.iter().all(|b| b % 16 == 0)
         && [dst_off, src_off, dst_pitch, src_pitch, cols]
             .iter()
             .all(|v| v % lanes == 0);
@@ -891,4 +892,10 @@ pub fn assemble(
         )?;
     }
     Ok(wrap(out, shape))
+}
+
+/// `WORLDLINE_COPY16=0` turns the 16-byte copy path off (to rule it out when results differ).
+fn copy16() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WORLDLINE_COPY16").map_or(true, |v| v != "0"))
 }
