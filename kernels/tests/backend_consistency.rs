@@ -428,3 +428,51 @@ fn rope_attention_and_layout_match_the_cpu() {
         }
     }
 }
+
+/// Threads sharing one device (ranks over the loopback on one GPU) interleave their launches on
+/// its stream; a GEMM whose library call enqueues several kernels around the shared cuBLASLt
+/// workspace (a split-K product and its reduction: narrow outputs over a long K, as the 14B head)
+/// must still give each thread the bits it gets alone.
+#[test]
+fn gemms_from_two_threads_on_one_device_match_one_thread() {
+    for dev in gpus() {
+        let mut rng = Rng::new(9);
+        let cases: Vec<(Tensor, Tensor)> = [(2340, 5120, 64), (4680, 5120, 64), (96, 13824, 128)]
+            .iter()
+            .map(|&(m, k, n)| {
+                let x = rand(&mut rng, &[m, k], DType::BF16)
+                    .to_device(dev)
+                    .expect("x");
+                let w = rand(&mut rng, &[n, k], DType::BF16)
+                    .to_device(dev)
+                    .expect("w");
+                (x, w)
+            })
+            .collect();
+        let alone: Vec<Vec<f32>> = cases
+            .iter()
+            .map(|(x, w)| ops::linear(x, w, None).expect("linear").to_vec_f32())
+            .collect();
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let (cases, alone) = (&cases, &alone);
+                s.spawn(move || {
+                    for round in 0..20 {
+                        let outs: Vec<Tensor> = cases
+                            .iter()
+                            .map(|(x, w)| ops::linear(x, w, None).expect("linear"))
+                            .collect();
+                        for (i, (o, want)) in outs.iter().zip(alone).enumerate() {
+                            let same = o
+                                .to_vec_f32()
+                                .iter()
+                                .zip(want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "thread {t}, round {round}, case {i} on {dev}");
+                        }
+                    }
+                });
+            }
+        });
+    }
+}

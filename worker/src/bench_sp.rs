@@ -311,7 +311,13 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
             (chunk_s, 0.0, 0.0)
         };
         let profiled = WARMUP + chunks + if cards > 1 { STOCK_CHUNKS } else { 0 };
-        let profile = profile_chunk(&mut runner, &devices, profiled)?;
+        // Ranks sharing one GPU interleave their ops on its stream, so one rank's brackets would
+        // also hold the other's work: no profile there.
+        let profile = if one_gpu && cards > 1 {
+            Vec::new()
+        } else {
+            profile_chunk(&mut runner, &devices, profiled)?
+        };
         let mut latents = warm.latents;
         latents.extend(timed.latents);
         let kv = if cards > 1 {

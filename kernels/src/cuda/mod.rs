@@ -30,6 +30,10 @@ pub struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: CudaBlasLT,
+    /// Held around each cuBLASLt call: one call may enqueue several kernels that share the
+    /// handle's workspace (a split-K GEMM and its reduction), and threads sharing this device
+    /// (ranks over the loopback on one GPU) must not interleave theirs between them.
+    pub(crate) blas_lock: Mutex<()>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     /// Stream-time marks around each op while profiling (see [`profile`](Self::profile)).
     profiling: std::sync::atomic::AtomicBool,
@@ -146,6 +150,7 @@ impl CudaBackend {
             ctx,
             stream,
             blas,
+            blas_lock: Mutex::new(()),
             modules: Mutex::new(HashMap::new()),
             profiling: std::sync::atomic::AtomicBool::new(false),
             marks: Mutex::new(Vec::new()),

@@ -167,6 +167,10 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
     };
     let (ws, xs) = (&storage(&w)?.data, &storage(&x)?.data);
     dev.timed("gemm", || {
+        let _one = dev
+            .blas_lock
+            .lock()
+            .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
         // SAFETY: a is n×k, b is m×k, c is m×n elements, as allocated and checked above.
         let r = unsafe {
             match (ws, xs, &mut out.data) {
@@ -689,8 +693,7 @@ fn copy2d_t<T: cudarc::driver::DeviceRepr>(
         src.device_ptr(&dev.stream).0 as usize,
     ];
     let lanes = 16 / bytes;
-    let aligned = copy16()
-        && bases.iter().all(|b| b % 16 == 0)
+    let aligned = bases.iter().all(|b| b % 16 == 0)
         && [dst_off, src_off, dst_pitch, src_pitch, cols]
             .iter()
             .all(|v| v % lanes == 0);
@@ -892,10 +895,4 @@ pub fn assemble(
         )?;
     }
     Ok(wrap(out, shape))
-}
-
-/// `WORLDLINE_COPY16=0` turns the 16-byte copy path off (to rule it out when results differ).
-fn copy16() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("WORLDLINE_COPY16").map_or(true, |v| v != "0"))
 }
