@@ -3,7 +3,7 @@
 // lane, lane + W, … The tiled tensor-core kernel replaces this for speed; this one is the GPU
 // reference it will be checked against.
 
-#define WL_ATT_MAX_D 256
+#define WL_ATT_MAX_D 512
 #define WL_ATT_WARPS 4
 
 template <typename T>

@@ -494,14 +494,6 @@ pub fn unpatchify(x: &Tensor, grid: [usize; 3], patch: [usize; 3]) -> Result<Ten
     t.reshape(&[c, grid[0] * pt, grid[1] * ph, grid[2] * pw])
 }
 
-/// The error of an op the CUDA backend does not have yet.
-fn not_on_cuda(op: &'static str, x: &Tensor) -> Error {
-    Error::Device {
-        device: x.device().to_string(),
-        msg: format!("{op} is not implemented on CUDA yet"),
-    }
-}
-
 /// Zero padding of a convolution: `(before, after)` per axis `(t, h, w)`.
 pub type Padding3d = [[usize; 2]; 3];
 
@@ -551,22 +543,22 @@ pub fn conv3d(
             ));
         }
     }
+    let dims = cpu::conv::Conv3dDims {
+        cin,
+        cout,
+        input,
+        kernel,
+        stride,
+        padding,
+        output,
+    };
     match x.storage() {
         Storage::Cpu(_) => {
-            let dims = cpu::conv::Conv3dDims {
-                cin,
-                cout,
-                input,
-                kernel,
-                stride,
-                padding,
-                output,
-            };
             let bias = b.map(|b| b.cpu_f32());
             let out = cpu::conv::conv3d(&x.cpu_f32(), &w.cpu_f32(), bias.as_deref(), &dims);
             finish(out, &[cout, output[0], output[1], output[2]], out_dtype(x))
         }
-        Storage::Cuda(_) => Err(not_on_cuda("conv3d", x)),
+        Storage::Cuda(_) => cuda::ops::conv3d(x, w, b, &dims),
     }
 }
 
@@ -591,7 +583,7 @@ pub fn upsample_nearest_2d(x: &Tensor, factors: [usize; 2]) -> Result<Tensor> {
             let out = cpu::conv::upsample_nearest_2d(&x.cpu_f32(), outer, h, w, factors);
             finish(out, &shape, x.dtype())
         }
-        Storage::Cuda(_) => Err(not_on_cuda("upsample_nearest_2d", x)),
+        Storage::Cuda(_) => cuda::ops::upsample_nearest_2d(x, &shape, factors),
     }
 }
 
@@ -624,7 +616,7 @@ pub fn channel_rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<Tensor> 
             let out = cpu::conv::channel_rms_norm(&x.cpu_f32(), c, n, &gamma.cpu_f32(), eps);
             finish(out, x.shape(), x.dtype())
         }
-        Storage::Cuda(_) => Err(not_on_cuda("channel_rms_norm", x)),
+        Storage::Cuda(_) => cuda::ops::channel_rms_norm(x, gamma, eps),
     }
 }
 
@@ -639,7 +631,7 @@ pub fn channel_affine(x: &Tensor, mul: &Tensor, add: &Tensor) -> Result<Tensor> 
             let out = cpu::conv::channel_affine(&x.cpu_f32(), n, &mul.cpu_f32(), &add.cpu_f32());
             finish(out, x.shape(), x.dtype())
         }
-        Storage::Cuda(_) => Err(not_on_cuda("channel_affine", x)),
+        Storage::Cuda(_) => cuda::ops::channel_affine(x, mul, add),
     }
 }
 
@@ -657,7 +649,7 @@ pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
             let out = x.cpu_f32().iter().map(|&v| v.clamp(lo, hi)).collect();
             finish(out, x.shape(), x.dtype())
         }
-        Storage::Cuda(_) => Err(not_on_cuda("clamp", x)),
+        Storage::Cuda(_) => cuda::ops::clamp(x, lo, hi),
     }
 }
 
@@ -680,7 +672,7 @@ pub fn soft_clamp(x: &Tensor, limit: f32) -> Result<Tensor> {
                 .collect();
             finish(out, x.shape(), x.dtype())
         }
-        Storage::Cuda(_) => Err(not_on_cuda("soft_clamp", x)),
+        Storage::Cuda(_) => cuda::ops::soft_clamp(x, limit),
     }
 }
 

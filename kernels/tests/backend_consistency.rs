@@ -476,3 +476,109 @@ fn gemms_from_two_threads_on_one_device_match_one_thread() {
         });
     }
 }
+
+#[test]
+fn video_vae_ops_match_the_cpu() {
+    for dev in gpus() {
+        let mut rng = Rng::new(7);
+        for dt in [DType::F32, DType::BF16] {
+            // cuBLASLt's f32 GEMM runs in TF32 (the notes' ~3e-4; 3.05e-4 was seen at K = 135).
+            let gemm_tol = if dt == DType::F32 { 6e-4 } else { 1e-2 };
+            // (input [cin, t, h, w], weight [cout, cin, kt, kh, kw], stride, padding): a causal
+            // 3-D conv, a strided downsampling conv, a per-frame 2-D conv, a 1×1 projection.
+            let cases: [([usize; 4], [usize; 5], [usize; 3], kernels::Padding3d); 4] = [
+                (
+                    [5, 3, 9, 11],
+                    [7, 5, 3, 3, 3],
+                    [1, 1, 1],
+                    [[2, 0], [1, 1], [1, 1]],
+                ),
+                (
+                    [4, 2, 10, 12],
+                    [6, 4, 1, 3, 3],
+                    [1, 2, 2],
+                    [[0, 0], [0, 1], [0, 1]],
+                ),
+                (
+                    [3, 4, 8, 9],
+                    [5, 3, 1, 3, 3],
+                    [1, 1, 1],
+                    [[0, 0], [1, 1], [1, 1]],
+                ),
+                (
+                    [16, 2, 6, 7],
+                    [12, 16, 1, 1, 1],
+                    [1, 1, 1],
+                    [[0, 0], [0, 0], [0, 0]],
+                ),
+            ];
+            for (xs, ws, stride, padding) in cases {
+                let x = rand(&mut rng, &xs, dt);
+                let w = rand(&mut rng, &ws, dt);
+                let b = rand(&mut rng, &[ws[0]], DType::F32);
+                check(
+                    &format!("conv3d {dt:?} {xs:?} * {ws:?} stride {stride:?}"),
+                    dev,
+                    gemm_tol,
+                    &[&x, &w, &b],
+                    |v| ops::conv3d(&v[0], &v[1], Some(&v[2]), stride, padding),
+                );
+                check(
+                    &format!("conv3d {dt:?} {xs:?} * {ws:?} without bias"),
+                    dev,
+                    gemm_tol,
+                    &[&x, &w],
+                    |v| ops::conv3d(&v[0], &v[1], None, stride, padding),
+                );
+            }
+            let x = rand(&mut rng, &[6, 2, 5, 7], dt);
+            let g = rand(&mut rng, &[6, 1, 1, 1], dt);
+            let mul = rand(&mut rng, &[6], DType::F32);
+            check(
+                &format!("upsample 2×2 {dt:?}"),
+                dev,
+                f64::MIN_POSITIVE,
+                &[&x],
+                |v| ops::upsample_nearest_2d(&v[0], [2, 2]),
+            );
+            check(
+                &format!("upsample 1×3 {dt:?}"),
+                dev,
+                f64::MIN_POSITIVE,
+                &[&x],
+                |v| ops::upsample_nearest_2d(&v[0], [1, 3]),
+            );
+            check(
+                &format!("channel_rms_norm {dt:?}"),
+                dev,
+                tol(dt),
+                &[&x, &g],
+                |v| ops::channel_rms_norm(&v[0], &v[1], 1e-12),
+            );
+            check(
+                &format!("channel_affine {dt:?}"),
+                dev,
+                tol(dt),
+                &[&x, &mul, &g],
+                |v| ops::channel_affine(&v[0], &v[1], &v[2]),
+            );
+            // Scaled so both clamps bite on a good share of the values.
+            let wide = ops::axpby(4.0, &x, 0.0, &x).expect("scale");
+            check(&format!("clamp {dt:?}"), dev, tol(dt), &[&wide], |v| {
+                ops::clamp(&v[0], -0.5, 0.7)
+            });
+            check(&format!("soft_clamp {dt:?}"), dev, tol(dt), &[&wide], |v| {
+                ops::soft_clamp(&v[0], 3.0)
+            });
+        }
+        // Large enough for the column buffer's other tilings: one whole frame per GEMM, then
+        // rows of one frame per GEMM (1728 taps × 250×400 and × 400×400 outputs).
+        for hw in [[250, 400], [400, 400]] {
+            let x = rand(&mut rng, &[64, 3, hw[0], hw[1]], DType::F32);
+            let w = rand(&mut rng, &[8, 64, 3, 3, 3], DType::F32);
+            check(&format!("conv3d tiled {hw:?}"), dev, 6e-4, &[&x, &w], |v| {
+                ops::conv3d(&v[0], &v[1], None, [1, 1, 1], [[2, 0], [1, 1], [1, 1]])
+            });
+        }
+    }
+}

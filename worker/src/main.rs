@@ -1,6 +1,7 @@
 //! `worker`: the Worldline streaming world-model worker.
 
 mod bench;
+mod bench_codecs;
 mod bench_gpu;
 mod bench_sp;
 mod verify;
@@ -68,7 +69,8 @@ enum Command {
         repeat: usize,
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
         /// on --device, at LingBot's shapes. `sp`: the streaming loop of --model on 1, 2, 4 …
-        /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks.
+        /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks. `codecs`: the
+        /// tiny decoder/encoder and the Wan2.1 VAE on one 480×832 chunk on --device.
         #[arg(default_value = "cpu")]
         suite: String,
         /// `sp`: timed chunks per run.
@@ -121,7 +123,10 @@ fn main() -> Result<()> {
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
             "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref(), one_gpu),
             "gemm-rows" => bench_sp::gemm_rows(&cli.model),
-            other => anyhow::bail!("unknown bench suite '{other}' (expected cpu, kernels or sp)"),
+            "codecs" => bench_codecs::run(&cli.model.device, json.as_deref(), repeat.max(1)),
+            other => anyhow::bail!(
+                "unknown bench suite '{other}' (expected cpu, kernels, sp, gemm-rows or codecs)"
+            ),
         },
         Some(Command::World(cmd)) => world::run(&cmd),
         Some(Command::Verify(cmd)) => verify::run(&cli.model, &cli.decode, &cmd),

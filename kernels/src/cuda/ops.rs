@@ -491,7 +491,7 @@ pub fn rope_3d(
 }
 
 /// Largest head dim of the attention kernel.
-pub const MAX_HEAD_DIM: usize = 256;
+pub const MAX_HEAD_DIM: usize = 512;
 
 pub fn attention(
     q: &Tensor,
@@ -896,3 +896,6 @@ pub fn assemble(
     }
     Ok(wrap(out, shape))
 }
+
+mod conv;
+pub use conv::{channel_affine, channel_rms_norm, clamp, conv3d, soft_clamp, upsample_nearest_2d};

@@ -20,10 +20,7 @@ pub(crate) fn frames(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
 
 /// `len` zero frames shaped like `x`'s.
 fn zero_frames(x: &Tensor, len: usize) -> Result<Tensor> {
-    Ok(Tensor::zeros(
-        &[x.dim(0), len, x.dim(2), x.dim(3)],
-        x.dtype(),
-    )?)
+    Ok(Tensor::zeros(&[x.dim(0), len, x.dim(2), x.dim(3)], x.dtype())?.to_device(x.device())?)
 }
 
 /// Concatenation along time of the parts that exist.

@@ -188,7 +188,8 @@ impl MemBlock {
         let t = x.dim(1);
         let before = match self.past.take() {
             Some(p) => p,
-            None => Tensor::zeros(&[x.dim(0), 1, x.dim(2), x.dim(3)], x.dtype())?,
+            None => Tensor::zeros(&[x.dim(0), 1, x.dim(2), x.dim(3)], x.dtype())?
+                .to_device(x.device())?,
         };
         // Each frame's predecessor: the held frame, then this chunk's frames but the last.
         let shifted = cat_frames(&[
@@ -294,6 +295,9 @@ pub struct TinyDecoder {
     /// `2x − 1` per output channel (from upstream's `[0, 1]` to the VAE's `[−1, 1]`).
     two: Tensor,
     minus_one: Tensor,
+    /// Activations run in the weights' dtype (f32 for the CPU reference and the embedded world;
+    /// bf16 weights on a GPU run bf16 end to end).
+    dtype: DType,
 }
 
 impl TinyDecoder {
@@ -333,6 +337,7 @@ impl TinyDecoder {
             minus_one: Tensor::from_vec(vec![-1.0; 3], &[3])?.to_device(dev)?,
             cfg: cfg.clone(),
             layers,
+            dtype: store.run_dtype(),
         })
     }
 
@@ -373,7 +378,7 @@ impl TinyDecoder {
             )));
         }
         self.hw = Some((h, w));
-        let y = self.forward_raw(&latents.to_dtype(DType::F32)?)?;
+        let y = self.forward_raw(&latents.to_dtype(self.dtype)?)?;
         let y = ops::clamp(
             &ops::channel_affine(&y, &self.two, &self.minus_one)?,
             -1.0,

@@ -171,6 +171,8 @@ pub struct TinyEncoder {
     pub layers: Vec<EncoderLayer>,
     started: bool,
     half: Tensor,
+    /// Activations run in the weights' dtype (as the tiny decoder's).
+    dtype: kernels::DType,
 }
 
 impl TinyEncoder {
@@ -201,6 +203,7 @@ impl TinyEncoder {
             layers,
             started: false,
             half: Tensor::from_vec(vec![0.5; 3], &[3])?.to_device(store.device())?,
+            dtype: store.run_dtype(),
         })
     }
 
@@ -243,7 +246,7 @@ impl TinyEncoder {
                 }
             )));
         }
-        let x = x.to_dtype(kernels::DType::F32)?;
+        let x = x.to_dtype(self.dtype)?;
         let x = ops::channel_affine(&x, &self.half, &self.half)?;
         let out = self.forward_raw(&x)?;
         self.started = true;
