@@ -14,6 +14,7 @@ pub mod ops;
 pub mod rocm;
 mod rope;
 mod tensor;
+pub mod vsa;
 
 pub use device::Device;
 pub use dtype::{DType, Fp8Scale, ScaleKind};

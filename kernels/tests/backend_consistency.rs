@@ -477,6 +477,9 @@ fn gemms_from_two_threads_on_one_device_match_one_thread() {
     }
 }
 
+/// `(input [cin, t, h, w], weight [cout, cin, kt, kh, kw], stride, padding)`.
+type ConvCase = ([usize; 4], [usize; 5], [usize; 3], kernels::Padding3d);
+
 #[test]
 fn video_vae_ops_match_the_cpu() {
     for dev in gpus() {
@@ -486,7 +489,7 @@ fn video_vae_ops_match_the_cpu() {
             let gemm_tol = if dt == DType::F32 { 6e-4 } else { 1e-2 };
             // (input [cin, t, h, w], weight [cout, cin, kt, kh, kw], stride, padding): a causal
             // 3-D conv, a strided downsampling conv, a per-frame 2-D conv, a 1×1 projection.
-            let cases: [([usize; 4], [usize; 5], [usize; 3], kernels::Padding3d); 4] = [
+            let cases: [ConvCase; 4] = [
                 (
                     [5, 3, 9, 11],
                     [7, 5, 3, 3, 3],

@@ -1,0 +1,252 @@
+//! Video sparse attention of the VSA kind (FastVideo's, arXiv 2505.13389), CPU reference.
+//!
+//! Tokens of a `(t, h, w)` grid are grouped into tiles of `4×4×4` (edge tiles partial). A coarse
+//! branch attends tile means to tile means (`softmax(q̄ k̄ᵀ/√d) v̄`, one row per query tile, copied
+//! to its tokens); the same coarse scores pick, per query tile, the `top_k` key tiles, and a fine
+//! branch attends each query token to the tokens of those tiles only. The result is
+//! `fine + gate ⊙ coarse` (no sigmoid on the gate; without one, `fine + coarse`). Each branch has
+//! its own softmax. With every tile selected, the fine branch is dense attention.
+//!
+//! Queries and keys have their own grids: in the streaming engine the queries are one chunk's
+//! latent frames and the keys the KV cache's (sink, window, chunk), all frames of one `h × w`.
+//! Layout is `[tokens, heads, d]` in grid order, as everywhere else; the tile permutation is
+//! internal and exposed for the GPU kernels and tests.
+
+use rayon::prelude::*;
+
+use crate::error::shape_err;
+use crate::{Error, Result, Storage, Tensor};
+
+/// VSA's tile, `(t, h, w)`.
+pub const TILE: [usize; 3] = [4, 4, 4];
+
+/// Tokens in tile order: `order[i]` is the grid index (`(t·h + y)·w + x`) of tiled position `i`;
+/// tiles walk `t → h → w`, and so do tokens inside a tile. `sizes[j]` is tile `j`'s token count
+/// (only the last tile on an axis may be partial); tile `j` holds positions
+/// `offsets[j] .. offsets[j] + sizes[j]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tiling {
+    pub order: Vec<usize>,
+    pub sizes: Vec<usize>,
+    pub offsets: Vec<usize>,
+}
+
+impl Tiling {
+    pub fn new(grid: [usize; 3], tile: [usize; 3]) -> Self {
+        let n: [usize; 3] = std::array::from_fn(|a| grid[a].div_ceil(tile[a].max(1)));
+        let mut order = Vec::with_capacity(grid.iter().product());
+        let (mut sizes, mut offsets) = (Vec::new(), Vec::new());
+        for bt in 0..n[0] {
+            for bh in 0..n[1] {
+                for bw in 0..n[2] {
+                    offsets.push(order.len());
+                    let span = |a: usize, b: usize| b * tile[a]..((b + 1) * tile[a]).min(grid[a]);
+                    for t in span(0, bt) {
+                        for y in span(1, bh) {
+                            for x in span(2, bw) {
+                                order.push((t * grid[1] + y) * grid[2] + x);
+                            }
+                        }
+                    }
+                    sizes.push(order.len() - offsets[offsets.len() - 1]);
+                }
+            }
+        }
+        Tiling {
+            order,
+            sizes,
+            offsets,
+        }
+    }
+
+    pub fn tiles(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// The inverse permutation: `inverse()[grid index]` is its tiled position.
+    pub fn inverse(&self) -> Vec<usize> {
+        let mut inv = vec![0; self.order.len()];
+        for (i, &g) in self.order.iter().enumerate() {
+            inv[g] = i;
+        }
+        inv
+    }
+}
+
+/// Key tiles kept per query tile at `sparsity` (FastVideo's rule):
+/// `max(1, min(⌈(1 − sparsity)·tiles⌉, tiles))`.
+pub fn top_k(sparsity: f64, tiles: usize) -> usize {
+    (((1.0 - sparsity) * tiles as f64).ceil() as usize).clamp(1, tiles.max(1))
+}
+
+/// VSA over `q: [lq, heads, d]` on grid `q_grid` and `k`, `v: [lk, heads, d]` on `k_grid`, with
+/// an optional `gate` shaped like `q`, keeping `top_k` key tiles per query tile. f32 math.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    gate: Option<&Tensor>,
+    q_grid: [usize; 3],
+    k_grid: [usize; 3],
+    top_k: usize,
+) -> Result<Tensor> {
+    let ok = q.rank() == 3
+        && k.rank() == 3
+        && k.shape() == v.shape()
+        && q.dim(1) == k.dim(1)
+        && q.dim(2) == k.dim(2)
+        && q.dim(0) == q_grid.iter().product::<usize>()
+        && k.dim(0) == k_grid.iter().product::<usize>()
+        && q.dim(0) > 0
+        && k.dim(0) > 0
+        && gate.is_none_or(|g| g.shape() == q.shape());
+    if !ok {
+        return Err(shape_err(
+            "vsa attention",
+            format!(
+                "q {:?} on {q_grid:?}, k {:?} v {:?} on {k_grid:?}, gate {:?}",
+                q.shape(),
+                k.shape(),
+                v.shape(),
+                gate.map(|g| g.shape().to_vec())
+            ),
+        ));
+    }
+    let (qt, kt) = (Tiling::new(q_grid, TILE), Tiling::new(k_grid, TILE));
+    if top_k == 0 || top_k > kt.tiles() {
+        return Err(Error::Invalid {
+            op: "vsa attention",
+            msg: format!("top_k {top_k} of {} key tiles", kt.tiles()),
+        });
+    }
+    match q.storage() {
+        Storage::Cpu(_) => {
+            let dims = Dims {
+                heads: q.dim(1),
+                d: q.dim(2),
+                top_k,
+            };
+            let g = gate.map(|g| g.cpu_f32());
+            let out = cpu(
+                &q.cpu_f32(),
+                &k.cpu_f32(),
+                &v.cpu_f32(),
+                g.as_deref(),
+                &qt,
+                &kt,
+                dims,
+            );
+            Tensor::from_f32(out, q.shape(), q.dtype())
+        }
+        Storage::Cuda(_) => Err(Error::Device {
+            device: q.device().to_string(),
+            msg: "VSA attention has only the CPU reference so far".into(),
+        }),
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Dims {
+    heads: usize,
+    d: usize,
+    top_k: usize,
+}
+
+/// Per head: tile means (f64 sums over each tile's real tokens).
+fn tile_means(x: &[f32], t: &Tiling, heads: usize, d: usize, h: usize) -> Vec<f32> {
+    let mut out = vec![0f32; t.tiles() * d];
+    for (j, row) in out.chunks_mut(d).enumerate() {
+        let mut acc = vec![0f64; d];
+        for &g in &t.order[t.offsets[j]..t.offsets[j] + t.sizes[j]] {
+            let src = &x[(g * heads + h) * d..][..d];
+            acc.iter_mut().zip(src).for_each(|(a, &s)| *a += s as f64);
+        }
+        let n = t.sizes[j] as f64;
+        row.iter_mut()
+            .zip(&acc)
+            .for_each(|(r, &a)| *r = (a / n) as f32);
+    }
+    out
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn cpu(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gate: Option<&[f32]>,
+    qt: &Tiling,
+    kt: &Tiling,
+    dims: Dims,
+) -> Vec<f32> {
+    let Dims { heads, d, top_k } = dims;
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![0f32; q.len()];
+    for h in 0..heads {
+        let (qc, kc, vc) = (
+            tile_means(q, qt, heads, d, h),
+            tile_means(k, kt, heads, d, h),
+            tile_means(v, kt, heads, d, h),
+        );
+        // One row per query tile: its tokens' outputs (in tiled order), computed in parallel.
+        let rows: Vec<Vec<(usize, Vec<f32>)>> = (0..qt.tiles())
+            .into_par_iter()
+            .map(|i| {
+                let qi = &qc[i * d..][..d];
+                let scores: Vec<f32> = kc.chunks(d).map(|kj| dot(qi, kj) * scale).collect();
+                // Coarse branch: softmax over every key tile.
+                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                let p: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+                let sum: f32 = p.iter().sum();
+                let mut coarse = vec![0f32; d];
+                for (pj, vj) in p.iter().zip(vc.chunks(d)) {
+                    coarse
+                        .iter_mut()
+                        .zip(vj)
+                        .for_each(|(c, &x)| *c += pj / sum * x);
+                }
+                // Top-k by score; ties go to the lower tile index. Visited in index order.
+                let mut idx: Vec<usize> = (0..scores.len()).collect();
+                idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+                let mut keep = idx[..top_k].to_vec();
+                keep.sort_unstable();
+                let tokens = &qt.order[qt.offsets[i]..qt.offsets[i] + qt.sizes[i]];
+                tokens
+                    .iter()
+                    .map(|&g| {
+                        let qv = &q[(g * heads + h) * d..][..d];
+                        // Fine branch: online softmax over the kept tiles' tokens.
+                        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                        let mut acc = vec![0f32; d];
+                        for &j in &keep {
+                            for &kg in &kt.order[kt.offsets[j]..kt.offsets[j] + kt.sizes[j]] {
+                                let s = dot(qv, &k[(kg * heads + h) * d..][..d]) * scale;
+                                let m_new = m.max(s);
+                                let corr = (m - m_new).exp();
+                                let p = (s - m_new).exp();
+                                l = l * corr + p;
+                                let vr = &v[(kg * heads + h) * d..][..d];
+                                acc.iter_mut()
+                                    .zip(vr)
+                                    .for_each(|(a, &x)| *a = *a * corr + p * x);
+                                m = m_new;
+                            }
+                        }
+                        let gt = gate.map(|gt| &gt[(g * heads + h) * d..][..d]);
+                        let o: Vec<f32> = (0..d)
+                            .map(|e| acc[e] / l + gt.map_or(1.0, |gt| gt[e]) * coarse[e])
+                            .collect();
+                        (g, o)
+                    })
+                    .collect()
+            })
+            .collect();
+        for (g, o) in rows.into_iter().flatten() {
+            out[(g * heads + h) * d..][..d].copy_from_slice(&o);
+        }
+    }
+    out
+}
