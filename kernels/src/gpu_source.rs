@@ -14,7 +14,7 @@ const HIP_H: &str = include_str!("../gpu/vendor/hip.h");
 const COMMON: &str = include_str!("../gpu/common.cuh");
 
 /// Every kernel module: name and source.
-pub const MODULES: [(&str, &str); 7] = [
+pub const MODULES: [(&str, &str); 8] = [
     ("elementwise", include_str!("../gpu/elementwise.cu")),
     ("norm", include_str!("../gpu/norm.cu")),
     ("rope", include_str!("../gpu/rope.cu")),
@@ -22,6 +22,7 @@ pub const MODULES: [(&str, &str); 7] = [
     ("layout", include_str!("../gpu/layout.cu")),
     ("fp8", include_str!("../gpu/fp8.cu")),
     ("conv", include_str!("../gpu/conv.cu")),
+    ("vsa", include_str!("../gpu/vsa.cu")),
 ];
 
 /// The full compilation unit of `module` for `vendor`.

@@ -10,7 +10,7 @@
 //! Queries and keys have their own grids: in the streaming engine the queries are one chunk's
 //! latent frames and the keys the KV cache's (sink, window, chunk), all frames of one `h × w`.
 //! Layout is `[tokens, heads, d]` in grid order, as everywhere else; the tile permutation is
-//! internal and exposed for the GPU kernels and tests.
+//! internal (index arrays on the GPU, no permuted copies) and exposed for tests.
 
 use rayon::prelude::*;
 
@@ -138,10 +138,7 @@ pub fn attention(
             );
             Tensor::from_f32(out, q.shape(), q.dtype())
         }
-        Storage::Cuda(_) => Err(Error::Device {
-            device: q.device().to_string(),
-            msg: "VSA attention has only the CPU reference so far".into(),
-        }),
+        Storage::Cuda(_) => crate::cuda::ops::vsa_attention(q, k, v, gate, &qt, &kt, top_k),
     }
 }
 

@@ -585,3 +585,47 @@ fn video_vae_ops_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn vsa_attention_matches_the_cpu() {
+    for dev in gpus() {
+        let mut rng = Rng::new(8);
+        // A 3-frame chunk over a 9-frame cache of 12×20 tokens (partial time tiles), d 128.
+        let (q_grid, k_grid, heads, d) = ([3, 12, 20], [9, 12, 20], 2, 128);
+        let (lq, lk) = (3 * 12 * 20, 9 * 12 * 20);
+        let tiles = kernels::vsa::Tiling::new(k_grid, kernels::vsa::TILE).tiles();
+        for dt in [DType::F32, DType::BF16] {
+            let q = rand(&mut rng, &[lq, heads, d], dt);
+            let k = rand(&mut rng, &[lk, heads, d], dt);
+            let v = rand(&mut rng, &[lk, heads, d], dt);
+            let g = rand(&mut rng, &[lq, heads, d], dt);
+            for sparsity in [0.0, 0.5, 0.9] {
+                let top_k = kernels::vsa::top_k(sparsity, tiles);
+                check(
+                    &format!("vsa {dt:?} sparsity {sparsity}"),
+                    dev,
+                    tol(dt),
+                    &[&q, &k, &v],
+                    |x| kernels::vsa::attention(&x[0], &x[1], &x[2], None, q_grid, k_grid, top_k),
+                );
+                check(
+                    &format!("vsa {dt:?} sparsity {sparsity} gated"),
+                    dev,
+                    tol(dt),
+                    &[&q, &k, &v, &g],
+                    |x| {
+                        kernels::vsa::attention(
+                            &x[0],
+                            &x[1],
+                            &x[2],
+                            Some(&x[3]),
+                            q_grid,
+                            k_grid,
+                            top_k,
+                        )
+                    },
+                );
+            }
+        }
+    }
+}

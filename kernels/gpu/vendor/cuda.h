@@ -11,6 +11,7 @@ WL_DEVICE double wl_shfl_xor(double v, int lane_mask) { return __shfl_xor_sync(0
 
 typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
+WL_DEVICE int wl_shfl(int v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 
 // ---- tile level (tensor cores): the only place vendor matrix instructions appear.
 #define WL_HAS_MMA_BF16 1

@@ -11,6 +11,7 @@ WL_DEVICE double wl_shfl_xor(double v, int lane_mask) { return __shfl_xor(v, lan
 
 typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl(v, src_lane); }
+WL_DEVICE int wl_shfl(int v, int src_lane) { return __shfl(v, src_lane); }
 
 // ---- tile level: CDNA's MFMA path is not written yet, so kernels that need
 // WL_HAS_MMA_BF16 are compiled only for CUDA and HIP uses the portable kernels.

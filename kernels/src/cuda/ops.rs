@@ -899,3 +899,6 @@ pub fn assemble(
 
 mod conv;
 pub use conv::{channel_affine, channel_rms_norm, clamp, conv3d, soft_clamp, upsample_nearest_2d};
+
+mod vsa;
+pub use vsa::vsa_attention;
