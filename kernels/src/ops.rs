@@ -783,3 +783,119 @@ pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()>
     }
     Ok(())
 }
+
+/// A rectangle of `src` seen as a matrix (dim 0 the rows, the other dims flattened into
+/// columns), placed by [`assemble`] at `(dst_row, dst_col)` of its output seen the same way.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece<'a> {
+    pub src: &'a Tensor,
+    pub src_row: usize,
+    pub src_col: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub dst_row: usize,
+    pub dst_col: usize,
+}
+
+impl<'a> Piece<'a> {
+    /// All of `src`, at row `dst_row`, column `dst_col`.
+    pub fn whole(src: &'a Tensor, dst_row: usize, dst_col: usize) -> Self {
+        Piece {
+            src,
+            src_row: 0,
+            src_col: 0,
+            rows: src.dim(0),
+            cols: src.elem_count() / src.dim(0).max(1),
+            dst_row,
+            dst_col,
+        }
+    }
+}
+
+/// A new `shape` tensor of `dtype` on `device` made of non-overlapping `pieces`, each copied
+/// once; elements no piece covers are zero. Layouts that would take a `narrow` and a `cat`
+/// (sequence-parallel exchanges, padding) cost one copy of each element this way.
+pub fn assemble(
+    shape: &[usize],
+    dtype: DType,
+    device: crate::Device,
+    pieces: &[Piece],
+) -> Result<Tensor> {
+    if dtype == DType::F8E4M3 || shape.is_empty() {
+        return Err(shape_err(
+            "assemble",
+            format!("{shape:?} of {}", dtype.name()),
+        ));
+    }
+    let rows = shape[0];
+    let n: usize = shape.iter().product();
+    let cols = n.checked_div(rows).unwrap_or(0);
+    let mut covered = 0;
+    for (i, p) in pieces.iter().enumerate() {
+        let src_rows = p.src.dim(0);
+        let src_cols = p.src.elem_count() / src_rows.max(1);
+        if p.src.dtype() != dtype
+            || p.src_row + p.rows > src_rows
+            || p.src_col + p.cols > src_cols
+            || p.dst_row + p.rows > rows
+            || p.dst_col + p.cols > cols
+        {
+            return Err(shape_err(
+                "assemble",
+                format!(
+                    "piece {i}: {}×{} of {:?} {} at ({}, {}) to ({}, {}) of {shape:?} {}",
+                    p.rows,
+                    p.cols,
+                    p.src.shape(),
+                    p.src.dtype().name(),
+                    p.src_row,
+                    p.src_col,
+                    p.dst_row,
+                    p.dst_col,
+                    dtype.name()
+                ),
+            ));
+        }
+        if p.src.device() != device {
+            return Err(Error::DeviceMismatch {
+                op: "assemble",
+                a: device.to_string(),
+                b: p.src.device().to_string(),
+            });
+        }
+        let overlaps = |q: &Piece| {
+            p.dst_row < q.dst_row + q.rows
+                && q.dst_row < p.dst_row + p.rows
+                && p.dst_col < q.dst_col + q.cols
+                && q.dst_col < p.dst_col + p.cols
+        };
+        if pieces[..i].iter().any(overlaps) {
+            return Err(shape_err("assemble", format!("piece {i} overlaps another")));
+        }
+        covered += p.rows * p.cols;
+    }
+    match device {
+        crate::Device::Cpu => {
+            let mut out = vec![0f32; n];
+            for p in pieces {
+                let src = p.src.cpu_f32();
+                let src_cols = p.src.elem_count() / p.src.dim(0).max(1);
+                for r in 0..p.rows {
+                    let s = (p.src_row + r) * src_cols + p.src_col;
+                    let d = (p.dst_row + r) * cols + p.dst_col;
+                    out[d..d + p.cols].copy_from_slice(&src[s..s + p.cols]);
+                }
+            }
+            // Every value comes from a tensor of `dtype` (or is zero), so the round trip
+            // through f32 is exact.
+            Tensor::from_f32(out, shape, dtype)
+        }
+        crate::Device::Cuda(i) => {
+            cuda::ops::assemble(&cuda::backend(i)?, shape, dtype, covered == n, pieces)
+        }
+        d => Err(d.ensure_available().err().unwrap_or(Error::Device {
+            device: d.to_string(),
+            msg: "unavailable".into(),
+        })),
+    }
+}

@@ -6,6 +6,7 @@
 mod common;
 
 use common::{rel_l2, widen, Rng};
+use kernels::ops::Piece;
 use kernels::{
     ops, AttnMask, DType, Device, KvCache, NormOut, Result, RopeTable, ScaleKind, Tensor,
 };
@@ -341,6 +342,35 @@ fn rope_attention_and_layout_match_the_cpu() {
                 check(&format!("cat {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
                     Tensor::cat(&[&v[0], &v[1]], 1)
                 });
+                // Offsets that are not whole 16-byte units take the element-wise copy.
+                check(
+                    &format!("narrow unaligned {dt:?}"),
+                    dev,
+                    1e-12,
+                    &[&x],
+                    |v| v[0].narrow(2, 1, d - 3),
+                );
+                // One head of x at the left, q's rows 5.. at the right three rows down, and
+                // what neither covers (poisoned on the device first) zero.
+                check(&format!("assemble {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
+                    ops::assemble(
+                        &[l + 3, heads + 1, d],
+                        dt,
+                        v[0].device(),
+                        &[
+                            Piece {
+                                src_col: d,
+                                cols: d,
+                                ..Piece::whole(&v[0], 0, 0)
+                            },
+                            Piece {
+                                src_row: 5,
+                                rows: l - 5,
+                                ..Piece::whole(&v[1], 3, d)
+                            },
+                        ],
+                    )
+                });
             }
         }
         // Several key tiles, partial query and key tiles, and chunks that straddle tiles.
@@ -396,6 +426,54 @@ fn rope_attention_and_layout_match_the_cpu() {
                 1e-12,
             );
         }
+    }
+}
+
+/// Threads sharing one device (ranks over the loopback on one GPU) interleave their launches on
+/// its stream; a GEMM whose library call enqueues several kernels around the shared cuBLASLt
+/// workspace (a split-K product and its reduction: narrow outputs over a long K, as the 14B head)
+/// must still give each thread the bits it gets alone.
+#[test]
+fn gemms_from_two_threads_on_one_device_match_one_thread() {
+    for dev in gpus() {
+        let mut rng = Rng::new(9);
+        let cases: Vec<(Tensor, Tensor)> = [(2340, 5120, 64), (4680, 5120, 64), (96, 13824, 128)]
+            .iter()
+            .map(|&(m, k, n)| {
+                let x = rand(&mut rng, &[m, k], DType::BF16)
+                    .to_device(dev)
+                    .expect("x");
+                let w = rand(&mut rng, &[n, k], DType::BF16)
+                    .to_device(dev)
+                    .expect("w");
+                (x, w)
+            })
+            .collect();
+        let alone: Vec<Vec<f32>> = cases
+            .iter()
+            .map(|(x, w)| ops::linear(x, w, None).expect("linear").to_vec_f32())
+            .collect();
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let (cases, alone) = (&cases, &alone);
+                s.spawn(move || {
+                    for round in 0..20 {
+                        let outs: Vec<Tensor> = cases
+                            .iter()
+                            .map(|(x, w)| ops::linear(x, w, None).expect("linear"))
+                            .collect();
+                        for (i, (o, want)) in outs.iter().zip(alone).enumerate() {
+                            let same = o
+                                .to_vec_f32()
+                                .iter()
+                                .zip(want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "thread {t}, round {round}, case {i} on {dev}");
+                        }
+                    }
+                });
+            }
+        });
     }
 }
 

@@ -207,3 +207,47 @@ fn to_dtype(dev: Device) -> Result<()> {
     Ok(())
 }
 test_device!(to_dtype, to_dtype_cpu);
+
+#[test]
+fn assemble_places_pieces_and_zeroes_the_rest() {
+    use kernels::ops::Piece;
+    // a: 2 rows × 3 cols (as [2, 3]); b: 3 rows × 2 cols viewed from [3, 1, 2].
+    let a = Tensor::from_vec(vec![1., 2., 3., 4., 5., 6.], &[2, 3]).expect("a");
+    let b = Tensor::from_vec(vec![7., 8., 9., 10., 11., 12.], &[3, 1, 2]).expect("b");
+    let out = ops::assemble(
+        &[3, 4],
+        DType::F32,
+        Device::Cpu,
+        &[
+            // a's last two columns, both rows, at the top left.
+            Piece {
+                src_col: 1,
+                cols: 2,
+                ..Piece::whole(&a, 0, 0)
+            },
+            // b's rows 1.. at rows 1..3, columns 2..4.
+            Piece {
+                src_row: 1,
+                rows: 2,
+                ..Piece::whole(&b, 1, 2)
+            },
+        ],
+    )
+    .expect("assemble");
+    assert_eq!(
+        out.to_vec_f32(),
+        vec![2., 3., 0., 0., 5., 6., 9., 10., 0., 0., 11., 12.]
+    );
+    // Overlapping pieces and pieces out of bounds are refused.
+    let overlap = ops::assemble(
+        &[3, 4],
+        DType::F32,
+        Device::Cpu,
+        &[Piece::whole(&a, 0, 0), Piece::whole(&b, 1, 2)],
+    );
+    assert!(overlap.is_err(), "overlap accepted");
+    let outside = ops::assemble(&[2, 4], DType::F32, Device::Cpu, &[Piece::whole(&b, 0, 2)]);
+    assert!(outside.is_err(), "out of bounds accepted");
+    let wrong_dtype = ops::assemble(&[2, 3], DType::BF16, Device::Cpu, &[Piece::whole(&a, 0, 0)]);
+    assert!(wrong_dtype.is_err(), "dtype mismatch accepted");
+}

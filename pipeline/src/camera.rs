@@ -4,6 +4,7 @@
 //! camera-to-world. World y is down, so yaw turns about world y and "up" is −y.
 
 use kernels::Tensor;
+use rayon::prelude::*;
 
 use crate::config::{VAE_STRIDE, VAE_TIME_STRIDE};
 use crate::{Error, Result};
@@ -316,20 +317,28 @@ pub fn ray_map(
         ));
     }
     let k = CameraConfig::intrinsics_px(intrinsics_832x480, height, width);
-    let mut out = Vec::with_capacity(poses.len() * height * width * channels);
-    for (f, p) in poses.iter().enumerate() {
-        for v in 0..height {
-            for u in 0..width {
+    let mut out = vec![0f32; poses.len() * height * width * channels];
+    // One task per pixel row: every chunk needs a full-size map, and on one core it takes tens
+    // of milliseconds in which the cards wait.
+    out.par_chunks_mut((width * channels).max(1))
+        .enumerate()
+        .for_each(|(row, line)| {
+            let (f, v) = (row / height, row % height);
+            let p = &poses[f];
+            for (u, px) in line.chunks_exact_mut(channels).enumerate() {
                 let dw = apply(&p.r, pixel_ray(k, u, v));
                 if channels == 6 {
-                    out.extend(p.t.iter().chain(dw.iter()).map(|&x| x as f32));
+                    for (o, x) in px.iter_mut().zip(p.t.iter().chain(dw.iter())) {
+                        *o = *x as f32;
+                    }
                 } else {
-                    out.extend(dw.iter().map(|&x| x as f32));
-                    out.extend_from_slice(&wasd[f]);
+                    for (o, x) in px.iter_mut().zip(&dw) {
+                        *o = *x as f32;
+                    }
+                    px[3..].copy_from_slice(&wasd[f]);
                 }
             }
-        }
-    }
+        });
     Ok(out)
 }
 
@@ -357,10 +366,13 @@ pub fn fold_rays(
     let (gh, gw) = (height / (2 * b), width / (2 * b));
     let feat = channels * b * b * 4;
     let mut out = vec![0f32; frames * gh * gw * feat];
-    for f in 0..frames {
-        for y in 0..gh {
+    // One task per row of tokens (see `ray_map`).
+    out.par_chunks_mut((gw * feat).max(1))
+        .enumerate()
+        .for_each(|(fy, line)| {
+            let (f, y) = (fy / gh, fy % gh);
             for x in 0..gw {
-                let tok = &mut out[((f * gh + y) * gw + x) * feat..][..feat];
+                let tok = &mut line[x * feat..][..feat];
                 for p in 0..2 {
                     for i in 0..b {
                         for q in 0..2 {
@@ -376,8 +388,7 @@ pub fn fold_rays(
                     }
                 }
             }
-        }
-    }
+        });
     Ok(Tensor::from_vec(out, &[frames * gh * gw, feat])?)
 }
 

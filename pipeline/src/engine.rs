@@ -316,7 +316,7 @@ impl Engine {
     /// contract: any backend or card count reproduces it.
     fn draw_noise(&mut self) -> Result<Tensor> {
         let shape = self.noise_shape();
-        let noise = Tensor::from_vec(self.rng.normals(shape.iter().product()), &shape)?;
+        let noise = Tensor::from_vec(self.rng.normals_fast(shape.iter().product()), &shape)?;
         Ok(noise.to_device(self.model.device())?)
     }
 

@@ -79,6 +79,21 @@ impl NormalRng {
         out
     }
 
+    /// [`normals`](Self::normals), computed on all cores when the stream stands at a pair
+    /// boundary and `n` is even, which then leaves the stream where `normals` would: each
+    /// value takes one step of the counter. A chunk's noise (300k values at 480×832) is drawn
+    /// between forwards while a card may wait, so it should not take one core's milliseconds.
+    pub fn normals_fast(&mut self, n: usize) -> Vec<f32> {
+        if self.spare.is_some() || !n.is_multiple_of(2) || n < 1 << 16 {
+            return self.normals(n);
+        }
+        let out = Self::normals_par(self.state, n);
+        self.state = self
+            .state
+            .wrapping_add((n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        out
+    }
+
     /// The stream's state, to hand to [`normals_par`](Self::normals_par).
     pub fn state(&self) -> u64 {
         self.state
@@ -105,6 +120,13 @@ mod tests {
             let par = NormalRng::normals_par(NormalRng::for_name(3, "w").state(), n);
             assert_eq!(seq, par, "n = {n}");
         }
+        // The fast path draws what the sequential one draws, and leaves the stream in the same
+        // place, through a mix of even, odd and short draws.
+        let (mut seq, mut fast) = (NormalRng::new(11), NormalRng::new(11));
+        for n in [299_520, 3, 200_000, 1 << 16, 5, 299_520] {
+            assert_eq!(seq.normals(n), fast.normals_fast(n), "n = {n}");
+        }
+        assert_eq!(seq.next_u64(), fast.next_u64());
         assert_ne!(
             NormalRng::for_name(1, "a").next_u64(),
             NormalRng::for_name(1, "b").next_u64()

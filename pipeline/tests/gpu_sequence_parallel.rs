@@ -255,3 +255,73 @@ fn lingbot_1_3b_block_on_two_gpus_matches_one() {
     );
     assert!(rel < 2e-2, "rel L2 {rel:.3e}");
 }
+
+/// The head of lingbot-14b (5120 → 64) on a 480×832 chunk: cuBLASLt computes a 2340-row shard
+/// of that GEMM with another kernel than the 4680-row chunk, so the head runs on the gathered
+/// chunk; every rank's output must then have the one-card bits.
+#[test]
+fn lingbot_14b_head_on_two_gpus_matches_one() {
+    use pipeline::model::{Head, Linear};
+    if let Some(why) = skip_reason() {
+        println!("skipping the lingbot-14b head on two GPUs: {why}");
+        return;
+    }
+    let cfg = ModelConfig::lingbot_14b();
+    let tokens = 3 * 30 * 52;
+    let out = cfg.out_dim * cfg.patch.iter().product::<usize>();
+    let rnd = |seed, shape: &[usize]| {
+        Tensor::from_vec(NormalRng::new(seed).normals(shape.iter().product()), shape).expect("t")
+    };
+    let (h, e) = (rnd(1, &[tokens, cfg.dim]), rnd(2, &[cfg.dim]));
+    let head_on = |d: Device| {
+        let store = WeightStore::random(0, DType::BF16).on_device(d);
+        let vb = store.root().pp("head");
+        Head {
+            head: Linear::load(&vb.pp("head"), cfg.dim, out).expect("head"),
+            modulation: vb
+                .get_f32(&[1, 2, cfg.dim], "modulation")
+                .expect("modulation"),
+        }
+    };
+    let one = head_on(Device::Cuda(0));
+    let up = |t: &Tensor, d| t.to_device(d).expect("up");
+    let want = one
+        .forward(
+            &up(&h, Device::Cuda(0)),
+            &up(&e, Device::Cuda(0)),
+            cfg.eps,
+            None,
+        )
+        .expect("head")
+        .to_vec_f32();
+    let comms = NcclComm::group(&[0, 1], pipeline::parallel::COLLECTIVE_TIMEOUT).expect("group");
+    let got: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let (h, e) = (&h, &e);
+                s.spawn(move || {
+                    let d = c.device();
+                    let u = Ulysses::new(c, tokens).expect("ulysses");
+                    let head = head_on(d);
+                    let shard = u.shard.take(h).expect("shard");
+                    head.forward(&up(&shard, d), &up(e, d), cfg.eps, Some(&u))
+                        .expect("head")
+                        .to_vec_f32()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    for (rank, y) in got.iter().enumerate() {
+        let (max, rel, same) = compare(y, &want);
+        println!(
+            "lingbot-14b head, rank {rank} of 2 vs 1 GPU: max abs {max:.3e}, rel L2 {rel:.3e}, \
+             bit-identical {same}"
+        );
+        assert!(same, "rank {rank}: the head differs from one card's");
+    }
+}

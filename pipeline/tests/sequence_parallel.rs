@@ -109,8 +109,9 @@ fn attention_moves_only_the_new_chunk() {
     // needs no q and no o in its last layer.
     let a2a = steps * layers * 4 * unit + ((layers - 1) * 4 + 2) * unit;
     let calls = steps * layers * 2 + (layers - 1) * 2 + 1;
-    let head_out = (mc.patch.iter().product::<usize>() * mc.out_dim) as u64;
-    let gather = steps * (cards - 1) * per_rank * head_out * 4;
+    // The head's input (the f32 residual stream) is gathered before the head's GEMM, so that
+    // the GEMM runs on the whole chunk's rows as on one card.
+    let gather = steps * (cards - 1) * per_rank * mc.dim as u64 * 4;
 
     let mut group =
         EngineGroup::loopback(model.clone(), cfg.clone(), cards as usize).expect("group");

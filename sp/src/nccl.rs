@@ -446,7 +446,7 @@ impl NcclComm {
         dev.bind_to_thread()?;
         let start = dev.timed_marker()?;
         let nccl = &self.shared.nccl;
-        let result = {
+        let enqueue = || -> Result<Result<(), rccl_sys::Error>, Error> {
             let guard = self.slot.lock();
             let Some(c) = guard.as_ref() else {
                 return Err(self.shared.failure().map(aborted).unwrap_or_else(|| {
@@ -455,7 +455,7 @@ impl NcclComm {
             };
             // SAFETY: group start takes no arguments.
             let started = unsafe { (nccl.group_start)() };
-            match nccl.check("ncclGroupStart", started) {
+            Ok(match nccl.check("ncclGroupStart", started) {
                 Err(e) => Err(e),
                 Ok(()) => {
                     let r = calls(nccl, c.0, dev.cu_stream());
@@ -464,8 +464,9 @@ impl NcclComm {
                     let ended = unsafe { (nccl.group_end)() };
                     r.and_then(|()| nccl.check("ncclGroupEnd", ended))
                 }
-            }
+            })
         };
+        let result = dev.timed("collective", || Ok(enqueue()))??;
         if let Err(e) = result {
             return Err(self.fail(format!("{what}: {e}")));
         }

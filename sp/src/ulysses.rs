@@ -1,7 +1,8 @@
 //! Ulysses attention's data movement: a rank holds a contiguous shard of the sequence with all
 //! heads outside attention, and the whole sequence with its share of the heads inside it.
 
-use kernels::{DType, Tensor};
+use kernels::ops::{self, Piece};
+use kernels::Tensor;
 
 use crate::comm::Communicator;
 use crate::Error;
@@ -55,26 +56,33 @@ impl TokenShard {
                 self.tokens
             )));
         }
-        let rows = t.narrow(0, self.start(), self.real())?;
-        pad_rows(&rows, self.per_rank())
+        let mut shape = t.shape().to_vec();
+        shape[0] = self.per_rank();
+        let piece = Piece {
+            rows: self.real(),
+            src_row: self.start(),
+            ..Piece::whole(t, 0, 0)
+        };
+        Ok(ops::assemble(&shape, t.dtype(), t.device(), &[piece])?)
     }
 }
 
-/// `t` with zero rows appended up to `rows` rows.
+/// `t` with zero rows appended up to `rows` rows (the zeros are written on `t`'s device).
 pub fn pad_rows(t: &Tensor, rows: usize) -> Result<Tensor, Error> {
     if t.dim(0) == rows {
         return Ok(t.clone());
     }
+    if rows < t.dim(0) {
+        return Err(Error::Invalid(format!("padding {t:?} down to {rows} rows")));
+    }
     let mut shape = t.shape().to_vec();
-    shape[0] = rows
-        .checked_sub(t.dim(0))
-        .ok_or_else(|| Error::Invalid(format!("padding {t:?} down to {rows} rows")))?;
-    let dtype = match t.dtype() {
-        DType::F8E4M3 => DType::BF16,
-        d => d,
-    };
-    let pad = Tensor::zeros(&shape, dtype)?.to_device(t.device())?;
-    Ok(Tensor::cat(&[t, &pad], 0)?)
+    shape[0] = rows;
+    Ok(ops::assemble(
+        &shape,
+        t.dtype(),
+        t.device(),
+        &[Piece::whole(t, 0, 0)],
+    )?)
 }
 
 /// Ulysses for one forward: the communicator and the shard of this forward's tokens.
@@ -119,26 +127,68 @@ impl<'a> Ulysses<'a> {
             }
         }
         let hn = self.heads_per_rank(first)?;
-        // One part per destination: its heads of every tensor, stacked along the rows.
+        let (rows, d) = (s.per_rank(), first.dim(2));
+        let (dtype, dev) = (first.dtype(), first.device());
+        // One part per other rank: its heads of every tensor, stacked along the rows, each
+        // copied once straight from the projections. This rank's own heads never go through a
+        // send buffer.
+        let part = |j: usize| -> Result<Tensor, Error> {
+            let pieces: Vec<Piece> = ts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Piece {
+                    src_col: j * hn * d,
+                    cols: hn * d,
+                    dst_row: i * rows,
+                    ..Piece::whole(t, 0, 0)
+                })
+                .collect();
+            Ok(ops::assemble(
+                &[ts.len() * rows, hn, d],
+                dtype,
+                dev,
+                &pieces,
+            )?)
+        };
         let send = (0..n)
             .map(|j| {
-                let pieces = ts
-                    .iter()
-                    .map(|t| t.narrow(1, j * hn, hn))
-                    .collect::<kernels::Result<Vec<_>>>()?;
-                Ok(Tensor::cat(&pieces.iter().collect::<Vec<_>>(), 0)?)
+                if j == s.rank {
+                    // A rank's own part is never sent: any tensor keeps the rank order.
+                    Ok((*first).clone())
+                } else {
+                    part(j)
+                }
             })
             .collect::<Result<Vec<_>, Error>>()?;
         let recv = self.comm.all_to_all(send)?;
-        let rows = s.per_rank();
+        // Rank r's rows of tensor i, padding cut off: from the other ranks' parts, or this
+        // rank's own heads of its own projections.
         (0..ts.len())
             .map(|i| {
-                let shards = recv
-                    .iter()
-                    .map(|r| r.narrow(0, i * rows, rows))
-                    .collect::<kernels::Result<Vec<_>>>()?;
-                let whole = Tensor::cat(&shards.iter().collect::<Vec<_>>(), 0)?;
-                Ok(whole.narrow(0, 0, s.tokens)?)
+                let pieces: Vec<Piece> = (0..n)
+                    .filter_map(|r| {
+                        let real = rows.min(s.tokens.saturating_sub(r * rows));
+                        (real > 0).then(|| {
+                            if r == s.rank {
+                                Piece {
+                                    src_col: r * hn * d,
+                                    rows: real,
+                                    cols: hn * d,
+                                    dst_row: r * rows,
+                                    ..Piece::whole(ts[i], 0, 0)
+                                }
+                            } else {
+                                Piece {
+                                    src_row: i * rows,
+                                    rows: real,
+                                    dst_row: r * rows,
+                                    ..Piece::whole(&recv[r], 0, 0)
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                Ok(ops::assemble(&[s.tokens, hn, d], dtype, dev, &pieces)?)
             })
             .collect()
     }
@@ -153,13 +203,53 @@ impl<'a> Ulysses<'a> {
                 s.tokens
             )));
         }
-        let padded = pad_rows(t, s.padded())?;
-        let rows = s.per_rank();
+        let (rows, hn, d) = (s.per_rank(), t.dim(1), t.dim(2));
+        let (dtype, dev) = (t.dtype(), t.device());
+        // Rank j's rows of the sequence (zero-padded to `rows`), for the other ranks only.
+        let real = |j: usize| rows.min(s.tokens.saturating_sub(j * rows));
         let send = (0..s.ranks)
-            .map(|j| padded.narrow(0, j * rows, rows))
-            .collect::<kernels::Result<Vec<_>>>()?;
+            .map(|j| {
+                if j == s.rank {
+                    // A rank's own part is never sent: any tensor keeps the rank order.
+                    return Ok(t.clone());
+                }
+                let piece = Piece {
+                    src_row: j * rows,
+                    rows: real(j),
+                    ..Piece::whole(t, 0, 0)
+                };
+                let pieces = if real(j) == 0 {
+                    Vec::new()
+                } else {
+                    vec![piece]
+                };
+                Ok(ops::assemble(&[rows, hn, d], dtype, dev, &pieces)?)
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
         let recv = self.comm.all_to_all(send)?;
-        Ok(Tensor::cat(&recv.iter().collect::<Vec<_>>(), 1)?)
+        // Every rank's heads of this rank's rows, side by side; this rank's own heads come
+        // straight from `t`.
+        let pieces: Vec<Piece> = (0..s.ranks)
+            .map(|r| {
+                if r == s.rank {
+                    Piece {
+                        src_row: r * rows,
+                        rows: real(r),
+                        dst_col: r * hn * d,
+                        ..Piece::whole(t, 0, 0)
+                    }
+                } else {
+                    Piece::whole(&recv[r], 0, r * hn * d)
+                }
+            })
+            .filter(|p| p.rows > 0)
+            .collect();
+        Ok(ops::assemble(
+            &[rows, s.ranks * hn, d],
+            dtype,
+            dev,
+            &pieces,
+        )?)
     }
 
     /// What the stock Ulysses exchange moves on top of ours: with the cache token-sharded,

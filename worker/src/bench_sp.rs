@@ -54,6 +54,59 @@ struct Run {
     camera_ms: f64,
     steps_ms: f64,
     refresh_ms: f64,
+    /// One more chunk with every op bracketed by timing events, per GPU (rank order).
+    profile: Vec<GpuProfile>,
+}
+
+/// Where one GPU's stream time went in a profiled chunk, ms.
+#[derive(Debug, Serialize)]
+struct GpuProfile {
+    gpu: usize,
+    /// The chunk's wall time (host), with the profiling overhead.
+    wall_ms: f64,
+    /// From the stream's first marked op to its last.
+    span_ms: f64,
+    /// Summed stream time per kind of op: (kind, ms, ops).
+    kinds: Vec<(String, f64, usize)>,
+    /// Span not inside any marked op: the stream waiting for its host thread.
+    unmarked_ms: f64,
+}
+
+/// Runs chunk `index` with profiling on every GPU of `gpus`.
+fn profile_chunk(runner: &mut Runner, gpus: &[usize], index: usize) -> Result<Vec<GpuProfile>> {
+    let devs = gpus
+        .iter()
+        .map(|&g| kernels::cuda::backend(g))
+        .collect::<kernels::Result<Vec<_>>>()?;
+    for d in &devs {
+        d.synchronize()?;
+        d.profile(true);
+    }
+    let started = Instant::now();
+    let ran = runner.chunk(index);
+    let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+    for d in &devs {
+        d.profile(false);
+    }
+    ran?;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    devs.iter()
+        .zip(gpus)
+        .map(|(d, &gpu)| {
+            let p = d.take_profile()?;
+            Ok(GpuProfile {
+                gpu,
+                wall_ms,
+                span_ms: ms(p.span),
+                kinds: p
+                    .kinds
+                    .iter()
+                    .map(|(k, t, n)| (k.to_string(), ms(*t), *n))
+                    .collect(),
+                unmarked_ms: ms(p.unmarked()),
+            })
+        })
+        .collect()
 }
 
 /// The same controls for every card count: forward with a slow turn, a strafe, a look up.
@@ -161,7 +214,7 @@ fn kv_bytes(cfg: &ModelConfig, ecfg: &EngineConfig, cards: usize, elem: usize) -
     (calls * 2 * part * (cards - 1)) as f64
 }
 
-pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
+pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) -> Result<()> {
     let cfg = ModelConfig::by_name(&args.model)?;
     let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
     let first_gpu = match device {
@@ -170,8 +223,12 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
     };
     let gpus: Vec<usize> = match &args.gpus {
         Some(g) => g.clone(),
+        None if one_gpu => vec![first_gpu; args.cards.max(1)],
         None => (first_gpu..first_gpu + args.cards.max(1)).collect(),
     };
+    if one_gpu && gpus.iter().any(|&g| g != gpus[0]) {
+        bail!("--one-gpu runs every rank on one GPU: pass --device cuda:N, not --gpus");
+    }
     let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
     let elem = dtype.size_in_bytes();
     let mut counts = vec![1];
@@ -187,6 +244,12 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
     } else {
         EngineConfig::lingbot(args.seed)
     };
+    if one_gpu {
+        eprintln!(
+            "bench sp --one-gpu: every rank on GPU {first_gpu} over the in-process loopback (no \
+             NCCL, no links): the ranks' work runs one after another on one stream"
+        );
+    }
     eprintln!(
         "bench sp: {} (RANDOM weights from seed {}, timing only), {}×{}, chunks of {} latent \
          frames, window {} with {} sink, {} steps + refresh, {dtype}; {WARMUP} warm-up + {chunks} \
@@ -212,14 +275,24 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
 
     let mut runs: Vec<Run> = Vec::new();
     let mut reference: Option<(f64, Vec<Vec<f32>>)> = None;
+    // The one-card model, kept for ranks that share its GPU.
+    let mut shared: Option<Arc<WanModel>> = None;
     for &cards in &counts {
         let on = gpus[..cards].to_vec();
         let mut runner = if cards == 1 {
-            let model = load(Device::Cuda(on[0])).context("loading the model")?;
-            Runner::One(Box::new(Engine::new(Arc::new(model), ecfg.clone())?))
+            let model = Arc::new(load(Device::Cuda(on[0])).context("loading the model")?);
+            if one_gpu {
+                shared = Some(model.clone());
+            }
+            Runner::One(Box::new(Engine::new(model, ecfg.clone())?))
+        } else if let Some(model) = &shared {
+            Runner::Group(EngineGroup::loopback(model.clone(), ecfg.clone(), cards)?)
         } else {
             Runner::Group(EngineGroup::nccl(&cfg, load.clone(), ecfg.clone(), &on)?)
         };
+        // Profiles are per device: ranks sharing one are profiled together.
+        let mut devices = on.clone();
+        devices.dedup();
         let warm = runner.run(WARMUP, 0)?;
         let timed = runner.run(chunks, WARMUP)?;
         let chunk_s = median(&timed.times);
@@ -237,6 +310,14 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
         } else {
             (chunk_s, 0.0, 0.0)
         };
+        let profiled = WARMUP + chunks + if cards > 1 { STOCK_CHUNKS } else { 0 };
+        // Ranks sharing one GPU interleave their ops on its stream, so one rank's brackets would
+        // also hold the other's work: no profile there.
+        let profile = if one_gpu && cards > 1 {
+            Vec::new()
+        } else {
+            profile_chunk(&mut runner, &devices, profiled)?
+        };
         let mut latents = warm.latents;
         latents.extend(timed.latents);
         let kv = if cards > 1 {
@@ -249,7 +330,19 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
                 reference = Some((chunk_s, latents));
                 (1.0, (0.0, 0.0))
             }
-            Some((t1, lat1)) => (t1 / chunk_s, compare(lat1, &latents)),
+            Some((t1, lat1)) => {
+                for (i, (a, b)) in lat1.iter().zip(&latents).enumerate() {
+                    let nans = |v: &[f32]| v.iter().filter(|x| !x.is_finite()).count();
+                    let (max, rel) = compare(std::slice::from_ref(a), std::slice::from_ref(b));
+                    eprintln!(
+                        "chunk {i}: non-finite values 1 card {} / {cards} cards {}; max abs \
+                         {max:.3e}, rel L2 {rel:.3e}",
+                        nans(a),
+                        nans(b)
+                    );
+                }
+                (t1 / chunk_s, compare(lat1, &latents))
+            }
         };
         let run = Run {
             cards,
@@ -271,21 +364,24 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
             camera_ms,
             steps_ms,
             refresh_ms,
+            profile,
         };
         info!(?run, "card count done");
         runs.push(run);
         drop(runner);
     }
 
+    let place = if one_gpu {
+        format!(
+            "{} ranks sharing GPU {first_gpu} (loopback, no links)",
+            gpus.len()
+        )
+    } else {
+        format!("{} GPU(s)", gpus.len())
+    };
     println!(
-        "\n{} on {} GPU(s), random weights, {}×{}, window {} (sink {}), chunk {} latents:",
-        cfg.name,
-        gpus.len(),
-        ecfg.width,
-        ecfg.height,
-        ecfg.window_frames,
-        ecfg.sink_frames,
-        ecfg.chunk_frames
+        "\n{} on {place}, random weights, {}×{}, window {} (sink {}), chunk {} latents:",
+        cfg.name, ecfg.width, ecfg.height, ecfg.window_frames, ecfg.sink_frames, ecfg.chunk_frames
     );
     println!(
         "{:>5} {:>9} {:>7} {:>7} {:>5} {:>10} {:>8} {:>10} {:>10} {:>8} {:>6} {:>9} {:>9}",
@@ -334,19 +430,42 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>) -> Result<()> {
         "rank 0's stages of a chunk (median):\n{}",
         stages.join("\n")
     );
+    println!("stream time of one more chunk with every op timed by events (ms; ops):");
+    for r in &runs {
+        for p in &r.profile {
+            let kinds: Vec<String> = p
+                .kinds
+                .iter()
+                .map(|(k, t, n)| format!("{k} {t:.1} ({n})"))
+                .collect();
+            println!(
+                "  {} card(s), GPU {}: wall {:.1}, span {:.1} = {}, unmarked {:.1}",
+                r.cards,
+                p.gpu,
+                p.wall_ms,
+                p.span_ms,
+                kinds.join(", "),
+                p.unmarked_ms
+            );
+        }
+    }
     let stability = gemm_row_stability(&cfg, Device::Cuda(gpus[0]), dtype, &ecfg, gpus.len())?;
     println!(
-        "GEMM rows of a {}-card shard against the same rows of the whole chunk:",
+        "GEMM rows of a {}-card shard against the same rows of the whole chunk (time per GEMM):",
         gpus.len()
     );
-    for (what, same) in &stability {
+    for g in &stability {
         println!(
-            "  {what}: {}",
-            if *same {
+            "  {}: {}; whole {:.3} ms, shard {:.3} ms ({:.2}× the whole's time per row)",
+            g.shape,
+            if g.same {
                 "bit-identical"
             } else {
                 "DIFFERENT (the library picks another kernel for this row count)"
-            }
+            },
+            g.whole_ms,
+            g.shard_ms,
+            g.shard_ms / g.whole_ms * g.whole_rows as f64 / g.shard_rows as f64
         );
     }
     if let Some(path) = json {
@@ -384,13 +503,42 @@ pub fn gemm_rows(args: &ModelArgs) -> Result<()> {
         cfg.name,
         dtype.name()
     );
-    for (what, same) in gemm_row_stability(&cfg, device, dtype, &ecfg, cards)? {
+    for g in gemm_row_stability(&cfg, device, dtype, &ecfg, cards)? {
         println!(
-            "  {what}: {}",
-            if same { "bit-identical" } else { "DIFFERENT" }
+            "  {}: {}; whole {:.3} ms, shard {:.3} ms",
+            g.shape,
+            if g.same { "bit-identical" } else { "DIFFERENT" },
+            g.whole_ms,
+            g.shard_ms
         );
     }
     Ok(())
+}
+
+/// One GEMM shape of [`gemm_row_stability`].
+#[derive(Debug, Serialize)]
+struct GemmRows {
+    shape: String,
+    /// The shard's rows have the same bits computed alone as inside the whole chunk.
+    same: bool,
+    whole_rows: usize,
+    shard_rows: usize,
+    /// Mean time of one GEMM over 5 runs after a warm-up.
+    whole_ms: f64,
+    shard_ms: f64,
+}
+
+/// Mean time of `linear(x, w)` over 5 runs after one warm-up, with the device drained around.
+fn time_linear(x: &kernels::Tensor, w: &kernels::Tensor, dev: usize) -> Result<f64> {
+    let backend = kernels::cuda::backend(dev)?;
+    kernels::ops::linear(x, w, None)?;
+    backend.synchronize()?;
+    let started = Instant::now();
+    for _ in 0..5 {
+        kernels::ops::linear(x, w, None)?;
+    }
+    backend.synchronize()?;
+    Ok(started.elapsed().as_secs_f64() * 1e3 / 5.0)
 }
 
 /// Whether a linear layer gives the same bits for a shard's rows as for those rows inside the
@@ -402,8 +550,11 @@ fn gemm_row_stability(
     dtype: DType,
     ecfg: &EngineConfig,
     cards: usize,
-) -> Result<Vec<(String, bool)>> {
+) -> Result<Vec<GemmRows>> {
     use kernels::{ops, Tensor};
+    let Device::Cuda(ordinal) = dev else {
+        bail!("the GEMM row check runs on CUDA");
+    };
     use pipeline::rng::NormalRng;
     let (h, w) = ecfg.latent_hw();
     let tokens = ecfg.chunk_frames * (h / cfg.patch[1]) * (w / cfg.patch[2]);
@@ -441,7 +592,15 @@ fn gemm_row_stability(
             .iter()
             .zip(&part)
             .all(|(a, b)| a.to_bits() == b.to_bits());
-        out.push((format!("{tokens}/{shard} rows × {k} → {n}"), same));
+        let xs = x.narrow(0, 0, shard)?;
+        out.push(GemmRows {
+            shape: format!("{tokens}/{shard} rows × {k} → {n}"),
+            same,
+            whole_rows: tokens,
+            shard_rows: shard,
+            whole_ms: time_linear(&x, &wt, ordinal)?,
+            shard_ms: time_linear(&xs, &wt, ordinal)?,
+        });
     }
     Ok(out)
 }

@@ -76,6 +76,12 @@ enum Command {
         /// `sp`: timed chunks per run.
         #[arg(long, default_value_t = 8)]
         chunks: u64,
+        /// `sp`: the ranks share --device's one GPU as threads over the in-process loopback
+        /// (no NCCL): their work runs one after another on one stream, so a chunk takes about
+        /// the one-card time when the work divides evenly, and the excess is what does not
+        /// (links not included). For hosts with one GPU.
+        #[arg(long)]
+        one_gpu: bool,
     },
     /// The procedural world of the embedded default: training data.
     #[command(subcommand)]
@@ -111,10 +117,11 @@ fn main() -> Result<()> {
             repeat,
             suite,
             chunks,
+            one_gpu,
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
-            "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref()),
+            "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref(), one_gpu),
             "gemm-rows" => bench_sp::gemm_rows(&cli.model),
             "codecs" => bench_codecs::run(&cli.model.device, json.as_deref(), repeat.max(1)),
             other => anyhow::bail!(

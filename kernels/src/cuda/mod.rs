@@ -30,7 +30,32 @@ pub struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: CudaBlasLT,
+    /// Held around each cuBLASLt call: one call may enqueue several kernels that share the
+    /// handle's workspace (a split-K GEMM and its reduction), and threads sharing this device
+    /// (ranks over the loopback on one GPU) must not interleave theirs between them.
+    pub(crate) blas_lock: Mutex<()>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Stream-time marks around each op while profiling (see [`profile`](Self::profile)).
+    profiling: std::sync::atomic::AtomicBool,
+    marks: Mutex<Vec<(&'static str, CudaMarker, CudaMarker)>>,
+}
+
+/// Stream time by kind of work over a profiled stretch (see [`CudaBackend::profile`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profile {
+    /// From the first mark's start to the last mark's end.
+    pub span: std::time::Duration,
+    /// Summed time of each kind, in the order kinds first appeared.
+    pub kinds: Vec<(&'static str, std::time::Duration, usize)>,
+}
+
+impl Profile {
+    /// Span time covered by no mark: the stream waiting for the host (or work outside the
+    /// marked kinds).
+    pub fn unmarked(&self) -> std::time::Duration {
+        let busy: std::time::Duration = self.kinds.iter().map(|k| k.1).sum();
+        self.span.saturating_sub(busy)
+    }
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -125,8 +150,65 @@ impl CudaBackend {
             ctx,
             stream,
             blas,
+            blas_lock: Mutex::new(()),
             modules: Mutex::new(HashMap::new()),
+            profiling: std::sync::atomic::AtomicBool::new(false),
+            marks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Runs `f`, which enqueues one kind of work, between two timing marks when profiling.
+    pub fn timed<R>(&self, kind: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        if !self.profiling.load(std::sync::atomic::Ordering::Relaxed) {
+            return f();
+        }
+        let start = self.timed_marker()?;
+        let r = f()?;
+        let end = self.timed_marker()?;
+        self.marks
+            .lock()
+            .map_err(|_| self.err("profile marks poisoned"))?
+            .push((kind, start, end));
+        Ok(r)
+    }
+
+    /// Starts (`true`) or stops profiling: while on, every op, GEMM, copy and collective on
+    /// this device's stream is bracketed by timing events (a few microseconds of host time
+    /// each, so profiled runs are not the timed ones). Starting drops earlier marks.
+    pub fn profile(&self, on: bool) {
+        if on {
+            if let Ok(mut m) = self.marks.lock() {
+                m.clear();
+            }
+        }
+        self.profiling
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The marks so far, summed by kind (waits for the stream), and clears them.
+    pub fn take_profile(&self) -> Result<Profile> {
+        self.synchronize()?;
+        let marks = std::mem::take(
+            &mut *self
+                .marks
+                .lock()
+                .map_err(|_| self.err("profile marks poisoned"))?,
+        );
+        let mut p = Profile::default();
+        if let (Some(first), Some(last)) = (marks.first(), marks.last()) {
+            p.span = last.2.elapsed_since(&first.1)?;
+        }
+        for (kind, a, b) in &marks {
+            let d = b.elapsed_since(a)?;
+            match p.kinds.iter_mut().find(|k| k.0 == *kind) {
+                Some(k) => {
+                    k.1 += d;
+                    k.2 += 1;
+                }
+                None => p.kinds.push((kind, d, 1)),
+            }
+        }
+        Ok(p)
     }
 
     pub(crate) fn err(&self, e: impl std::fmt::Display) -> Error {

@@ -2,7 +2,7 @@
 //! were checked by `crate::ops` before these run.
 
 use cudarc::cublaslt::{Matmul, MatmulConfig};
-use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::{CudaBackend, CudaData, CudaStorage};
 use crate::{DType, Error, Result, RopeTable, ScaleKind, Storage, Tensor};
@@ -80,8 +80,11 @@ macro_rules! launch {
             let $b = &mut builder;
             $body
         }
-        // SAFETY: the argument list matches the kernel's parameters; sizes were checked.
-        unsafe { builder.launch($cfg) }.map_err(|e| $dev.err(format!("{name}: {e}")))?;
+        $dev.timed($module, || {
+            // SAFETY: the argument list matches the kernel's parameters; sizes were checked.
+            unsafe { builder.launch($cfg) }.map_err(|e| $dev.err(format!("{name}: {e}")))?;
+            Ok(())
+        })?;
     }};
 }
 
@@ -163,25 +166,31 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
         batch_size: None,
     };
     let (ws, xs) = (&storage(&w)?.data, &storage(&x)?.data);
-    // SAFETY: a is n×k, b is m×k, c is m×n elements, as allocated and checked above.
-    let r = unsafe {
-        match (ws, xs, &mut out.data) {
-            (CudaData::F32(a), CudaData::F32(b), CudaData::F32(c)) => {
-                dev.blas.matmul(cfg, a, b, c, None, None)
+    dev.timed("gemm", || {
+        let _one = dev
+            .blas_lock
+            .lock()
+            .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
+        // SAFETY: a is n×k, b is m×k, c is m×n elements, as allocated and checked above.
+        let r = unsafe {
+            match (ws, xs, &mut out.data) {
+                (CudaData::F32(a), CudaData::F32(b), CudaData::F32(c)) => {
+                    dev.blas.matmul(cfg, a, b, c, None, None)
+                }
+                (CudaData::BF16(a), CudaData::BF16(b), CudaData::BF16(c)) => {
+                    dev.blas.matmul(cfg, a, b, c, None, None)
+                }
+                _ => {
+                    return Err(Error::DType {
+                        op: "cuda linear",
+                        got: gemm_dtype,
+                        msg: "f32 or bf16 operands",
+                    })
+                }
             }
-            (CudaData::BF16(a), CudaData::BF16(b), CudaData::BF16(c)) => {
-                dev.blas.matmul(cfg, a, b, c, None, None)
-            }
-            _ => {
-                return Err(Error::DType {
-                    op: "cuda linear",
-                    got: gemm_dtype,
-                    msg: "f32 or bf16 operands",
-                })
-            }
-        }
-    };
-    r.map_err(|e| dev.err(format!("cuBLASLt matmul {m}×{k}×{n}: {e}")))?;
+        };
+        r.map_err(|e| dev.err(format!("cuBLASLt matmul {m}×{k}×{n}: {e}")))
+    })?;
     let mut shape = x.shape().to_vec();
     *shape
         .last_mut()
@@ -586,8 +595,11 @@ fn flash_attention(
     push(&mut b, &ks.data);
     push(&mut b, &vs.data);
     b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
-    // SAFETY: the arguments are the kernel's, bf16 buffers of [lq|kv, heads, 128].
-    unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("flash_attention_bf16_d128: {e}")))?;
+    dev.timed("attention", || {
+        // SAFETY: the arguments are the kernel's, bf16 buffers of [lq|kv, heads, 128].
+        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("flash_attention_bf16_d128: {e}")))?;
+        Ok(())
+    })?;
     cast(&wrap(out, q.shape()), q.dtype())
 }
 
@@ -675,15 +687,56 @@ fn copy2d_t<T: cudarc::driver::DeviceRepr>(
     if rows * cols == 0 {
         return Ok(());
     }
-    let func = dev.func("layout", &format!("copy2d_b{bits}"))?;
+    let bytes = bits as usize / 8;
+    let bases = [
+        dst.device_ptr(&dev.stream).0 as usize,
+        src.device_ptr(&dev.stream).0 as usize,
+    ];
+    let lanes = 16 / bytes;
+    let aligned = bases.iter().all(|b| b % 16 == 0)
+        && [dst_off, src_off, dst_pitch, src_pitch, cols]
+            .iter()
+            .all(|v| v % lanes == 0);
     let mut dv = dst.slice_mut(dst_off..);
     let sv = src.slice(src_off..);
+    if aligned {
+        // 16-byte moves on a 2-D grid: rows on y, 16-byte columns on x.
+        let func = dev.func("layout", "copy2d_v16")?;
+        let cols16 = cols / lanes;
+        let tx = cols16.next_multiple_of(32).min(THREADS as usize);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                cols16.div_ceil(tx).min(65_535) as u32,
+                rows.min(65_535) as u32,
+                1,
+            ),
+            block_dim: (tx as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (dp, sp, r, c) = (
+            (dst_pitch / lanes) as u64,
+            (src_pitch / lanes) as u64,
+            rows as u64,
+            cols16 as u64,
+        );
+        let mut b = dev.stream.launch_builder(&func);
+        b.arg(&mut dv).arg(&dp).arg(&sv).arg(&sp).arg(&r).arg(&c);
+        return dev.timed("layout", || {
+            // SAFETY: the callers bound both regions by the tensors' shapes; offsets, pitches
+            // and widths are whole 16-byte units of 16-byte aligned buffers (checked above).
+            unsafe { b.launch(cfg) }.map_err(|e| dev.err(e))?;
+            Ok(())
+        });
+    }
+    let func = dev.func("layout", &format!("copy2d_b{bits}"))?;
     let (dp, sp, r, c) = (dst_pitch as u64, src_pitch as u64, rows as u64, cols as u64);
     let mut b = dev.stream.launch_builder(&func);
     b.arg(&mut dv).arg(&dp).arg(&sv).arg(&sp).arg(&r).arg(&c);
-    // SAFETY: the callers bound both regions by the tensors' shapes.
-    unsafe { b.launch(grid(rows * cols)) }.map_err(|e| dev.err(e))?;
-    Ok(())
+    dev.timed("layout", || {
+        // SAFETY: the callers bound both regions by the tensors' shapes.
+        unsafe { b.launch(grid(rows * cols)) }.map_err(|e| dev.err(e))?;
+        Ok(())
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -777,7 +830,8 @@ pub fn permute(x: &Tensor, shape: &[usize], strides: &[usize]) -> Result<Tensor>
 /// Copies `src` into rows starting at `row` of `dst` (dim 0 rows).
 pub fn write_rows(dst: &mut Tensor, row: usize, src: &Tensor) -> Result<()> {
     let inner: usize = dst.shape()[1..].iter().product();
-    let src_st = storage(src)?.clone();
+    // Borrowed, not cloned: a `CudaStorage` clone is a device copy of the whole source.
+    let src_st = storage(src)?;
     let n = src.elem_count();
     let Storage::Cuda(d) = dst.storage_mut() else {
         return Err(Error::DeviceMismatch {
@@ -796,6 +850,51 @@ pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()>
     let staged = narrow(t, 0, from, n)?;
     let _ = inner;
     write_rows(t, to, &staged)
+}
+
+/// [`crate::ops::assemble`] on the device: zeroed first unless the pieces cover everything,
+/// then one 2-D copy per piece.
+pub fn assemble(
+    dev: &std::sync::Arc<CudaBackend>,
+    shape: &[usize],
+    dtype: DType,
+    covered: bool,
+    pieces: &[crate::ops::Piece],
+) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let cols = n.checked_div(shape[0]).unwrap_or(0);
+    let mut out = CudaStorage::alloc(dev, dtype, n)?;
+    if !covered && n > 0 {
+        let ptr = out.device_ptr_mut()?;
+        dev.timed("layout", || {
+            // SAFETY: `ptr` addresses the `n` elements just allocated on this stream.
+            unsafe {
+                cudarc::driver::sys::cuMemsetD8Async(
+                    ptr,
+                    0,
+                    n * dtype.size_in_bytes(),
+                    dev.stream.cu_stream(),
+                )
+            }
+            .result()
+            .map_err(|e| dev.err(e))
+        })?;
+    }
+    for p in pieces {
+        let src_cols = p.src.elem_count() / p.src.dim(0).max(1);
+        copy2d(
+            dev,
+            &mut out.data,
+            p.dst_row * cols + p.dst_col,
+            cols,
+            &storage(p.src)?.data,
+            p.src_row * src_cols + p.src_col,
+            src_cols,
+            p.rows,
+            p.cols,
+        )?;
+    }
+    Ok(wrap(out, shape))
 }
 
 mod conv;

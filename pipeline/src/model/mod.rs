@@ -35,6 +35,34 @@ pub struct Head {
     pub modulation: Tensor,
 }
 
+impl Head {
+    /// The output projection of the last block's `h: [L, dim]` with the time embedding
+    /// `e: [dim]`: `[L, out_dim·patch]`. Under Ulysses `h` is the rank's shard and every rank
+    /// gets the whole sequence's output: the shards are gathered *before* the head's GEMM,
+    /// which then runs on the whole chunk's rows as on one card. Gathering after it would be
+    /// cheaper on the links but not bit-identical: for a narrow output (5120 → 64 in
+    /// lingbot-14b) cuBLASLt picks another kernel for a shard's row count than for the chunk's,
+    /// with another summation order (`worker bench gemm-rows` shows which shapes differ).
+    pub fn forward(
+        &self,
+        h: &Tensor,
+        e: &Tensor,
+        eps: f32,
+        sp: Option<&Ulysses>,
+    ) -> Result<Tensor> {
+        let dim = h.dim(1);
+        // Modulation rows (shift, scale) take `e`, not `e0`.
+        let m = ops::add(&self.modulation.reshape(&[2, dim])?, e)?;
+        let y = ops::layer_norm(h, None, None, eps)?;
+        let y = ops::modulate(&y, &layers::row(&m, 0)?, &layers::row(&m, 1)?)?;
+        let y = match sp {
+            Some(u) => u.gather_tokens(&y)?,
+            None => y,
+        };
+        self.head.forward(&y)
+    }
+}
+
 /// The text context of one prompt, ready for every block's cross-attention.
 #[derive(Clone, Debug)]
 pub struct TextContext {
@@ -379,15 +407,7 @@ impl WanModel {
         if kv_only {
             return Ok(None);
         }
-        // Head modulation rows (shift, scale) take `e`, not `e0`.
-        let m = ops::add(&self.head.modulation.reshape(&[2, cfg.dim])?, &e)?;
-        let y = ops::layer_norm(&h, None, None, cfg.eps)?;
-        let y = ops::modulate(&y, &layers::row(&m, 0)?, &layers::row(&m, 1)?)?;
-        let y = self.head.head.forward(&y)?;
-        let y = match &sp {
-            Some(u) => u.gather_tokens(&y)?,
-            None => y,
-        };
+        let y = self.head.forward(&h, &e, cfg.eps, sp.as_ref())?;
         emit("head", &y);
         Ok(Some(ops::unpatchify(&y, grid, cfg.patch)?))
     }

@@ -139,6 +139,11 @@ pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> 
                 batch_size: None,
             };
             let at = ot * plane + r0 * wo;
+            // One cuBLASLt call at a time on this device (see `CudaBackend::blas_lock`).
+            let _one = dev
+                .blas_lock
+                .lock()
+                .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
             // SAFETY: col holds kk·n values, w cout·kk, and the last output column written,
             // at + (cout−1)·to·plane + n ≤ cout·to·plane, lies inside `out` (a multi-frame tile
             // has all rows, so its n positions are contiguous in each output channel).
