@@ -109,6 +109,9 @@ fn main() -> Result<()> {
     let mut cli = Cli::parse();
     init_logging(&cli.log_format)?;
     // `auto` becomes a device here, once, so every later step (and the log) names it.
+    if matches!(cli.command, None | Some(Command::Serve(_))) {
+        lower_compute_priority();
+    }
     let device = cli.model.device()?;
     cli.model.device = device.to_string();
     match cli.command {
@@ -135,6 +138,30 @@ fn main() -> Result<()> {
         Some(Command::Generate { chunks }) => generate(&cli.model, &cli.decode, chunks),
     }
 }
+
+/// Serving: the CPU compute pool (the model's ops on the CPU) runs below the async runtime's
+/// priority, so camera decode, encoding, pacing and sends preempt it. A model that cannot keep up
+/// then delays its own next chunk, not the frames already made. Must run before anything uses the
+/// pool (loading random weights does).
+fn lower_compute_priority() {
+    let built = rayon::ThreadPoolBuilder::new()
+        .start_handler(|_| {
+            #[cfg(target_os = "linux")]
+            // SAFETY: gettid and setpriority take no pointers; this only raises the calling
+            // thread's nice value (Linux applies it per thread).
+            unsafe {
+                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                libc::setpriority(libc::PRIO_PROCESS, tid, COMPUTE_NICE);
+            }
+        })
+        .build_global();
+    if let Err(e) = built {
+        tracing::warn!("compute threads keep the default priority: {e}");
+    }
+}
+
+/// Nice value of the compute pool's threads while serving.
+const COMPUTE_NICE: libc::c_int = 10;
 
 /// One card, or a rank group of `--cards` ranks.
 enum Session {
