@@ -287,7 +287,11 @@ impl Engine {
                 "the first frame can only be set before the first chunk (reset first)".into(),
             ));
         }
-        self.first_latent = Some(latent.reshape(&[LATENT_CHANNELS, 1, h, w])?);
+        self.first_latent = Some(
+            latent
+                .reshape(&[LATENT_CHANNELS, 1, h, w])?
+                .to_device(self.model.device())?,
+        );
         Ok(())
     }
 

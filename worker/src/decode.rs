@@ -70,6 +70,8 @@ pub struct Decoded {
 /// The session's decoder and, with `--out`, its file; the paired encoder, loaded when first
 /// used.
 pub struct FrameSink {
+    /// Where the decoder and its encoder run (the model's device).
+    device: Device,
     decoder: Decoder,
     out: Option<Y4mWriter>,
     name: String,
@@ -135,19 +137,19 @@ fn open_store(args: &DecoderArgs, seed: u64) -> Result<WeightStore> {
 }
 
 impl FrameSink {
-    /// Loads the decoder on the CPU and creates `--out`. `tiny_model`: the session runs the
-    /// `tiny` model (small decoder configs when the decoder weights are random).
+    /// Loads the decoder on `device` (the model's) and creates `--out`. `tiny_model`: the
+    /// session runs the `tiny` model (small decoder configs when the decoder weights are random).
     pub fn new(
         args: &DecoderArgs,
         seed: u64,
         tiny_model: bool,
         (width, height): (usize, usize),
-        on_host: bool,
+        device: Device,
     ) -> Result<Self> {
         let started = Instant::now();
         let (store, (decoder, name), weights) = match &args.world {
             Some(world) => {
-                let store = world.ae_store()?;
+                let store = world.ae_store()?.on_device(device);
                 let d = TinyDecoder::load(&TinyDecoderConfig::world(), &store)
                     .context("loading the embedded world decoder")?;
                 let json = serde_json::json!({"state": "embedded", "what": "the world autoencoder's decoder"});
@@ -158,7 +160,7 @@ impl FrameSink {
                 )
             }
             None => {
-                let store = open_store(args, seed)?;
+                let store = open_store(args, seed)?.on_device(device);
                 let small = tiny_model && args.decoder_weights.is_none();
                 let json = match &args.decoder_weights {
                     Some(p) => {
@@ -170,16 +172,12 @@ impl FrameSink {
                 (store, d, json)
             }
         };
-        let copy = if on_host {
-            ""
-        } else {
-            "; latents are copied to the host first"
-        };
         info!(
             decoder = %name,
             weights = %store.describe(),
+            %device,
             seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
-            "decoder ready (decoding is CPU-only for now{copy})"
+            "decoder ready (frames are copied to the host after decoding)"
         );
         let out = match &args.out {
             Some(path) => {
@@ -197,6 +195,7 @@ impl FrameSink {
             _ => TinyEncoderConfig::taew2_1(),
         };
         Ok(FrameSink {
+            device,
             decoder,
             out,
             name,
@@ -241,6 +240,9 @@ impl FrameSink {
     /// Encodes the next frames `[3, t, H, W]` in `[-1, 1]` (on the host) of the encoder's
     /// stream, `t` = [`encoder_frames`](Self::encoder_frames), to latents `[16, n, H/8, W/8]`.
     pub fn encode_chunk(&mut self, frames: &Tensor) -> Result<Tensor> {
+        let frames = &frames
+            .to_device(self.device)
+            .context("copying camera frames to the device")?;
         let z = match &mut self.decoder {
             Decoder::Vae(v) => v.encode_chunk(frames).context("encoding camera frames")?,
             Decoder::Tiny(_) => self
@@ -255,6 +257,9 @@ impl FrameSink {
     /// Encodes one picture `[3, 1, H, W]` as a stream of its own (world mode's first image) to
     /// `[16, 1, H/8, W/8]`; the encoder's running stream starts over afterwards.
     pub fn encode_still(&mut self, frame: &Tensor) -> Result<Tensor> {
+        let frame = &frame
+            .to_device(self.device)
+            .context("copying the first image to the device")?;
         let z = match &mut self.decoder {
             Decoder::Vae(v) => v.encode(frame).context("encoding the first image")?,
             Decoder::Tiny(_) => self
@@ -276,17 +281,19 @@ impl FrameSink {
         &self.name
     }
 
-    /// Decodes one chunk's latents on the CPU to frames `[3, t, H, W]` in `[-1, 1]`; the time
-    /// includes the copy to the host.
+    /// Decodes one chunk's latents on the decoder's device to frames `[3, t, H, W]` in
+    /// `[-1, 1]` on the host; the time includes the copies.
     pub fn decode(&mut self, latents: &Tensor) -> Result<(Tensor, Duration)> {
         let started = Instant::now();
-        let host = latents
-            .to_device(Device::Cpu)
-            .context("copying latents to the host")?;
+        let latents = latents
+            .to_device(self.device)
+            .context("copying latents to the decoder's device")?;
         let frames = self
             .decoder
-            .decode_chunk(&host)
-            .context("decoding a chunk")?;
+            .decode_chunk(&latents)
+            .context("decoding a chunk")?
+            .to_device(Device::Cpu)
+            .context("copying frames to the host")?;
         Ok((frames, started.elapsed()))
     }
 
@@ -302,7 +309,7 @@ impl FrameSink {
         self.encoding = false;
     }
 
-    /// Decodes one chunk's latents on the CPU and appends the frames to `--out`.
+    /// Decodes one chunk's latents and appends the frames to `--out`.
     pub fn push(&mut self, latents: &Tensor) -> Result<Decoded> {
         let (frames, time) = self.decode(latents)?;
         let t = frames.dim(1);

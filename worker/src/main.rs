@@ -11,7 +11,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use kernels::Device;
 use pipeline::camera::Controls;
 use pipeline::{Chunk, ChunkInputs, Engine, EngineGroup};
 use tracing::info;
@@ -224,9 +223,9 @@ fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> 
     let dec = &loaded.decoder_args(dec);
     let cfg = loaded.engine_config(args.seed);
     let resolution = format!("{}x{}", cfg.width, cfg.height);
-    let on_host = args.device()? == Device::Cpu;
     let tiny = loaded.cfg.name.starts_with("tiny");
-    let mut sink = decode::FrameSink::new(dec, args.seed, tiny, (cfg.width, cfg.height), on_host)?;
+    let size = (cfg.width, cfg.height);
+    let mut sink = decode::FrameSink::new(dec, args.seed, tiny, size, args.device()?)?;
     let mut session = match &loaded.model {
         Some(model) if loaded.cards == 1 => {
             Session::One(Box::new(Engine::new(model.clone(), cfg)?))

@@ -327,7 +327,7 @@ fn run_session(
 ) -> Result<()> {
     let metrics = &app.metrics;
     let size = (app.engine_cfg.width, app.engine_cfg.height);
-    let mut sink = FrameSink::new(&app.decoder, app.seed, app.tiny, size, app.on_host)?;
+    let mut sink = FrameSink::new(&app.decoder, app.seed, app.tiny, size, app.device)?;
     let mut video = VideoOut::new(output, size)?;
     let mut session = Session {
         mode: Mode::World,

@@ -183,7 +183,8 @@ struct App {
     decoder: DecoderArgs,
     seed: u64,
     tiny: bool,
-    on_host: bool,
+    /// The model's device: the decoder and encoder run there too.
+    device: Device,
     max_sessions: usize,
     slots: Arc<Semaphore>,
     auth_token: Option<String>,
@@ -240,7 +241,6 @@ impl Server {
             engine_cfg = loaded.engine_config_at(model.seed, w, h)?;
         }
         let tiny = loaded.cfg.name.starts_with("tiny");
-        let on_host = model.device()? == Device::Cpu;
         let device = model.device()?;
         let (dtype, _) = crate::setup::run_dtype(&model.dtype)?;
         let prompts = crate::text::load(
@@ -276,7 +276,7 @@ impl Server {
         };
         // Load the decoder once now, so bad decoder flags fail before serving.
         let size = (engine_cfg.width, engine_cfg.height);
-        let probe = FrameSink::new(decoder, model.seed, tiny, size, on_host)?;
+        let probe = FrameSink::new(decoder, model.seed, tiny, size, device)?;
         let info = Info {
             model: loaded.cfg.name.clone(),
             weights: loaded.weights.json(),
@@ -317,7 +317,7 @@ impl Server {
             decoder: decoder.clone(),
             seed: model.seed,
             tiny,
-            on_host,
+            device,
             max_sessions: serve.max_sessions,
             slots: Arc::new(Semaphore::new(serve.max_sessions)),
             auth_token: serve.auth_token.clone(),
