@@ -97,6 +97,15 @@ async fn h264_camera_in_and_h264_frames_out_over_websocket() {
     ] {
         assert!(sample(&scrape, name) > 0.0, "{name} is zero:\n{scrape}");
     }
+    // One per-frame total for each frame sent, at least that frame's send time.
+    let of = |stage: &str, what: &str| {
+        sample(
+            &scrape,
+            &format!("worldline_frame_overhead_seconds_{what}{{stage=\"{stage}\"}}"),
+        )
+    };
+    assert_eq!(of("total", "count"), of("send", "count"), "{scrape}");
+    assert!(of("total", "sum") >= of("send", "sum"), "{scrape}");
     let _ = srv.stop.send(());
     srv.done.await.expect("join").expect("run");
 }

@@ -88,6 +88,8 @@ impl Shared {
 #[derive(Debug)]
 pub struct Frame {
     pub header: FrameHeader,
+    /// Time spent encoding it (its share of the worker's overhead).
+    pub encode: Duration,
     /// Arrival of the control this frame is the first to reflect (input→sent is measured).
     pub fresh_input: Option<Instant>,
     /// A JPEG or an H.264 Annex-B access unit, as `header.codec` says.
@@ -423,7 +425,8 @@ fn run_session(
             let want_key = shared.keyframe.swap(false, Ordering::Relaxed);
             let (payload, keyframe) = video.encode(&rgb, (w, h), want_key)?;
             metrics.stage(Stage::Encode(output), encoding.elapsed());
-            metrics.overhead(Overhead::Encode, encoding.elapsed());
+            let encode = encoding.elapsed();
+            metrics.overhead(Overhead::Encode, encode);
             let header = FrameHeader {
                 codec: output,
                 keyframe,
@@ -437,6 +440,7 @@ fn run_session(
             };
             let frame = Frame {
                 header,
+                encode,
                 fresh_input,
                 payload,
             };

@@ -47,14 +47,18 @@ pub enum Overhead {
     BehindSchedule,
     /// Handing one frame to the socket or the WebRTC track.
     Send,
+    /// One output frame's encode + behind schedule + send, summed per frame (so its quantiles
+    /// are the frame's, not a sum of the stages' quantiles).
+    Total,
 }
 
 impl Overhead {
-    const ALL: [Overhead; 4] = [
+    const ALL: [Overhead; 5] = [
         Overhead::CameraDecode,
         Overhead::Encode,
         Overhead::BehindSchedule,
         Overhead::Send,
+        Overhead::Total,
     ];
 
     fn label(self) -> &'static str {
@@ -63,6 +67,7 @@ impl Overhead {
             Overhead::Encode => "encode",
             Overhead::BehindSchedule => "behind_schedule",
             Overhead::Send => "send",
+            Overhead::Total => "total",
         }
     }
 }

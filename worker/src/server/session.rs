@@ -148,8 +148,10 @@ async fn serve(
             },
             _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
                 let Some((frame, due)) = pending.take() else { continue };
+                let frame_encode = frame.encode;
                 let sent = started.elapsed();
-                metrics.overhead(Overhead::BehindSchedule, tokio::time::Instant::now().saturating_duration_since(due));
+                let behind = tokio::time::Instant::now().saturating_duration_since(due);
+                metrics.overhead(Overhead::BehindSchedule, behind);
                 let mut header = frame.header;
                 header.sent_us = micros(sent);
                 let mut bytes = Vec::with_capacity(HEADER_LEN + frame.payload.len());
@@ -164,7 +166,9 @@ async fn serve(
                         break "client stalled: a frame was not taken in time".into();
                     }
                 }
-                metrics.overhead(Overhead::Send, sending.elapsed());
+                let send = sending.elapsed();
+                metrics.overhead(Overhead::Send, send);
+                metrics.overhead(Overhead::Total, frame_encode + behind + send);
                 metrics.frames_sent.inc();
                 if let Some(arrival) = frame.fresh_input {
                     metrics.input_to_sent.observe(arrival.elapsed().as_secs_f64());

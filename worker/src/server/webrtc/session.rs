@@ -227,7 +227,9 @@ impl Peer {
                 }
                 _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
                     let Some((frame, due)) = pending.take() else { continue };
-                    metrics.overhead(Overhead::BehindSchedule, tokio::time::Instant::now().saturating_duration_since(due));
+                    let frame_encode = frame.encode;
+                    let behind = tokio::time::Instant::now().saturating_duration_since(due);
+                    metrics.overhead(Overhead::BehindSchedule, behind);
                     let sent = self.started.elapsed();
                     let mut header = frame.header;
                     header.sent_us = micros(sent);
@@ -245,7 +247,9 @@ impl Peer {
                             break "client stalled: a frame was not taken in time".into();
                         }
                     }
-                    metrics.overhead(Overhead::Send, sending.elapsed());
+                    let send = sending.elapsed();
+                    metrics.overhead(Overhead::Send, send);
+                    metrics.overhead(Overhead::Total, frame_encode + behind + send);
                     metrics.frames_sent.inc();
                     if let Some(dc) = &channel {
                         let _ = dc.send_text(header.to_json().to_string()).await;
