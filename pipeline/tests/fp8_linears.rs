@@ -2,22 +2,16 @@
 //! `tiny` stream with them stays near the bf16 stream without equalling it; on a GPU, the fp8
 //! stream against the CPU's (skipped, with the reason printed, without one).
 
+mod common;
+
+use common::{gpus, rel_l2};
+
 use std::sync::Arc;
 
 use kernels::{DType, Device, Tensor};
 use pipeline::camera::Controls;
 use pipeline::rng::NormalRng;
 use pipeline::{ChunkInputs, Engine, EngineConfig, ModelConfig, WanModel, WeightStore};
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
 
 fn model(dev: Device, fp8: bool) -> WanModel {
     let mut m = WanModel::load(
@@ -104,17 +98,13 @@ fn an_fp8_stream_stays_near_the_bf16_stream() {
 
 #[test]
 fn fp8_stream_on_a_gpu_matches_the_cpu() {
-    std::env::set_var("WORLDLINE_POISON", "1");
-    let dev = Device::Cuda(0);
-    if let Err(e) = dev.ensure_available() {
-        eprintln!("skipping {dev}: {e}");
-        return;
-    }
-    let want = stream(model(Device::Cpu, true));
-    let got = stream(model(dev, true));
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        let e = rel_l2(g, w);
-        println!("fp8 chunk {i} on {dev}: rel L2 {e:.3e}");
-        assert!(e < 5e-2, "chunk {i}: rel L2 {e:e}");
+    for dev in gpus() {
+        let want = stream(model(Device::Cpu, true));
+        let got = stream(model(dev, true));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let e = rel_l2(g, w);
+            println!("fp8 chunk {i} on {dev}: rel L2 {e:.3e}");
+            assert!(e < 5e-2, "chunk {i}: rel L2 {e:e}");
+        }
     }
 }

@@ -2,6 +2,10 @@
 //! through the KV cache) and one lingbot-1.3b block on a 480×832 latent frame, in f32 (TF32
 //! GEMMs) and bf16 weights. Skipped, with the reason printed, where no GPU is present.
 
+mod common;
+
+use common::{gpus, rel_l2};
+
 use std::sync::Arc;
 
 use kernels::{DType, Device, RopeTable, Tensor};
@@ -9,35 +13,6 @@ use pipeline::camera::Controls;
 use pipeline::model::{BlockInputs, KvMode, WanBlock, ROPE_POSITIONS};
 use pipeline::rng::NormalRng;
 use pipeline::{ChunkInputs, Engine, EngineConfig, ModelConfig, WanModel, WeightStore};
-
-fn gpus() -> Vec<Device> {
-    std::env::set_var("WORLDLINE_POISON", "1");
-    [Device::Cuda(0), Device::Rocm(0)]
-        .into_iter()
-        .filter(|d| match d.ensure_available() {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("skipping {d}: {e}");
-                false
-            }
-        })
-        .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    let e = (num / den).sqrt();
-    if e.is_finite() {
-        e
-    } else {
-        f64::INFINITY
-    }
-}
 
 fn run(dev: Device, dtype: DType) -> Vec<Vec<f32>> {
     let cfg = ModelConfig::tiny();

@@ -2,41 +2,16 @@
 //! the Wan VAE (decoder and encoder), each streamed over several chunks with random weights, in
 //! f32 (TF32 GEMMs) and bf16 weights. Skipped, with the reason printed, where no GPU is present.
 
+mod common;
+
+use common::{gpus, rel_l2};
+
 use kernels::{DType, Device, Tensor};
 use pipeline::rng::NormalRng;
 use pipeline::vae::{
     TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig, VaeConfig, WanVae,
 };
 use pipeline::WeightStore;
-
-fn gpus() -> Vec<Device> {
-    std::env::set_var("WORLDLINE_POISON", "1");
-    [Device::Cuda(0), Device::Rocm(0)]
-        .into_iter()
-        .filter(|d| match d.ensure_available() {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("skipping {d}: {e}");
-                false
-            }
-        })
-        .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    let e = (num / den).sqrt();
-    if e.is_finite() {
-        e
-    } else {
-        f64::INFINITY
-    }
-}
 
 fn random(seed: u64, shape: &[usize], scale: f32) -> Tensor {
     let v: Vec<f32> = NormalRng::new(seed)

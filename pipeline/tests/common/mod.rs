@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kernels::Tensor;
+use kernels::{Device, Tensor};
 use pipeline::rng::NormalRng;
 use pipeline::weights::save_safetensors;
 use pipeline::WeightStore;
@@ -176,4 +176,20 @@ pub fn assert_bits_eq(what: &str, a: &Tensor, b: &Tensor) {
             "{what}: element {i} differs ({x:e} vs {y:e})"
         );
     }
+}
+
+/// The GPU devices this machine has (outputs poisoned with NaN before kernels write them); the
+/// reason is printed for each one skipped.
+pub fn gpus() -> Vec<Device> {
+    std::env::set_var("WORLDLINE_POISON", "1");
+    [Device::Cuda(0), Device::Rocm(0)]
+        .into_iter()
+        .filter(|d| match d.ensure_available() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("skipping {d}: {e}");
+                false
+            }
+        })
+        .collect()
 }
