@@ -23,7 +23,12 @@ pub struct CaseDir(pub PathBuf);
 
 impl CaseDir {
     pub fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("worldline-numpy-{name}-{}", std::process::id()));
+        // Tests of one binary run in parallel in one process: a counter keeps two cases of the
+        // same name from sharing (and deleting) one folder.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("worldline-numpy-{name}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("case dir");
         CaseDir(p)
