@@ -8,6 +8,7 @@ import os
 import sys
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "pipeline", "train"))
 from taehv import TinyAE  # noqa: E402
@@ -30,6 +31,92 @@ def bench(fn, repeat=5):
     return best
 
 
+class CausalConv3d(torch.nn.Conv3d):
+    """Wan's causal conv: time padded with `2·pad` frames before (zeros here: the streaming
+    cache holds the previous chunk's frames, the same work)."""
+
+    def __init__(self, cin, cout, k, pad):
+        super().__init__(cin, cout, k)
+        pt, ph, pw = pad
+        self.pads = (pw, pw, ph, ph, 2 * pt, 0)
+
+    def forward(self, x):
+        return super().forward(F.pad(x, self.pads))
+
+
+class ChannelNorm(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.gamma = torch.nn.Parameter(torch.ones(dim, 1, 1, 1))
+        self.scale = dim ** 0.5
+
+    def forward(self, x):
+        return F.normalize(x, dim=1) * self.scale * self.gamma
+
+
+class Residual(torch.nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.n1, self.c1 = ChannelNorm(cin), CausalConv3d(cin, cout, 3, (1, 1, 1))
+        self.n2, self.c2 = ChannelNorm(cout), CausalConv3d(cout, cout, 3, (1, 1, 1))
+        self.skip = CausalConv3d(cin, cout, 1, (0, 0, 0)) if cin != cout else None
+
+    def forward(self, x):
+        h = self.c2(F.silu(self.n2(self.c1(F.silu(self.n1(x))))))
+        return h + (self.skip(x) if self.skip is not None else x)
+
+
+class Attention(torch.nn.Module):
+    """Single-head attention over each frame's pixels (Wan's AttentionBlock)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.norm, self.qkv, self.proj = ChannelNorm(dim), torch.nn.Conv2d(dim, 3 * dim, 1), torch.nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x):
+        b, c, t, h, w = x.shape
+        y = self.norm(x).transpose(1, 2).reshape(b * t, c, h, w)
+        q, k, v = self.qkv(y).reshape(b * t, 3, c, h * w).permute(1, 0, 3, 2).unsqueeze(2).unbind(0)
+        a = F.scaled_dot_product_attention(q, k, v).squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)
+        return x + self.proj(a).reshape(b, t, c, h, w).transpose(1, 2)
+
+
+class Upsample(torch.nn.Module):
+    """Nearest ×2 in space and a 3×3 conv to half the channels; `temporal` first doubles the
+    frames with a causal time conv (2·dim channels → two frames each)."""
+
+    def __init__(self, dim, temporal):
+        super().__init__()
+        self.time = CausalConv3d(dim, 2 * dim, (3, 1, 1), (1, 0, 0)) if temporal else None
+        self.conv = torch.nn.Conv2d(dim, dim // 2, 3, padding=1)
+
+    def forward(self, x):
+        b, c, t, h, w = x.shape
+        if self.time is not None:
+            x = self.time(x).reshape(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+            t *= 2
+        y = F.interpolate(x.transpose(1, 2).reshape(b * t, c, h, w), scale_factor=2.0, mode="nearest")
+        y = self.conv(y)
+        return y.reshape(b, t, c // 2, 2 * h, 2 * w).transpose(1, 2)
+
+
+def wan21_decoder(dim=96, mult=(1, 2, 4, 4), z=16, res_blocks=2, temporal=(True, True, False)):
+    """Wan2.1's VAE decoder (conv2 1×1 on the latents, conv1, middle, upsamples, head), by the
+    layout `pipeline/src/vae/coder.rs` loads."""
+    dims = [dim * u for u in (mult[-1],) + tuple(reversed(mult))]
+    layers = [CausalConv3d(z, z, 1, (0, 0, 0)), CausalConv3d(z, dims[0], 3, (1, 1, 1)),
+              Residual(dims[0], dims[0]), Attention(dims[0]), Residual(dims[0], dims[0])]
+    for i in range(len(mult)):
+        cin = dims[0] if i == 0 else dims[i] // 2
+        for _ in range(res_blocks + 1):
+            layers.append(Residual(cin, dims[i + 1]))
+            cin = dims[i + 1]
+        if i + 1 < len(mult):
+            layers.append(Upsample(dims[i + 1], temporal[i]))
+    layers += [ChannelNorm(dims[-1]), torch.nn.SiLU(), CausalConv3d(dims[-1], 3, 3, (1, 1, 1))]
+    return torch.nn.Sequential(*layers)
+
+
 torch.backends.cudnn.benchmark = True
 rows = []
 for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
@@ -41,6 +128,13 @@ for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
         ms = bench(fn)
         print(f"{what} {name}: {ms:.2f} ms")
         rows.append({"what": what, "dtype": name, "ms": ms})
+for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
+    dec = wan21_decoder().cuda().to(dtype).eval()
+    lat = torch.randn(1, 16, LATENTS, H // 8, W // 8, device="cuda", dtype=dtype)
+    what = "torch Wan2.1 VAE decode"
+    ms = bench(lambda: dec(lat), repeat=3)
+    print(f"{what} {name}: {ms:.2f} ms")
+    rows.append({"what": what, "dtype": name, "ms": ms})
 if len(sys.argv) > 1:
     with open(sys.argv[1], "w") as f:
         json.dump(rows, f, indent=1)
