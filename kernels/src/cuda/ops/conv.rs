@@ -254,7 +254,9 @@ pub fn channel_affine(x: &Tensor, mul: &Tensor, add: &Tensor) -> Result<Tensor> 
     Ok(wrap(out, x.shape()))
 }
 
-pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
+/// `out[i] = f(x[i])` by `kernel` of the `conv` module, whose parameters are
+/// `(out, x, n, bounds…)`: the bounds are pushed as given.
+fn map_with(x: &Tensor, kernel: &str, bounds: &[f32]) -> Result<Tensor> {
     let s = storage(x)?;
     let n = x.elem_count();
     let mut out = CudaStorage::alloc(&s.dev, x.dtype(), n)?;
@@ -262,32 +264,24 @@ pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
     launch!(
         &s.dev,
         "conv",
-        &format!("clamp_{}", suffix(x.dtype())?),
+        &format!("{kernel}_{}", suffix(x.dtype())?),
         grid(n),
         |b| {
             push_mut(b, &mut out.data);
             push(b, &s.data);
-            b.arg(&n64).arg(&lo).arg(&hi);
+            b.arg(&n64);
+            for v in bounds {
+                b.arg(v);
+            }
         }
     );
     Ok(wrap(out, x.shape()))
 }
 
+pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
+    map_with(x, "clamp", &[lo, hi])
+}
+
 pub fn soft_clamp(x: &Tensor, limit: f32) -> Result<Tensor> {
-    let s = storage(x)?;
-    let n = x.elem_count();
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), n)?;
-    let n64 = n as u64;
-    launch!(
-        &s.dev,
-        "conv",
-        &format!("soft_clamp_{}", suffix(x.dtype())?),
-        grid(n),
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            b.arg(&n64).arg(&limit);
-        }
-    );
-    Ok(wrap(out, x.shape()))
+    map_with(x, "soft_clamp", &[limit])
 }
