@@ -296,19 +296,28 @@ pub fn axpby(alpha: f64, x: &Tensor, beta: f64, y: &Tensor) -> Result<Tensor> {
 }
 
 pub fn unary(name: &str, x: &Tensor) -> Result<Tensor> {
+    map("elementwise", name, x, &[])
+}
+
+/// `out[i] = f(x[i])` by kernel `{kernel}_{dtype}` of `module`, whose parameters are
+/// `(out, x, n, scalars…)`: the scalars are pushed as given.
+fn map(module: &'static str, kernel: &str, x: &Tensor, scalars: &[f32]) -> Result<Tensor> {
     let s = storage(x)?;
     let n = x.elem_count();
     let mut out = CudaStorage::alloc(&s.dev, x.dtype(), n)?;
     let n64 = n as u64;
     launch!(
         &s.dev,
-        "elementwise",
-        &format!("{name}_{}", suffix(x.dtype())?),
+        module,
+        &format!("{kernel}_{}", suffix(x.dtype())?),
         grid(n),
         |b| {
             push_mut(b, &mut out.data);
             push(b, &s.data);
             b.arg(&n64);
+            for v in scalars {
+                b.arg(v);
+            }
         }
     );
     Ok(wrap(out, x.shape()))

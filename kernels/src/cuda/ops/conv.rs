@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::cublaslt::{Matmul, MatmulConfig};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{cast, grid, push, push_mut, storage, suffix, wrap};
+use super::{cast, grid, map, push, push_mut, storage, suffix, wrap};
 use crate::cpu::conv::Conv3dDims;
 use crate::cuda::{CudaBackend, CudaData, CudaStorage};
 use crate::{DType, Result, Tensor};
@@ -254,34 +254,10 @@ pub fn channel_affine(x: &Tensor, mul: &Tensor, add: &Tensor) -> Result<Tensor> 
     Ok(wrap(out, x.shape()))
 }
 
-/// `out[i] = f(x[i])` by `kernel` of the `conv` module, whose parameters are
-/// `(out, x, n, bounds…)`: the bounds are pushed as given.
-fn map_with(x: &Tensor, kernel: &str, bounds: &[f32]) -> Result<Tensor> {
-    let s = storage(x)?;
-    let n = x.elem_count();
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), n)?;
-    let n64 = n as u64;
-    launch!(
-        &s.dev,
-        "conv",
-        &format!("{kernel}_{}", suffix(x.dtype())?),
-        grid(n),
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            b.arg(&n64);
-            for v in bounds {
-                b.arg(v);
-            }
-        }
-    );
-    Ok(wrap(out, x.shape()))
-}
-
 pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
-    map_with(x, "clamp", &[lo, hi])
+    map("conv", "clamp", x, &[lo, hi])
 }
 
 pub fn soft_clamp(x: &Tensor, limit: f32) -> Result<Tensor> {
-    map_with(x, "soft_clamp", &[limit])
+    map("conv", "soft_clamp", x, &[limit])
 }
