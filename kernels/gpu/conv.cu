@@ -107,3 +107,166 @@ WL_DEVICE void soft_clamp(T* out, const T* x, wl_u64 n, float limit) {
 
 WL_CONV(float, f32)
 WL_CONV(wl_bf16, bf16)
+
+#if defined(WL_HAS_MMA_BF16)
+// Implicit-GEMM convolution on tensor cores, bf16 operands, f32 accumulation: out[o, p] =
+// Σ_k w[o, k] · x[k, p] with k = (temporal tap, input channel, spatial tap), never materialised.
+// A block computes BM output channels × one tile of TH × 16 output pixels of one output frame.
+// Per temporal tap and chunk of 32 input channels it stages the input tile with its halo in
+// shared memory as [pixel][channel] (channels contiguous, so ldmatrix hands out B fragments for
+// any pixel row) and the weights of every spatial tap as [tap][o][channel]; then each spatial
+// tap is two k16 steps whose B rows are the tile's pixels shifted by that tap. Input channels
+// past `cin` and pixels in the zero padding are staged as zeros; the host packs the weights
+// (`conv_pack_weights_bf16`) with channels and outputs padded to whole chunks and blocks.
+#define CV_CK 32
+// Row pitch in bf16 (80 bytes): the 8 rows of one ldmatrix fall in distinct bank groups.
+#define CV_PITCH (CV_CK + 8)
+#define CV_TW 16
+
+// wp[t][o][c] (t over kt·kh·kw taps, o < coutp, c < cinp) from w[o][c][t], zeros outside.
+WL_KERNEL void conv_pack_weights_bf16(wl_bf16* wp, const wl_bf16* w, int cout, int cin, int taps, int coutp,
+                                      int cinp) {
+    WL_GRID_STRIDE(i, (wl_u64)taps * coutp * cinp) {
+        const int c = (int)(i % cinp), o = (int)((i / cinp) % coutp), t = (int)(i / ((wl_u64)cinp * coutp));
+        wp[i] = (o < cout && c < cin) ? w[((wl_u64)o * cin + c) * taps + t] : (wl_bf16)0;
+    }
+}
+
+// Warps: WM along the output channels (MT m16 tiles each), 8 / WM along the pixels (two output
+// rows × 16 columns each: four n8 groups). `act` 1 applies ReLU after the bias (NaN kept).
+template <int BM>
+WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, int cin, int cinp,
+                          int ti, int hi, int wi, int kt, int kh, int kw, int st, int sh, int sw, int pt, int ph,
+                          int pw, int cout, int coutp, int to, int ho, int wo, int act) {
+    constexpr int WM = BM >= 64 ? 2 : 1;
+    constexpr int MT = BM / 16 / WM;
+    constexpr int WN = 8 / WM;
+    constexpr int TH = 2 * WN;
+    extern __shared__ __align__(16) unsigned char cv_smem[];
+    const int ih_ext = (TH - 1) * sh + kh, iw_ext = (CV_TW - 1) * sw + kw;
+    const int npix = ih_ext * iw_ext;
+    const int taps2 = kh * kw;
+    wl_bf16* xs = (wl_bf16*)cv_smem;       // [npix][CV_PITCH]
+    wl_bf16* ws = xs + npix * CV_PITCH;   // [taps2][BM][CV_PITCH]
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp % WM, wn = warp / WM;
+    const int mblocks = coutp / BM;
+    const int ot = blockIdx.z / mblocks, o0 = (blockIdx.z % mblocks) * BM;
+    const int oy0 = blockIdx.y * TH, ox0 = blockIdx.x * CV_TW;
+    const int iy0 = oy0 * sh - ph, ix0 = ox0 * sw - pw;
+    const wl_u64 plane = (wl_u64)hi * wi, chan = (wl_u64)ti * plane;
+
+    float acc[MT][4][4];
+    #pragma unroll
+    for (int i = 0; i < MT; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+    // ldmatrix rows: lane l serves matrix l/8, row l%8. B: n8 group j of this warp is output
+    // row 2·wn + j/2, columns (j%2)·8 .. +8; its pixel at spatial tap (0, 0):
+    const int lm = lane / 8, lr = lane % 8;
+    int pix[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) pix[j] = (2 * wn + j / 2) * sh * iw_ext + ((j % 2) * 8 + lr) * sw;
+    const int arow = wm * MT * 16 + lr + (lm % 2) * 8, acol = (lm / 2) * 8;
+
+    for (int a = 0; a < kt; ++a) {
+        const int it = ot * st + a - pt;
+        // Frames in the padding contribute nothing (the same for the whole block).
+        if (it < 0 || it >= ti) continue;
+        for (int c0 = 0; c0 < cinp; c0 += CV_CK) {
+            __syncthreads();  // everyone is done with the previous stage
+            const wl_bf16* wsrc = wp + ((wl_u64)a * taps2 * coutp + o0) * cinp + c0;
+            for (int i = threadIdx.x; i < taps2 * BM * 4; i += blockDim.x) {
+                const int q = i % 4, r = (i / 4) % BM, s = i / (4 * BM);
+                wl_cp_async16(ws + (s * BM + r) * CV_PITCH + q * 8, wsrc + ((wl_u64)s * coutp + r) * cinp + q * 8,
+                              true);
+            }
+            wl_cp_async_commit();
+            // Input: one thread per (pixel, octet of channels): 8 loads along channels, one
+            // 16-byte store; neighbouring threads read neighbouring pixels.
+            const wl_bf16* xsrc = x + (wl_u64)c0 * chan + (wl_u64)it * plane;
+            for (int i = threadIdx.x; i < npix * 4; i += blockDim.x) {
+                const int p = i % npix, q = i / npix;
+                const int py = p / iw_ext, px = p - py * iw_ext;
+                const int iy = iy0 + py, ix = ix0 + px;
+                unsigned int v[4] = {0u, 0u, 0u, 0u};
+                if (iy >= 0 && iy < hi && ix >= 0 && ix < wi) {
+                    const wl_bf16* src = xsrc + (wl_u64)(q * 8) * chan + (wl_u64)iy * wi + ix;
+                    const int left = cin - (c0 + q * 8);
+                    #pragma unroll
+                    for (int k = 0; k < 8; k += 2) {
+                        const unsigned int lo = k < left ? src[(wl_u64)k * chan] : 0u;
+                        const unsigned int hi2 = k + 1 < left ? src[(wl_u64)(k + 1) * chan] : 0u;
+                        v[k / 2] = lo | (hi2 << 16);
+                    }
+                }
+                *(uint4*)(xs + p * CV_PITCH + q * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+            }
+            wl_cp_async_wait_all();
+            __syncthreads();
+            for (int s = 0; s < taps2; ++s) {
+                const int shift = (s / kw) * iw_ext + s % kw;
+                unsigned int af[MT][2][4];
+                #pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    const wl_bf16* ar = ws + (s * BM + arow + i * 16) * CV_PITCH + acol;
+                    wl_ldmatrix_x4(af[i][0], ar);
+                    wl_ldmatrix_x4(af[i][1], ar + 16);
+                }
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    unsigned int b[4];
+                    wl_ldmatrix_x4(b, xs + (pix[j] + shift) * CV_PITCH + lm * 8);
+                    #pragma unroll
+                    for (int i = 0; i < MT; ++i) {
+                        wl_mma_16816(acc[i][j], af[i][0], b);
+                        wl_mma_16816(acc[i][j], af[i][1], b + 2);
+                    }
+                }
+            }
+        }
+    }
+    // Epilogue: bias, activation, bf16; two neighbouring pixels per store where aligned.
+    const int g = lane / 4, cq = (lane % 4) * 2;
+    #pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        #pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int o = o0 + wm * MT * 16 + i * 16 + g + hh * 8;
+            if (o >= cout) continue;
+            const float bv = bias ? bias[o] : 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int oy = oy0 + 2 * wn + j / 2, ox = ox0 + (j % 2) * 8 + cq;
+                if (oy >= ho || ox >= wo) continue;
+                float v0 = acc[i][j][2 * hh] + bv, v1 = acc[i][j][2 * hh + 1] + bv;
+                if (act == 1) {
+                    v0 = v0 != v0 ? v0 : fmaxf(v0, 0.0f);
+                    v1 = v1 != v1 ? v1 : fmaxf(v1, 0.0f);
+                }
+                const wl_u64 at = (((wl_u64)o * to + ot) * ho + oy) * wo + ox;
+                if (ox + 1 < wo && (at & 1) == 0) {
+                    *(unsigned int*)(out + at) = wl_pack_bf16(v0, v1);
+                } else {
+                    out[at] = wl_to_bf16(v0);
+                    if (ox + 1 < wo) out[at + 1] = wl_to_bf16(v1);
+                }
+            }
+        }
+    }
+}
+
+#define WL_CONV_IGEMM(BM)                                                                                        \
+    WL_KERNEL void __launch_bounds__(256, 2)                                                                     \
+        conv_igemm_bf16_m##BM(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, int cin,     \
+                              int cinp, int ti, int hi, int wi, int kt, int kh, int kw, int st, int sh, int sw,  \
+                              int pt, int ph, int pw, int cout, int coutp, int to, int ho, int wo, int act) {    \
+        conv_igemm<BM>(out, x, wp, bias, cin, cinp, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, cout, coutp, \
+                       to, ho, wo, act);                                                                         \
+    }
+
+WL_CONV_IGEMM(16)
+WL_CONV_IGEMM(64)
+#endif

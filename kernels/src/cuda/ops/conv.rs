@@ -1,7 +1,10 @@
-//! The video VAE's ops on CUDA. A 3-D convolution is an im2col of one tile of outputs (several
-//! whole frames, or rows of one frame at high resolution) into a bounded column buffer, then one
-//! cuBLASLt GEMM that writes the tile of every output channel in place (channels-first output, no
-//! transpose). Few, large GEMMs: each cuBLASLt call pays a heuristic query on the host.
+//! The video VAE's ops on CUDA. A bf16 3-D convolution is an implicit GEMM on tensor cores
+//! (`conv_igemm_bf16_*` in conv.cu: input tiles with their halo staged in shared memory, no
+//! column buffer, bias fused). An f32 one, or a shape that kernel does not take, is an im2col of
+//! one tile of outputs (several whole frames, or rows of one frame at high resolution) into a
+//! bounded column buffer, then one cuBLASLt GEMM that writes the tile of every output channel in
+//! place (channels-first output, no transpose): the GPU reference the implicit GEMM is checked
+//! against, with few, large GEMMs (each cuBLASLt call pays a heuristic query on the host).
 
 use std::sync::Arc;
 
@@ -53,6 +56,9 @@ fn f32_slice(t: &Tensor) -> Result<&cudarc::driver::CudaSlice<f32>> {
 /// `out[o, t, y, x] = bias[o] + Σ w[o, c, a, b, e] · xpad[c, t·st + a, y·sh + b, x·sw + e]`; the
 /// weights run in the input's dtype, accumulation in f32 (TF32 tensor cores for f32 inputs).
 pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> Result<Tensor> {
+    if let Some(tile) = igemm_tile(x.dtype(), d) {
+        return conv3d_igemm(x, w, bias, d, tile);
+    }
     let s = storage(x)?;
     let dev: Arc<CudaBackend> = s.dev.clone();
     let dt = x.dtype();
@@ -180,6 +186,149 @@ pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> 
             }
         );
     }
+    Ok(wrap(out, &[d.cout, to, ho, wo]))
+}
+
+/// Input channels per stage of the implicit GEMM (conv.cu's `CV_CK`), the staged rows' pitch in
+/// bf16 (`CV_PITCH`) and the output tile's width (`CV_TW`).
+const CV_CK: usize = 32;
+const CV_PITCH: usize = CV_CK + 8;
+const CV_TW: usize = 16;
+/// Dynamic shared memory the implicit GEMM may ask for: within every tensor-core GPU's opt-in
+/// limit (99 KiB on sm_86/89; the VAE's strided 3×3 convs need 91 KiB at 64 outputs a block).
+const CV_SMEM_MAX: usize = 99 << 10;
+
+/// The implicit GEMM's block shape for this convolution, if it takes it: bf16 only, 64 output
+/// channels a block (16 for narrow outputs, such as the 3 of an RGB head).
+#[derive(Clone, Copy, Debug)]
+struct IgemmTile {
+    bm: usize,
+    /// Output rows per tile (`TH` in conv.cu: two per warp along the pixels).
+    th: usize,
+    smem: usize,
+}
+
+fn igemm_tile(dt: DType, d: &Conv3dDims) -> Option<IgemmTile> {
+    if dt != DType::BF16 {
+        return None;
+    }
+    let bm = if d.cout <= 16 { 16 } else { 64 };
+    let th = if bm == 64 { 8 } else { 16 };
+    let [_, kh, kw] = d.kernel;
+    let [_, sh, sw] = d.stride;
+    let npix = ((th - 1) * sh + kh) * ((CV_TW - 1) * sw + kw);
+    let smem = (npix + kh * kw * bm) * CV_PITCH * 2;
+    let [to, ho, _] = d.output;
+    let small = |v: usize| v <= i32::MAX as usize / 2;
+    let fits = smem <= CV_SMEM_MAX
+        && to * d.cout.div_ceil(bm) <= 65_535
+        && ho.div_ceil(th) <= 65_535
+        && d.input.iter().chain(&d.output).all(|&v| small(v))
+        && small(d.input[1] * d.input[2])
+        && small(d.cin.div_ceil(CV_CK) * CV_CK);
+    fits.then_some(IgemmTile { bm, th, smem })
+}
+
+/// The tensor-core path (see conv.cu's `conv_igemm`): weights packed once per call as
+/// `[tap][cout padded to the block][cin padded to 32]`, then one launch for the whole output.
+fn conv3d_igemm(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    d: &Conv3dDims,
+    tile: IgemmTile,
+) -> Result<Tensor> {
+    use cudarc::driver::sys::CUfunction_attribute_enum as Attr;
+    let s = storage(x)?;
+    let dev: Arc<CudaBackend> = s.dev.clone();
+    let w = cast(w, DType::BF16)?;
+    let [ti, hi, wi] = d.input;
+    let [kt, kh, kw] = d.kernel;
+    let [to, ho, wo] = d.output;
+    let taps = kt * kh * kw;
+    let (cinp, coutp) = (d.cin.div_ceil(CV_CK) * CV_CK, d.cout.div_ceil(tile.bm) * tile.bm);
+    let total = d.cout * to * ho * wo;
+    let mut out = CudaStorage::alloc(&dev, DType::BF16, total)?;
+    if total == 0 {
+        return Ok(wrap(out, &[d.cout, to, ho, wo]));
+    }
+    let packed_n = taps * coutp * cinp;
+    let mut packed = CudaStorage::alloc(&dev, DType::BF16, packed_n)?;
+    let ws = storage(&w)?;
+    let pack_ints = [d.cout, d.cin, taps, coutp, cinp]
+        .iter()
+        .map(|&v| i32_of(&dev, "weight extent", v))
+        .collect::<Result<Vec<i32>>>()?;
+    launch!(&dev, "conv", "conv_pack_weights_bf16", grid(packed_n), |b| {
+        push_mut(b, &mut packed.data);
+        push(b, &ws.data);
+        for v in &pack_ints {
+            b.arg(v);
+        }
+    });
+    let b32 = bias.map(f32_param).transpose()?;
+    let bias_ptr: Option<&cudarc::driver::CudaSlice<f32>> = b32.as_ref().map(f32_slice).transpose()?;
+    let null = 0u64;
+    let ints = [
+        d.cin,
+        cinp,
+        ti,
+        hi,
+        wi,
+        kt,
+        kh,
+        kw,
+        d.stride[0],
+        d.stride[1],
+        d.stride[2],
+        d.padding[0][0],
+        d.padding[1][0],
+        d.padding[2][0],
+        d.cout,
+        coutp,
+        to,
+        ho,
+        wo,
+    ]
+    .iter()
+    .map(|&v| i32_of(&dev, "extent", v))
+    .collect::<Result<Vec<i32>>>()?;
+    let act = 0i32;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            wo.div_ceil(CV_TW) as u32,
+            ho.div_ceil(tile.th) as u32,
+            (to * coutp / tile.bm) as u32,
+        ),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: tile.smem as u32,
+    };
+    let name = format!("conv_igemm_bf16_m{}", tile.bm);
+    let func = dev.func("conv", &name)?;
+    // More than the default 48 KiB of dynamic shared memory must be asked for.
+    func.set_attribute(
+        Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        CV_SMEM_MAX as i32,
+    )
+    .map_err(|e| dev.err(e))?;
+    let mut b = dev.stream.launch_builder(&func);
+    push_mut(&mut b, &mut out.data);
+    push(&mut b, &s.data);
+    push(&mut b, &packed.data);
+    match bias_ptr {
+        Some(p) => b.arg(p),
+        None => b.arg(&null),
+    };
+    for v in &ints {
+        b.arg(v);
+    }
+    b.arg(&act);
+    dev.timed("conv", || {
+        // SAFETY: the arguments are the kernel's: out holds cout·to·ho·wo values, x the
+        // cin·ti·hi·wi input, packed taps·coutp·cinp weights, bias cout values (or null).
+        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
+        Ok(())
+    })?;
     Ok(wrap(out, &[d.cout, to, ho, wo]))
 }
 
