@@ -1,7 +1,8 @@
 //! Every op on each GPU backend against the CPU reference, on fresh random inputs, with device
 //! outputs poisoned (NaN) before each kernel writes them. Skipped, with the reason printed, where
 //! the backend has no device. Tolerances (relative L2) follow the device notes: f32 math 1e-5,
-//! TF32 GEMMs 3e-4 (cuBLASLt's f32 path), bf16 operands 1e-2.
+//! TF32 GEMMs 3e-4 (cuBLASLt's f32 path), bf16 operands 1e-2 (bf16 convolutions run the
+//! tensor-core implicit GEMM on CUDA).
 
 mod common;
 
@@ -487,9 +488,13 @@ fn video_vae_ops_match_the_cpu() {
         for dt in [DType::F32, DType::BF16] {
             // cuBLASLt's f32 GEMM runs in TF32 (the notes' ~3e-4; 3.05e-4 was seen at K = 135).
             let gemm_tol = if dt == DType::F32 { 6e-4 } else { 1e-2 };
-            // (input [cin, t, h, w], weight [cout, cin, kt, kh, kw], stride, padding): a causal
-            // 3-D conv, a strided downsampling conv, a per-frame 2-D conv, a 1×1 projection.
-            let cases: [ConvCase; 4] = [
+            // bf16 runs the tensor-core implicit GEMM, f32 im2col + cuBLASLt. A causal 3-D conv,
+            // a strided downsampling conv, a per-frame 2-D conv, a 1×1 projection; then shapes
+            // that cross the implicit GEMM's tiles: several 32-channel input chunks and 64-channel
+            // output blocks with odd sizes (a partial last tile both ways), a temporal stride
+            // (the VAE encoder's time conv), a 3-channel RGB head (the 16-output block) with a
+            // spatial stride, and a tiny-decoder-like 3×3 with 128 channels in.
+            let cases: [ConvCase; 8] = [
                 (
                     [5, 3, 9, 11],
                     [7, 5, 3, 3, 3],
@@ -513,6 +518,30 @@ fn video_vae_ops_match_the_cpu() {
                     [12, 16, 1, 1, 1],
                     [1, 1, 1],
                     [[0, 0], [0, 0], [0, 0]],
+                ),
+                (
+                    [40, 3, 17, 35],
+                    [70, 40, 3, 3, 3],
+                    [1, 1, 1],
+                    [[2, 0], [1, 1], [1, 1]],
+                ),
+                (
+                    [8, 5, 9, 20],
+                    [20, 8, 3, 1, 1],
+                    [2, 1, 1],
+                    [[0, 0], [0, 0], [0, 0]],
+                ),
+                (
+                    [36, 1, 19, 37],
+                    [3, 36, 1, 3, 3],
+                    [1, 2, 2],
+                    [[0, 0], [1, 1], [1, 1]],
+                ),
+                (
+                    [128, 2, 24, 40],
+                    [64, 128, 1, 3, 3],
+                    [1, 1, 1],
+                    [[0, 0], [1, 1], [1, 1]],
                 ),
             ];
             for (xs, ws, stride, padding) in cases {

@@ -1,8 +1,10 @@
 //! `worker bench codecs --device cuda|cpu`: the video codecs at 480×832 on one streaming chunk of
 //! 3 latents (12 frames) after a first chunk has warmed the stream: the tiny decoder and encoder
 //! (TAEHV `taew2_1` layout) and the Wan2.1 VAE decoder and encoder, random weights (timing only),
-//! in bf16 and f32. The PyTorch peer of the tiny decoder/encoder runs beside it in the same call
-//! (`worker/bench/codecs_peer.py`, from `pipeline/train/taehv.py`).
+//! in bf16 and f32 (activations in the weights' dtype). On a GPU one more steady chunk runs with
+//! per-op timing marks and is reported by op kind (not a timed run: the marks cost host time).
+//! The PyTorch peer (`worker/bench/codecs_peer.py`: the tiny decoder/encoder from
+//! `pipeline/train/taehv.py`, a Wan2.1 VAE decoder) runs as a separate command on the same card.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -21,6 +23,9 @@ struct Row {
     what: String,
     dtype: String,
     ms: f64,
+    /// Per op kind on a GPU: (kind, ms, launches) of one profiled steady chunk.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    kinds: Vec<(String, f64, usize)>,
 }
 
 const H: usize = 480;
@@ -53,7 +58,7 @@ fn stream<C>(
     first: &Tensor,
     next: &Tensor,
     step: impl Fn(&mut C, &Tensor) -> pipeline::Result<Tensor>,
-) -> Result<Duration> {
+) -> Result<(Duration, Vec<(String, f64, usize)>)> {
     step(coder, first)?;
     sync(dev)?;
     let mut best = Duration::MAX;
@@ -63,7 +68,25 @@ fn stream<C>(
         sync(dev)?;
         best = best.min(t.elapsed());
     }
-    Ok(best)
+    let mut kinds = Vec::new();
+    if let Device::Cuda(i) = dev {
+        let b = kernels::cuda::backend(i)?;
+        b.synchronize()?;
+        b.profile(true);
+        let ran = step(coder, next);
+        b.profile(false);
+        ran?;
+        let p = b.take_profile()?;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        kinds = p
+            .kinds
+            .iter()
+            .map(|(k, t, n)| (k.to_string(), ms(*t), *n))
+            .collect();
+        kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+        kinds.push(("unmarked".into(), ms(p.unmarked()), 0));
+    }
+    Ok((best, kinds))
 }
 
 pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
@@ -80,18 +103,26 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
          (after a first chunk), random weights, best of {repeat}"
     );
     let mut rows = Vec::new();
-    let mut push = |what: &str, dtype: DType, t: Duration| {
+    let mut push = |what: &str, dtype: DType, (t, kinds): (Duration, Vec<(String, f64, usize)>)| {
         let ms = t.as_secs_f64() * 1e3;
         println!("{what}, {dtype:?} weights: {ms:.2} ms");
+        if !kinds.is_empty() {
+            let parts: Vec<String> = kinds
+                .iter()
+                .map(|(k, t, n)| format!("{k} {t:.2} ms ×{n}"))
+                .collect();
+            println!("  per op kind (profiled chunk): {}", parts.join(", "));
+        }
         rows.push(Row {
             what: what.into(),
             dtype: format!("{dtype:?}").to_lowercase(),
             ms,
+            kinds,
         });
     };
     for dtype in [DType::BF16, DType::F32] {
         let store = WeightStore::random(7, dtype).on_device(dev);
-        // The tiny coders compute in their input's dtype; the Wan VAE always in f32.
+        // Every coder computes in its weights' dtype.
         let (first_latents, latents) = (first_latents.to_dtype(dtype)?, latents.to_dtype(dtype)?);
         let (first_video, video) = (first_video.to_dtype(dtype)?, video.to_dtype(dtype)?);
         let mut dec =
@@ -110,11 +141,11 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         let t = stream(dev, repeat, &mut vae, &first_latents, &latents, |v, x| {
             v.decode_chunk(x)
         })?;
-        push("Wan2.1 VAE decode (f32 activations)", dtype, t);
+        push("Wan2.1 VAE decode", dtype, t);
         let t = stream(dev, repeat, &mut vae, &first_video, &video, |v, x| {
             v.encode_chunk(x)
         })?;
-        push("Wan2.1 VAE encode (f32 activations)", dtype, t);
+        push("Wan2.1 VAE encode", dtype, t);
     }
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?)

@@ -170,6 +170,9 @@ pub struct WanVae {
     neg_mean_over_std: Tensor,
     dec: StreamPos,
     enc: StreamPos,
+    /// Activations run in the weights' dtype, as in the tiny coders (bf16 weights on a GPU run
+    /// bf16 end to end, on the tensor-core convolutions; f32 stays f32).
+    dtype: DType,
 }
 
 impl WanVae {
@@ -201,6 +204,7 @@ impl WanVae {
             neg_mean_over_std: vec(&shift)?,
             dec: StreamPos::default(),
             enc: StreamPos::default(),
+            dtype: store.run_dtype(),
             cfg: cfg.clone(),
         })
     }
@@ -226,7 +230,7 @@ impl WanVae {
         let (h, w) = (latents.dim(2), latents.dim(3));
         self.dec.check("decode", h, w)?;
         self.dec.hw = Some((h, w));
-        let z = ops::channel_affine(&latents.to_dtype(DType::F32)?, &self.std, &self.mean)?;
+        let z = ops::channel_affine(&latents.to_dtype(self.dtype)?, &self.std, &self.mean)?;
         let x = self.decoder.forward(&self.post_quant.forward(&z)?)?;
         Ok(ops::clamp(&x, -1.0, 1.0)?)
     }
@@ -255,7 +259,7 @@ impl WanVae {
         self.enc.hw = Some((h, w));
         let out = self
             .quant
-            .forward(&self.encoder.forward(&video.to_dtype(DType::F32)?)?)?;
+            .forward(&self.encoder.forward(&video.to_dtype(self.dtype)?)?)?;
         let mu = out.narrow(0, 0, self.cfg.z_dim)?;
         Ok(ops::channel_affine(
             &mu,

@@ -150,25 +150,27 @@ pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> 
                 .blas_lock
                 .lock()
                 .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
-            // SAFETY: col holds kk·n values, w cout·kk, and the last output column written,
-            // at + (cout−1)·to·plane + n ≤ cout·to·plane, lies inside `out` (a multi-frame tile
-            // has all rows, so its n positions are contiguous in each output channel).
-            let r = unsafe {
-                match (&col.data, &ws.data, &mut out.data) {
-                    (CudaData::F32(a), CudaData::F32(bw), CudaData::F32(c)) => {
-                        let mut c = c.slice_mut(at..);
-                        dev.blas
-                            .matmul(cfg, &a.slice(..), &bw.slice(..), &mut c, None, None)
+            dev.timed("gemm", || {
+                // SAFETY: col holds kk·n values, w cout·kk, and the last output column written,
+                // at + (cout−1)·to·plane + n ≤ cout·to·plane, lies inside `out` (a multi-frame tile
+                // has all rows, so its n positions are contiguous in each output channel).
+                let r = unsafe {
+                    match (&col.data, &ws.data, &mut out.data) {
+                        (CudaData::F32(a), CudaData::F32(bw), CudaData::F32(c)) => {
+                            let mut c = c.slice_mut(at..);
+                            dev.blas
+                                .matmul(cfg, &a.slice(..), &bw.slice(..), &mut c, None, None)
+                        }
+                        (CudaData::BF16(a), CudaData::BF16(bw), CudaData::BF16(c)) => {
+                            let mut c = c.slice_mut(at..);
+                            dev.blas
+                                .matmul(cfg, &a.slice(..), &bw.slice(..), &mut c, None, None)
+                        }
+                        _ => return Err(dev.err("conv3d: operands must be f32 or bf16 alike")),
                     }
-                    (CudaData::BF16(a), CudaData::BF16(bw), CudaData::BF16(c)) => {
-                        let mut c = c.slice_mut(at..);
-                        dev.blas
-                            .matmul(cfg, &a.slice(..), &bw.slice(..), &mut c, None, None)
-                    }
-                    _ => return Err(dev.err("conv3d: operands must be f32 or bf16 alike")),
-                }
-            };
-            r.map_err(|e| dev.err(format!("conv3d GEMM {n}×{kk}×{}: {e}", d.cout)))?;
+                };
+                r.map_err(|e| dev.err(format!("conv3d GEMM {n}×{kk}×{}: {e}", d.cout)))
+            })?;
         }
     }
     if let Some(b) = bias {
@@ -246,7 +248,10 @@ fn conv3d_igemm(
     let [kt, kh, kw] = d.kernel;
     let [to, ho, wo] = d.output;
     let taps = kt * kh * kw;
-    let (cinp, coutp) = (d.cin.div_ceil(CV_CK) * CV_CK, d.cout.div_ceil(tile.bm) * tile.bm);
+    let (cinp, coutp) = (
+        d.cin.div_ceil(CV_CK) * CV_CK,
+        d.cout.div_ceil(tile.bm) * tile.bm,
+    );
     let total = d.cout * to * ho * wo;
     let mut out = CudaStorage::alloc(&dev, DType::BF16, total)?;
     if total == 0 {
@@ -259,15 +264,22 @@ fn conv3d_igemm(
         .iter()
         .map(|&v| i32_of(&dev, "weight extent", v))
         .collect::<Result<Vec<i32>>>()?;
-    launch!(&dev, "conv", "conv_pack_weights_bf16", grid(packed_n), |b| {
-        push_mut(b, &mut packed.data);
-        push(b, &ws.data);
-        for v in &pack_ints {
-            b.arg(v);
+    launch!(
+        &dev,
+        "conv",
+        "conv_pack_weights_bf16",
+        grid(packed_n),
+        |b| {
+            push_mut(b, &mut packed.data);
+            push(b, &ws.data);
+            for v in &pack_ints {
+                b.arg(v);
+            }
         }
-    });
+    );
     let b32 = bias.map(f32_param).transpose()?;
-    let bias_ptr: Option<&cudarc::driver::CudaSlice<f32>> = b32.as_ref().map(f32_slice).transpose()?;
+    let bias_ptr: Option<&cudarc::driver::CudaSlice<f32>> =
+        b32.as_ref().map(f32_slice).transpose()?;
     let null = 0u64;
     let ints = [
         d.cin,
@@ -323,7 +335,7 @@ fn conv3d_igemm(
         b.arg(v);
     }
     b.arg(&act);
-    dev.timed("conv", || {
+    dev.timed("conv3d", || {
         // SAFETY: the arguments are the kernel's: out holds cout·to·ho·wo values, x the
         // cin·ti·hi·wi input, packed taps·coutp·cinp weights, bias cout values (or null).
         unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
