@@ -1,5 +1,6 @@
 // The video VAE's ops on channels-first [C, T, H, W] data: the im2col half of a convolution (the
-// GEMM half is cuBLASLt), the per-channel bias, norm and affine, nearest upsampling and clamps.
+// GEMM half is cuBLASLt), the per-channel bias, norm and affine, nearest upsampling, clamps, the
+// row softmax of its per-frame attention, and (tensor cores) the implicit-GEMM convolution.
 // Per-channel parameters arrive as f32 (the host casts them: they are a few hundred values).
 
 // Column matrix of one tile: row (c, a, b, e) holds that tap's input for output rows r0 .. r0+nr
@@ -83,6 +84,21 @@ WL_DEVICE void soft_clamp(T* out, const T* x, wl_u64 n, float limit) {
     WL_GRID_STRIDE(i, n) { wl_st(out, i, tanhf(wl_ld(x, i) / limit) * limit); }
 }
 
+// Softmax of each row of x · scale (rows of `cols` values), f32 math: one block per row.
+template <typename T>
+WL_DEVICE void softmax_rows(T* out, const T* x, wl_u64 cols, float scale) {
+    __shared__ float scratch[32];
+    const T* xr = x + (wl_u64)blockIdx.x * cols;
+    T* yr = out + (wl_u64)blockIdx.x * cols;
+    float m = -WL_INF;
+    for (wl_u64 i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, wl_ld(xr, i) * scale);
+    m = wl_block_max(m, scratch);
+    float sum = 0.0f;
+    for (wl_u64 i = threadIdx.x; i < cols; i += blockDim.x) sum += expf(wl_ld(xr, i) * scale - m);
+    const float inv = 1.0f / wl_block_sum(sum, scratch);
+    for (wl_u64 i = threadIdx.x; i < cols; i += blockDim.x) wl_st(yr, i, expf(wl_ld(xr, i) * scale - m) * inv);
+}
+
 #define WL_CONV(T, tn)                                                                                      \
     WL_KERNEL void im2col_##tn(T* col, const T* x, int cin, int ti, int hi, int wi, int kt, int kh, int kw,   \
                                int st, int sh, int sw, int pt, int ph, int pw, int ot, int nf, int r0, int nr, \
@@ -103,7 +119,10 @@ WL_DEVICE void soft_clamp(T* out, const T* x, wl_u64 n, float limit) {
         upsample_nearest_2d(out, x, outer, h, w, fh, fw);                                                   \
     }                                                                                                       \
     WL_KERNEL void clamp_##tn(T* out, const T* x, wl_u64 n, float lo, float hi) { clamp(out, x, n, lo, hi); } \
-    WL_KERNEL void soft_clamp_##tn(T* out, const T* x, wl_u64 n, float limit) { soft_clamp(out, x, n, limit); }
+    WL_KERNEL void soft_clamp_##tn(T* out, const T* x, wl_u64 n, float limit) { soft_clamp(out, x, n, limit); } \
+    WL_KERNEL void softmax_rows_##tn(T* out, const T* x, wl_u64 cols, float scale) {                          \
+        softmax_rows(out, x, cols, scale);                                                                  \
+    }
 
 WL_CONV(float, f32)
 WL_CONV(wl_bf16, bf16)
@@ -133,140 +152,239 @@ WL_KERNEL void conv_pack_weights_bf16(wl_bf16* wp, const wl_bf16* w, int cout, i
 }
 
 // Warps: WM along the output channels (MT m16 tiles each), 8 / WM along the pixels (two output
-// rows × 16 columns each: four n8 groups). `act` 1 applies ReLU after the bias (NaN kept).
+// rows × 16 columns each: four n8 groups). The epilogue adds the bias, then `res` (a residual
+// of the output's layout, or null), then applies ReLU when `act` is 1 (NaN kept), in f32, and
+// rounds once.
+//
+// PIPE: the next stage's loads are issued before this stage's products (weights by cp.async into
+// a second buffer, the input tile into registers, stored once the products are done), so the
+// memory latency hides behind the tensor cores. It holds at most CV_PIPE_TASKS input tasks a
+// thread (the host takes it only for tiles that small) and needs two weight buffers.
+#define CV_PIPE_TASKS 3
+
+struct CvGeom {
+    int cin, cinp, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, cout, coutp, to, ho, wo;
+};
+
+// Weights of temporal tap a, channels c0 .. c0+32, outputs o0 .. o0+BM, every spatial tap.
 template <int BM>
-WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, int cin, int cinp,
-                          int ti, int hi, int wi, int kt, int kh, int kw, int st, int sh, int sw, int pt, int ph,
-                          int pw, int cout, int coutp, int to, int ho, int wo, int act) {
+WL_DEVICE void cv_stage_weights(wl_bf16* ws, const wl_bf16* wp, const CvGeom& g, int a, int c0, int o0) {
+    const int taps2 = g.kh * g.kw;
+    const wl_bf16* wsrc = wp + ((wl_u64)a * taps2 * g.coutp + o0) * g.cinp + c0;
+    for (int i = threadIdx.x; i < taps2 * BM * 4; i += blockDim.x) {
+        const int q = i % 4, r = (i / 4) % BM, s = i / (4 * BM);
+        wl_cp_async16(ws + (s * BM + r) * CV_PITCH + q * 8, wsrc + ((wl_u64)s * g.coutp + r) * g.cinp + q * 8, true);
+    }
+}
+
+// One input task: 8 channels (c0 + 8q ..) of pixel p of the halo tile, packed as 4 words.
+WL_DEVICE uint4 cv_load_input(const wl_bf16* x, const CvGeom& g, int it, int c0, int iy0, int ix0, int iw_ext, int npix,
+                              int i) {
+    const int p = i % npix, q = i / npix;
+    const int py = p / iw_ext, px = p - py * iw_ext;
+    const int iy = iy0 + py, ix = ix0 + px;
+    unsigned int v[4] = {0u, 0u, 0u, 0u};
+    if (iy >= 0 && iy < g.hi && ix >= 0 && ix < g.wi) {
+        const wl_u64 chan = (wl_u64)g.ti * g.hi * g.wi;
+        const wl_bf16* src = x + (wl_u64)(c0 + q * 8) * chan + ((wl_u64)it * g.hi + iy) * g.wi + ix;
+        const int left = g.cin - (c0 + q * 8);
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+            const unsigned int lo = k < left ? src[(wl_u64)k * chan] : 0u;
+            const unsigned int hi2 = k + 1 < left ? src[(wl_u64)(k + 1) * chan] : 0u;
+            v[k / 2] = lo | (hi2 << 16);
+        }
+    }
+    return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+WL_DEVICE void cv_store_input(wl_bf16* xs, int npix, int i, uint4 v) {
+    const int p = i % npix, q = i / npix;
+    *(uint4*)(xs + p * CV_PITCH + q * 8) = v;
+}
+
+// The products of one stage: every spatial tap, two k16 steps each.
+template <int MT>
+WL_DEVICE void cv_products(float (*acc)[4][4], const wl_bf16* xs, const wl_bf16* ws, const int* pix, int arow, int acol,
+                           int lm, int taps2, int kw, int iw_ext, int bm) {
+    for (int s = 0; s < taps2; ++s) {
+        const int shift = (s / kw) * iw_ext + s % kw;
+        unsigned int af[MT][2][4];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            const wl_bf16* ar = ws + (s * bm + arow + i * 16) * CV_PITCH + acol;
+            wl_ldmatrix_x4(af[i][0], ar);
+            wl_ldmatrix_x4(af[i][1], ar + 16);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            unsigned int b[4];
+            wl_ldmatrix_x4(b, xs + (pix[j] + shift) * CV_PITCH + lm * 8);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                wl_mma_16816(acc[i][j], af[i][0], b);
+                wl_mma_16816(acc[i][j], af[i][1], b + 2);
+            }
+        }
+    }
+}
+
+// The next stage (temporal tap a, channel chunk c0) after (a, c0) whose input frame exists;
+// a = kt when none is left.
+WL_DEVICE void cv_next_stage(const CvGeom& g, int ot, int& a, int& c0) {
+    c0 += CV_CK;
+    if (c0 >= g.cinp) {
+        c0 = 0;
+        ++a;
+    }
+    while (a < g.kt) {
+        const int it = ot * g.st + a - g.pt;
+        if (it >= 0 && it < g.ti) break;
+        ++a;
+    }
+}
+
+template <int BM, bool PIPE>
+WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, const wl_bf16* res,
+                          const CvGeom g, int act) {
     constexpr int WM = BM >= 64 ? 2 : 1;
     constexpr int MT = BM / 16 / WM;
     constexpr int WN = 8 / WM;
     constexpr int TH = 2 * WN;
     extern __shared__ __align__(16) unsigned char cv_smem[];
-    const int ih_ext = (TH - 1) * sh + kh, iw_ext = (CV_TW - 1) * sw + kw;
+    const int ih_ext = (TH - 1) * g.sh + g.kh, iw_ext = (CV_TW - 1) * g.sw + g.kw;
     const int npix = ih_ext * iw_ext;
-    const int taps2 = kh * kw;
-    wl_bf16* xs = (wl_bf16*)cv_smem;       // [npix][CV_PITCH]
-    wl_bf16* ws = xs + npix * CV_PITCH;   // [taps2][BM][CV_PITCH]
+    const int taps2 = g.kh * g.kw;
+    wl_bf16* xs = (wl_bf16*)cv_smem;      // [npix][CV_PITCH]
+    wl_bf16* ws0 = xs + npix * CV_PITCH;  // [taps2][BM][CV_PITCH], twice when PIPE
+    wl_bf16* ws1 = ws0 + taps2 * BM * CV_PITCH;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp % WM, wn = warp / WM;
-    const int mblocks = coutp / BM;
+    const int mblocks = g.coutp / BM;
     const int ot = blockIdx.z / mblocks, o0 = (blockIdx.z % mblocks) * BM;
     const int oy0 = blockIdx.y * TH, ox0 = blockIdx.x * CV_TW;
-    const int iy0 = oy0 * sh - ph, ix0 = ox0 * sw - pw;
-    const wl_u64 plane = (wl_u64)hi * wi, chan = (wl_u64)ti * plane;
+    const int iy0 = oy0 * g.sh - g.ph, ix0 = ox0 * g.sw - g.pw;
 
     float acc[MT][4][4];
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < MT; ++i)
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
 
     // ldmatrix rows: lane l serves matrix l/8, row l%8. B: n8 group j of this warp is output
     // row 2·wn + j/2, columns (j%2)·8 .. +8; its pixel at spatial tap (0, 0):
     const int lm = lane / 8, lr = lane % 8;
     int pix[4];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) pix[j] = (2 * wn + j / 2) * sh * iw_ext + ((j % 2) * 8 + lr) * sw;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pix[j] = (2 * wn + j / 2) * g.sh * iw_ext + ((j % 2) * 8 + lr) * g.sw;
     const int arow = wm * MT * 16 + lr + (lm % 2) * 8, acol = (lm / 2) * 8;
 
-    for (int a = 0; a < kt; ++a) {
-        const int it = ot * st + a - pt;
-        // Frames in the padding contribute nothing (the same for the whole block).
-        if (it < 0 || it >= ti) continue;
-        for (int c0 = 0; c0 < cinp; c0 += CV_CK) {
+    // Stages: (temporal tap, channel chunk) pairs whose input frame exists (frames in the
+    // padding contribute nothing; the same for the whole block).
+    int a = 0, c0 = -CV_CK;
+    cv_next_stage(g, ot, a, c0);
+    if (!PIPE) {
+        for (; a < g.kt; cv_next_stage(g, ot, a, c0)) {
+            const int it = ot * g.st + a - g.pt;
             __syncthreads();  // everyone is done with the previous stage
-            const wl_bf16* wsrc = wp + ((wl_u64)a * taps2 * coutp + o0) * cinp + c0;
-            for (int i = threadIdx.x; i < taps2 * BM * 4; i += blockDim.x) {
-                const int q = i % 4, r = (i / 4) % BM, s = i / (4 * BM);
-                wl_cp_async16(ws + (s * BM + r) * CV_PITCH + q * 8, wsrc + ((wl_u64)s * coutp + r) * cinp + q * 8,
-                              true);
-            }
+            cv_stage_weights<BM>(ws0, wp, g, a, c0, o0);
             wl_cp_async_commit();
-            // Input: one thread per (pixel, octet of channels): 8 loads along channels, one
-            // 16-byte store; neighbouring threads read neighbouring pixels.
-            const wl_bf16* xsrc = x + (wl_u64)c0 * chan + (wl_u64)it * plane;
-            for (int i = threadIdx.x; i < npix * 4; i += blockDim.x) {
-                const int p = i % npix, q = i / npix;
-                const int py = p / iw_ext, px = p - py * iw_ext;
-                const int iy = iy0 + py, ix = ix0 + px;
-                unsigned int v[4] = {0u, 0u, 0u, 0u};
-                if (iy >= 0 && iy < hi && ix >= 0 && ix < wi) {
-                    const wl_bf16* src = xsrc + (wl_u64)(q * 8) * chan + (wl_u64)iy * wi + ix;
-                    const int left = cin - (c0 + q * 8);
-                    #pragma unroll
-                    for (int k = 0; k < 8; k += 2) {
-                        const unsigned int lo = k < left ? src[(wl_u64)k * chan] : 0u;
-                        const unsigned int hi2 = k + 1 < left ? src[(wl_u64)(k + 1) * chan] : 0u;
-                        v[k / 2] = lo | (hi2 << 16);
-                    }
-                }
-                *(uint4*)(xs + p * CV_PITCH + q * 8) = make_uint4(v[0], v[1], v[2], v[3]);
-            }
+            for (int i = threadIdx.x; i < npix * 4; i += blockDim.x)
+                cv_store_input(xs, npix, i, cv_load_input(x, g, it, c0, iy0, ix0, iw_ext, npix, i));
             wl_cp_async_wait_all();
             __syncthreads();
-            for (int s = 0; s < taps2; ++s) {
-                const int shift = (s / kw) * iw_ext + s % kw;
-                unsigned int af[MT][2][4];
-                #pragma unroll
-                for (int i = 0; i < MT; ++i) {
-                    const wl_bf16* ar = ws + (s * BM + arow + i * 16) * CV_PITCH + acol;
-                    wl_ldmatrix_x4(af[i][0], ar);
-                    wl_ldmatrix_x4(af[i][1], ar + 16);
+            cv_products<MT>(acc, xs, ws0, pix, arow, acol, lm, taps2, g.kw, iw_ext, BM);
+        }
+    } else if (a < g.kt) {
+        // Prologue: stage 0 in place.
+        cv_stage_weights<BM>(ws0, wp, g, a, c0, o0);
+        wl_cp_async_commit();
+        {
+            const int it = ot * g.st + a - g.pt;
+            for (int i = threadIdx.x; i < npix * 4; i += blockDim.x)
+                cv_store_input(xs, npix, i, cv_load_input(x, g, it, c0, iy0, ix0, iw_ext, npix, i));
+        }
+        int buf = 0;
+        while (a < g.kt) {
+            int na = a, nc = c0;
+            cv_next_stage(g, ot, na, nc);
+            const bool more = na < g.kt;
+            uint4 next[CV_PIPE_TASKS];
+            if (more) {
+                cv_stage_weights<BM>(buf ? ws0 : ws1, wp, g, na, nc, o0);
+                wl_cp_async_commit();
+                const int it = ot * g.st + na - g.pt;
+#pragma unroll
+                for (int r = 0; r < CV_PIPE_TASKS; ++r) {
+                    const int i = threadIdx.x + r * blockDim.x;
+                    if (i < npix * 4) next[r] = cv_load_input(x, g, it, nc, iy0, ix0, iw_ext, npix, i);
                 }
-                #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    unsigned int b[4];
-                    wl_ldmatrix_x4(b, xs + (pix[j] + shift) * CV_PITCH + lm * 8);
-                    #pragma unroll
-                    for (int i = 0; i < MT; ++i) {
-                        wl_mma_16816(acc[i][j], af[i][0], b);
-                        wl_mma_16816(acc[i][j], af[i][1], b + 2);
-                    }
+                wl_cp_async_wait_one();
+            } else {
+                wl_cp_async_wait_all();
+            }
+            __syncthreads();  // this stage's weights and input are in place
+            cv_products<MT>(acc, xs, buf ? ws1 : ws0, pix, arow, acol, lm, taps2, g.kw, iw_ext, BM);
+            __syncthreads();  // everyone is done with this stage's input and weights
+            if (more) {
+#pragma unroll
+                for (int r = 0; r < CV_PIPE_TASKS; ++r) {
+                    const int i = threadIdx.x + r * blockDim.x;
+                    if (i < npix * 4) cv_store_input(xs, npix, i, next[r]);
                 }
             }
+            a = na;
+            c0 = nc;
+            buf ^= 1;
         }
     }
-    // Epilogue: bias, activation, bf16; two neighbouring pixels per store where aligned.
-    const int g = lane / 4, cq = (lane % 4) * 2;
-    #pragma unroll
+    // Epilogue: bias, residual, activation, bf16; two neighbouring pixels per store where aligned.
+    const int gq = lane / 4, cq = (lane % 4) * 2;
+#pragma unroll
     for (int i = 0; i < MT; ++i) {
-        #pragma unroll
+#pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            const int o = o0 + wm * MT * 16 + i * 16 + g + hh * 8;
-            if (o >= cout) continue;
+            const int o = o0 + wm * MT * 16 + i * 16 + gq + hh * 8;
+            if (o >= g.cout) continue;
             const float bv = bias ? bias[o] : 0.0f;
-            #pragma unroll
+#pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int oy = oy0 + 2 * wn + j / 2, ox = ox0 + (j % 2) * 8 + cq;
-                if (oy >= ho || ox >= wo) continue;
+                if (oy >= g.ho || ox >= g.wo) continue;
+                const wl_u64 at = (((wl_u64)o * g.to + ot) * g.ho + oy) * g.wo + ox;
                 float v0 = acc[i][j][2 * hh] + bv, v1 = acc[i][j][2 * hh + 1] + bv;
+                if (res) {
+                    v0 += wl_ld(res, at);
+                    if (ox + 1 < g.wo) v1 += wl_ld(res, at + 1);
+                }
                 if (act == 1) {
                     v0 = v0 != v0 ? v0 : fmaxf(v0, 0.0f);
                     v1 = v1 != v1 ? v1 : fmaxf(v1, 0.0f);
                 }
-                const wl_u64 at = (((wl_u64)o * to + ot) * ho + oy) * wo + ox;
-                if (ox + 1 < wo && (at & 1) == 0) {
+                if (ox + 1 < g.wo && (at & 1) == 0) {
                     *(unsigned int*)(out + at) = wl_pack_bf16(v0, v1);
                 } else {
                     out[at] = wl_to_bf16(v0);
-                    if (ox + 1 < wo) out[at + 1] = wl_to_bf16(v1);
+                    if (ox + 1 < g.wo) out[at + 1] = wl_to_bf16(v1);
                 }
             }
         }
     }
 }
 
-#define WL_CONV_IGEMM(BM)                                                                                        \
-    WL_KERNEL void __launch_bounds__(256, 2)                                                                     \
-        conv_igemm_bf16_m##BM(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, int cin,     \
-                              int cinp, int ti, int hi, int wi, int kt, int kh, int kw, int st, int sh, int sw,  \
-                              int pt, int ph, int pw, int cout, int coutp, int to, int ho, int wo, int act) {    \
-        conv_igemm<BM>(out, x, wp, bias, cin, cinp, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, cout, coutp, \
-                       to, ho, wo, act);                                                                         \
+// `occ` blocks per SM: register budget 2 → ≤ 128 registers, 3 → ≤ 80 (a few bytes spilled).
+#define WL_CONV_IGEMM(BM, PIPE, occ, name)                                                                 \
+    WL_KERNEL void __launch_bounds__(256, occ)                                                             \
+        name(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, const wl_bf16* res,     \
+             int cin, int cinp, int ti, int hi, int wi, int kt, int kh, int kw, int st, int sh, int sw,    \
+             int pt, int ph, int pw, int cout, int coutp, int to, int ho, int wo, int act) {               \
+        const CvGeom g = {cin, cinp, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, cout, coutp, to, ho, wo}; \
+        conv_igemm<BM, PIPE>(out, x, wp, bias, res, g, act);                                               \
     }
 
-WL_CONV_IGEMM(16)
-WL_CONV_IGEMM(64)
+WL_CONV_IGEMM(16, false, 2, conv_igemm_bf16_m16)
+WL_CONV_IGEMM(64, false, 2, conv_igemm_bf16_m64)
+WL_CONV_IGEMM(64, false, 3, conv_igemm_bf16_m64_occ3)
+WL_CONV_IGEMM(64, true, 2, conv_igemm_bf16_m64_pipe)
 #endif

@@ -20,6 +20,6 @@ pub use device::Device;
 pub use dtype::{DType, Fp8Scale, ScaleKind};
 pub use error::{Error, Result};
 pub use kv_cache::KvCache;
-pub use ops::{AttnMask, NormOut, Padding3d};
+pub use ops::{AttnMask, ConvEpilogue, NormOut, Padding3d};
 pub use rope::RopeTable;
 pub use tensor::{CpuStorage, Storage, Tensor};

@@ -509,6 +509,28 @@ pub fn conv3d(
     stride: [usize; 3],
     padding: Padding3d,
 ) -> Result<Tensor> {
+    conv3d_fused(x, w, b, stride, padding, ConvEpilogue::default())
+}
+
+/// What follows a convolution's bias: a residual added (same shape and dtype as the output),
+/// then ReLU (NaN kept, as [`clamp`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConvEpilogue<'a> {
+    pub residual: Option<&'a Tensor>,
+    pub relu: bool,
+}
+
+/// [`conv3d`] then the epilogue: the same as `clamp(add(conv3d(…), residual), 0, ∞)`, which is
+/// what the CPU and the f32 GPU path run; the CUDA bf16 path applies it in the convolution's
+/// f32 epilogue and rounds once (so it may differ from the unfused ops by bf16 rounding).
+pub fn conv3d_fused(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    stride: [usize; 3],
+    padding: Padding3d,
+    epi: ConvEpilogue,
+) -> Result<Tensor> {
     no_fp8("conv3d", x)?;
     no_fp8("conv3d", w)?;
     same_device("conv3d", x, w)?;
@@ -552,13 +574,64 @@ pub fn conv3d(
         padding,
         output,
     };
-    match x.storage() {
+    let out_shape = [cout, output[0], output[1], output[2]];
+    if let Some(r) = epi.residual {
+        same_device("conv3d residual", x, r)?;
+        if r.shape() != out_shape || r.dtype() != out_dtype(x) {
+            return Err(shape_err(
+                "conv3d",
+                format!(
+                    "residual {:?} {:?} for an output {out_shape:?} {:?}",
+                    r.shape(),
+                    r.dtype(),
+                    out_dtype(x)
+                ),
+            ));
+        }
+    }
+    let y = match x.storage() {
         Storage::Cpu(_) => {
             let bias = b.map(|b| b.cpu_f32());
             let out = cpu::conv::conv3d(&x.cpu_f32(), &w.cpu_f32(), bias.as_deref(), &dims);
-            finish(out, &[cout, output[0], output[1], output[2]], out_dtype(x))
+            finish(out, &out_shape, out_dtype(x))?
         }
-        Storage::Cuda(_) => cuda::ops::conv3d(x, w, b, &dims),
+        Storage::Cuda(_) => match cuda::ops::conv3d_fused(x, w, b, &dims, epi)? {
+            (y, true) => return Ok(y),
+            (y, false) => y,
+        },
+    };
+    let y = match epi.residual {
+        Some(r) => add(&y, r)?,
+        None => y,
+    };
+    if epi.relu {
+        clamp(&y, 0.0, f32::INFINITY)
+    } else {
+        Ok(y)
+    }
+}
+
+/// Softmax over the last dim of `x · scale`, in f32 (max subtracted); output in `x`'s dtype.
+pub fn softmax_rows(x: &Tensor, scale: f32) -> Result<Tensor> {
+    no_fp8("softmax_rows", x)?;
+    if x.rank() == 0 || x.cols() == 0 {
+        return Err(shape_err("softmax_rows", format!("input {:?}", x.shape())));
+    }
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let mut v = x.cpu_f32().into_owned();
+            for row in v.chunks_mut(x.cols()) {
+                let m = row.iter().fold(f32::NEG_INFINITY, |m, &a| m.max(a * scale));
+                let mut sum = 0f32;
+                for a in row.iter_mut() {
+                    *a = (*a * scale - m).exp();
+                    sum += *a;
+                }
+                row.iter_mut().for_each(|a| *a /= sum);
+            }
+            finish(v, x.shape(), x.dtype())
+        }
+        Storage::Cuda(_) => cuda::ops::softmax_rows(x, scale),
     }
 }
 

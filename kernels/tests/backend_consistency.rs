@@ -563,6 +563,34 @@ fn video_vae_ops_match_the_cpu() {
                     |v| ops::conv3d(&v[0], &v[1], None, stride, padding),
                 );
             }
+            // The fused epilogue (bias, residual, ReLU) against the CPU's separate ops: the
+            // tiny decoder's memory-block convs and the VAE's residual convs.
+            for (xs, ws) in [
+                ([24, 2, 13, 21], [24, 24, 1, 3, 3]),
+                ([8, 3, 6, 9], [3, 8, 3, 3, 3]),
+            ] {
+                let x = rand(&mut rng, &xs, dt);
+                let w = rand(&mut rng, &ws, dt);
+                let b = rand(&mut rng, &[ws[0]], DType::F32);
+                let kt = ws[2];
+                let r = rand(&mut rng, &[ws[0], xs[1], xs[2], xs[3]], dt);
+                for relu in [false, true] {
+                    check(
+                        &format!("conv3d {dt:?} {xs:?} * {ws:?} + residual, relu {relu}"),
+                        dev,
+                        gemm_tol,
+                        &[&x, &w, &b, &r],
+                        |v| {
+                            let epi = kernels::ConvEpilogue {
+                                residual: Some(&v[3]),
+                                relu,
+                            };
+                            let pad = [[kt - 1, 0], [1, 1], [1, 1]];
+                            ops::conv3d_fused(&v[0], &v[1], Some(&v[2]), [1; 3], pad, epi)
+                        },
+                    );
+                }
+            }
             let x = rand(&mut rng, &[6, 2, 5, 7], dt);
             let g = rand(&mut rng, &[6, 1, 1, 1], dt);
             let mul = rand(&mut rng, &[6], DType::F32);
@@ -593,6 +621,15 @@ fn video_vae_ops_match_the_cpu() {
                 tol(dt),
                 &[&x, &mul, &g],
                 |v| ops::channel_affine(&v[0], &v[1], &v[2]),
+            );
+            // Rows of VAE attention scores (wide: several block strides), scaled as there.
+            let scores = rand(&mut rng, &[37, 1000], dt);
+            check(
+                &format!("softmax_rows {dt:?}"),
+                dev,
+                tol(dt),
+                &[&scores],
+                |v| ops::softmax_rows(&v[0], 0.7),
             );
             // Scaled so both clamps bite on a good share of the values.
             let wide = ops::axpby(4.0, &x, 0.0, &x).expect("scale");

@@ -89,8 +89,16 @@ fn stream<C>(
     Ok((best, kinds))
 }
 
-pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
+pub fn run(device: &str, json: Option<&Path>, repeat: usize, dtypes: &[String]) -> Result<()> {
     let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
+    let dtypes = dtypes
+        .iter()
+        .map(|d| match d.as_str() {
+            "bf16" => Ok(DType::BF16),
+            "f32" => Ok(DType::F32),
+            other => anyhow::bail!("bench codecs: dtype '{other}' (expected bf16 or f32)"),
+        })
+        .collect::<Result<Vec<DType>>>()?;
     dev.ensure_available()?;
     let (h, w) = (H / 8, W / 8);
     let frames = 4 * LATENTS;
@@ -120,7 +128,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             kinds,
         });
     };
-    for dtype in [DType::BF16, DType::F32] {
+    for dtype in dtypes {
         let store = WeightStore::random(7, dtype).on_device(dev);
         // Every coder computes in its weights' dtype.
         let (first_latents, latents) = (first_latents.to_dtype(dtype)?, latents.to_dtype(dtype)?);

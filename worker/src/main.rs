@@ -81,6 +81,9 @@ enum Command {
         /// (links not included). For hosts with one GPU.
         #[arg(long)]
         one_gpu: bool,
+        /// `codecs`: weight dtypes to run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "bf16,f32")]
+        codec_dtypes: Vec<String>,
     },
     /// The procedural world of the embedded default: training data.
     #[command(subcommand)]
@@ -120,12 +123,18 @@ fn main() -> Result<()> {
             suite,
             chunks,
             one_gpu,
+            codec_dtypes,
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
             "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref(), one_gpu),
             "gemm-rows" => bench_sp::gemm_rows(&cli.model),
-            "codecs" => bench_codecs::run(&cli.model.device, json.as_deref(), repeat.max(1)),
+            "codecs" => bench_codecs::run(
+                &cli.model.device,
+                json.as_deref(),
+                repeat.max(1),
+                &codec_dtypes,
+            ),
             other => anyhow::bail!(
                 "unknown bench suite '{other}' (expected cpu, kernels, sp, gemm-rows or codecs)"
             ),

@@ -907,7 +907,10 @@ pub fn assemble(
 }
 
 mod conv;
-pub use conv::{channel_affine, channel_rms_norm, clamp, conv3d, soft_clamp, upsample_nearest_2d};
+pub use conv::{
+    channel_affine, channel_rms_norm, clamp, conv3d_fused, soft_clamp, softmax_rows,
+    upsample_nearest_2d,
+};
 
 mod vsa;
 pub use vsa::vsa_attention;

@@ -5,7 +5,7 @@
 //! causal conv, the upstream `CACHE_T`) and gives the outputs of one pass over the whole stream.
 //! Tensors are channels-first `[c, t, h, w]`, one video (no batch axis).
 
-use kernels::{ops, DType, Tensor};
+use kernels::{ops, AttnMask, ConvEpilogue, DType, Device, Tensor};
 
 use crate::weights::Vb;
 use crate::{Error, Result};
@@ -80,16 +80,22 @@ impl CausalConv3d {
     }
 
     pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.forward_fused(x, ConvEpilogue::default())
+    }
+
+    /// The conv, then a residual and/or ReLU (fused into the conv where the backend can).
+    pub fn forward_fused(&mut self, x: &Tensor, epi: ConvEpilogue) -> Result<Tensor> {
         let ctx = self.kernel[0] - 1;
         let (ph, pw) = ((self.kernel[1] - 1) / 2, (self.kernel[2] - 1) / 2);
         let padding = [[0, 0], [ph, ph], [pw, pw]];
         if ctx == 0 {
-            return Ok(ops::conv3d(
+            return Ok(ops::conv3d_fused(
                 x,
                 &self.weight,
                 Some(&self.bias),
                 [1; 3],
                 padding,
+                epi,
             )?);
         }
         let held = self.cache.as_ref().map_or(0, |c| c.dim(1));
@@ -102,12 +108,13 @@ impl CausalConv3d {
             .ok_or_else(|| Error::Input("causal conv: nothing to convolve".into()))?;
         let n = seen.dim(1);
         self.cache = Some(frames(&seen, n - n.min(ctx), n.min(ctx))?);
-        Ok(ops::conv3d(
+        Ok(ops::conv3d_fused(
             &input,
             &self.weight,
             Some(&self.bias),
             [1; 3],
             padding,
+            epi,
         )?)
     }
 }
@@ -187,8 +194,13 @@ impl ResidualBlock {
             None => x.clone(),
         };
         let h = self.conv1.forward(&ops::silu(&self.norm1.forward(x)?)?)?;
-        let h = self.conv2.forward(&ops::silu(&self.norm2.forward(&h)?)?)?;
-        Ok(ops::add(&h, &skip)?)
+        self.conv2.forward_fused(
+            &ops::silu(&self.norm2.forward(&h)?)?,
+            ConvEpilogue {
+                residual: Some(&skip),
+                relu: false,
+            },
+        )
     }
 }
 
@@ -231,10 +243,23 @@ impl AttentionBlock {
             // Pixels as tokens: [c, h·w] → [h·w, c].
             let tokens = frames(&xn, f, 1)?.reshape(&[c, n])?.permute(&[1, 0])?;
             let qkv = ops::linear(&tokens, &self.qkv_w, Some(&self.qkv_b))?;
-            let part =
-                |i: usize| -> Result<Tensor> { Ok(qkv.narrow(1, i * c, c)?.reshape(&[n, 1, c])?) };
-            let a = ops::attention(&part(0)?, &part(1)?, &part(2)?, n, kernels::AttnMask::None)?;
-            let y = ops::linear(&a.reshape(&[n, c])?, &self.proj_w, Some(&self.proj_b))?;
+            let part = |i: usize| -> Result<Tensor> { Ok(qkv.narrow(1, i * c, c)?) };
+            let a = if qkv.dtype() == DType::BF16 && qkv.device() != Device::Cpu {
+                // One head of width c (384 in Wan2.1) over every pixel: as GEMMs on tensor
+                // cores, the scores in f32 (bf16 values are exact in TF32), the probabilities
+                // rounded to bf16 for the second GEMM as a flash kernel does.
+                let q = part(0)?.to_dtype(DType::F32)?;
+                let k = part(1)?.to_dtype(DType::F32)?;
+                let scores = ops::linear(&q, &k, None)?;
+                let p = ops::softmax_rows(&scores, 1.0 / (c as f32).sqrt())?;
+                let vt = part(2)?.permute(&[1, 0])?;
+                ops::linear(&p.to_dtype(DType::BF16)?, &vt, None)?
+            } else {
+                let head = |i: usize| -> Result<Tensor> { Ok(part(i)?.reshape(&[n, 1, c])?) };
+                let a = ops::attention(&head(0)?, &head(1)?, &head(2)?, n, AttnMask::None)?;
+                a.reshape(&[n, c])?
+            };
+            let y = ops::linear(&a, &self.proj_w, Some(&self.proj_b))?;
             out.push(y.permute(&[1, 0])?.reshape(&[c, 1, h, w])?);
         }
         let refs: Vec<&Tensor> = out.iter().collect();

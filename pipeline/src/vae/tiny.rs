@@ -21,7 +21,7 @@
 //! Inputs are the DiT's normalised latents (as fed to the full VAE's `decode_chunk`); outputs
 //! are frames in `[−1, 1]` like the VAE's (upstream returns `[0, 1]`; users map `2x − 1`).
 
-use kernels::{ops, DType, Tensor};
+use kernels::{ops, ConvEpilogue, DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::layers::{cat_frames, check_video, frames};
@@ -138,13 +138,19 @@ impl Conv2d {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_fused(x, ConvEpilogue::default())
+    }
+
+    /// The conv, then a residual and/or ReLU (fused into the conv where the backend can).
+    pub fn forward_fused(&self, x: &Tensor, epi: ConvEpilogue) -> Result<Tensor> {
         let p = [self.pad, self.pad];
-        Ok(ops::conv3d(
+        Ok(ops::conv3d_fused(
             x,
             &self.weight,
             self.bias.as_ref(),
             [1, self.stride, self.stride],
             [[0, 0], p, p],
+            epi,
         )?)
     }
 }
@@ -198,14 +204,25 @@ impl MemBlock {
         ])?
         .ok_or_else(|| Error::Input("memory block: no frames".into()))?;
         self.past = Some(frames(x, t - 1, 1)?);
-        let h = relu(&self.conv0.forward(&Tensor::cat(&[x, &shifted], 0)?)?)?;
-        let h = relu(&self.conv2.forward(&h)?)?;
-        let h = self.conv4.forward(&h)?;
+        let relu = ConvEpilogue {
+            residual: None,
+            relu: true,
+        };
+        let h = self
+            .conv0
+            .forward_fused(&Tensor::cat(&[x, &shifted], 0)?, relu)?;
+        let h = self.conv2.forward_fused(&h, relu)?;
         let skip = match &self.skip {
             Some(s) => s.forward(x)?,
             None => x.clone(),
         };
-        relu(&ops::add(&h, &skip)?)
+        self.conv4.forward_fused(
+            &h,
+            ConvEpilogue {
+                residual: Some(&skip),
+                relu: true,
+            },
+        )
     }
 }
 
@@ -368,6 +385,15 @@ impl TinyDecoder {
                 &mut self.layers[i..(i + 2).min(n)]
             {
                 x = TinyLayer::Upsample.forward(&grow.forward(&x)?)?;
+                i += 2;
+                continue;
+            }
+            if let [TinyLayer::Conv(c), TinyLayer::Relu] = &self.layers[i..(i + 2).min(n)] {
+                let relu = ConvEpilogue {
+                    residual: None,
+                    relu: true,
+                };
+                x = c.forward_fused(&x, relu)?;
                 i += 2;
                 continue;
             }

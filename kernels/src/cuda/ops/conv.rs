@@ -11,10 +11,10 @@ use std::sync::Arc;
 use cudarc::cublaslt::{Matmul, MatmulConfig};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{cast, grid, map, push, push_mut, storage, suffix, wrap};
+use super::{cast, grid, map, push, push_mut, rows_cfg, storage, suffix, wrap};
 use crate::cpu::conv::Conv3dDims;
 use crate::cuda::{CudaBackend, CudaData, CudaStorage};
-use crate::{DType, Result, Tensor};
+use crate::{ConvEpilogue, DType, Result, Tensor};
 
 /// Column-buffer budget in elements (1 GiB of f32): several whole frames per GEMM at the VAE's
 /// coarse levels, a third of a frame at 480×832 with 128 channels in.
@@ -55,10 +55,22 @@ fn f32_slice(t: &Tensor) -> Result<&cudarc::driver::CudaSlice<f32>> {
 
 /// `out[o, t, y, x] = bias[o] + Σ w[o, c, a, b, e] · xpad[c, t·st + a, y·sh + b, x·sw + e]`; the
 /// weights run in the input's dtype, accumulation in f32 (TF32 tensor cores for f32 inputs).
-pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> Result<Tensor> {
-    if let Some(tile) = igemm_tile(x.dtype(), d) {
-        return conv3d_igemm(x, w, bias, d, tile);
+/// The convolution with its epilogue when the tensor-core path takes it (`true`), else the
+/// plain convolution (`false`: the caller applies the epilogue).
+pub fn conv3d_fused(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    d: &Conv3dDims,
+    epi: ConvEpilogue,
+) -> Result<(Tensor, bool)> {
+    match igemm_tile(x.dtype(), d) {
+        Some(tile) => Ok((conv3d_igemm(x, w, bias, d, tile, epi)?, true)),
+        None => Ok((conv3d(x, w, bias, d)?, false)),
     }
+}
+
+fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> Result<Tensor> {
     let s = storage(x)?;
     let dev: Arc<CudaBackend> = s.dev.clone();
     let dt = x.dtype();
@@ -207,6 +219,10 @@ struct IgemmTile {
     bm: usize,
     /// Output rows per tile (`TH` in conv.cu: two per warp along the pixels).
     th: usize,
+    /// Pixels of the input tile with its halo.
+    npix: usize,
+    /// Bytes of one weight stage (all spatial taps of 32 channels).
+    wbytes: usize,
     smem: usize,
 }
 
@@ -219,7 +235,8 @@ fn igemm_tile(dt: DType, d: &Conv3dDims) -> Option<IgemmTile> {
     let [_, kh, kw] = d.kernel;
     let [_, sh, sw] = d.stride;
     let npix = ((th - 1) * sh + kh) * ((CV_TW - 1) * sw + kw);
-    let smem = (npix + kh * kw * bm) * CV_PITCH * 2;
+    let wbytes = kh * kw * bm * CV_PITCH * 2;
+    let smem = npix * CV_PITCH * 2 + wbytes;
     let [to, ho, _] = d.output;
     let small = |v: usize| v <= i32::MAX as usize / 2;
     let fits = smem <= CV_SMEM_MAX
@@ -228,17 +245,25 @@ fn igemm_tile(dt: DType, d: &Conv3dDims) -> Option<IgemmTile> {
         && d.input.iter().chain(&d.output).all(|&v| small(v))
         && small(d.input[1] * d.input[2])
         && small(d.cin.div_ceil(CV_CK) * CV_CK);
-    fits.then_some(IgemmTile { bm, th, smem })
+    fits.then_some(IgemmTile {
+        bm,
+        th,
+        npix,
+        wbytes,
+        smem,
+    })
 }
 
 /// The tensor-core path (see conv.cu's `conv_igemm`): weights packed once per call as
-/// `[tap][cout padded to the block][cin padded to 32]`, then one launch for the whole output.
+/// `[tap][cout padded to the block][cin padded to 32]`, then one launch for the whole output,
+/// the epilogue (bias, residual, ReLU) fused.
 fn conv3d_igemm(
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
     d: &Conv3dDims,
     tile: IgemmTile,
+    epi: ConvEpilogue,
 ) -> Result<Tensor> {
     use cudarc::driver::sys::CUfunction_attribute_enum as Attr;
     let s = storage(x)?;
@@ -305,7 +330,26 @@ fn conv3d_igemm(
     .iter()
     .map(|&v| i32_of(&dev, "extent", v))
     .collect::<Result<Vec<i32>>>()?;
-    let act = 0i32;
+    let act = i32::from(epi.relu);
+    let res = epi.residual.map(storage).transpose()?;
+    // Measuring switch (temporary): the 64-channel kernel at 3 blocks per SM, or pipelined
+    // (two weight stages in shared memory; input tiles of at most 3 × 256 tasks).
+    let variant = std::env::var("WORLDLINE_CONV_VARIANT").unwrap_or_default();
+    let mut smem = tile.smem;
+    let mut suffix = "";
+    if tile.bm == 64 && variant == "occ3" {
+        suffix = "_occ3";
+    } else if tile.bm == 64 && variant == "pipe" && tile.npix * 4 <= 3 * 256 {
+        let optin = dev
+            .ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| dev.err(e))?;
+        if tile.smem + tile.wbytes <= optin.max(0) as usize {
+            smem = tile.smem + tile.wbytes;
+            suffix = "_pipe";
+        }
+    }
+    let name = format!("conv_igemm_bf16_m{}{suffix}", tile.bm);
     let cfg = LaunchConfig {
         grid_dim: (
             wo.div_ceil(CV_TW) as u32,
@@ -313,14 +357,13 @@ fn conv3d_igemm(
             (to * coutp / tile.bm) as u32,
         ),
         block_dim: (256, 1, 1),
-        shared_mem_bytes: tile.smem as u32,
+        shared_mem_bytes: smem as u32,
     };
-    let name = format!("conv_igemm_bf16_m{}", tile.bm);
     let func = dev.func("conv", &name)?;
     // More than the default 48 KiB of dynamic shared memory must be asked for.
     func.set_attribute(
         Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        CV_SMEM_MAX as i32,
+        smem as i32,
     )
     .map_err(|e| dev.err(e))?;
     let mut b = dev.stream.launch_builder(&func);
@@ -331,13 +374,20 @@ fn conv3d_igemm(
         Some(p) => b.arg(p),
         None => b.arg(&null),
     };
+    match res {
+        Some(r) => push(&mut b, &r.data),
+        None => {
+            b.arg(&null);
+        }
+    }
     for v in &ints {
         b.arg(v);
     }
     b.arg(&act);
     dev.timed("conv3d", || {
         // SAFETY: the arguments are the kernel's: out holds cout·to·ho·wo values, x the
-        // cin·ti·hi·wi input, packed taps·coutp·cinp weights, bias cout values (or null).
+        // cin·ti·hi·wi input, packed taps·coutp·cinp weights, bias cout values (or null), the
+        // residual the output's shape and dtype (checked by `ops::conv3d_fused`, or null).
         unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
         Ok(())
     })?;
@@ -421,4 +471,24 @@ pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
 
 pub fn soft_clamp(x: &Tensor, limit: f32) -> Result<Tensor> {
     map("conv", "soft_clamp", x, &[limit])
+}
+
+pub fn softmax_rows(x: &Tensor, scale: f32) -> Result<Tensor> {
+    let s = storage(x)?;
+    let cols = x.cols();
+    let rows = x.elem_count() / cols.max(1);
+    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
+    let cols64 = cols as u64;
+    launch!(
+        &s.dev,
+        "conv",
+        &format!("softmax_rows_{}", suffix(x.dtype())?),
+        rows_cfg(rows),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            b.arg(&cols64).arg(&scale);
+        }
+    );
+    Ok(wrap(out, x.shape()))
 }
