@@ -156,11 +156,10 @@ WL_KERNEL void conv_pack_weights_bf16(wl_bf16* wp, const wl_bf16* w, int cout, i
 // of the output's layout, or null), then applies ReLU when `act` is 1 (NaN kept), in f32, and
 // rounds once.
 //
-// PIPE: the next stage's loads are issued before this stage's products (weights by cp.async into
-// a second buffer, the input tile into registers, stored once the products are done), so the
-// memory latency hides behind the tensor cores. It holds at most CV_PIPE_TASKS input tasks a
-// thread (the host takes it only for tiles that small) and needs two weight buffers.
-#define CV_PIPE_TASKS 3
+// Latency is hidden by occupancy (3 blocks of 8 warps per SM at ≤ 80 registers): on the H200 that
+// beat 2 blocks a SM by 7-9 %, and a software-pipelined variant (the next stage's weights by
+// cp.async into a second buffer and its input in registers during this stage's products, 2
+// blocks a SM for the shared memory) was 2-6 % slower than the plain loop (bench codecs, bf16).
 
 struct CvGeom {
     int cin, cinp, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, cout, coutp, to, ho, wo;
@@ -244,7 +243,7 @@ WL_DEVICE void cv_next_stage(const CvGeom& g, int ot, int& a, int& c0) {
     }
 }
 
-template <int BM, bool PIPE>
+template <int BM>
 WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, const wl_bf16* res,
                           const CvGeom g, int act) {
     constexpr int WM = BM >= 64 ? 2 : 1;
@@ -256,8 +255,7 @@ WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, con
     const int npix = ih_ext * iw_ext;
     const int taps2 = g.kh * g.kw;
     wl_bf16* xs = (wl_bf16*)cv_smem;      // [npix][CV_PITCH]
-    wl_bf16* ws0 = xs + npix * CV_PITCH;  // [taps2][BM][CV_PITCH], twice when PIPE
-    wl_bf16* ws1 = ws0 + taps2 * BM * CV_PITCH;
+    wl_bf16* ws = xs + npix * CV_PITCH;   // [taps2][BM][CV_PITCH]
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp % WM, wn = warp / WM;
@@ -284,60 +282,16 @@ WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, con
     // padding contribute nothing; the same for the whole block).
     int a = 0, c0 = -CV_CK;
     cv_next_stage(g, ot, a, c0);
-    if (!PIPE) {
-        for (; a < g.kt; cv_next_stage(g, ot, a, c0)) {
-            const int it = ot * g.st + a - g.pt;
-            __syncthreads();  // everyone is done with the previous stage
-            cv_stage_weights<BM>(ws0, wp, g, a, c0, o0);
-            wl_cp_async_commit();
-            for (int i = threadIdx.x; i < npix * 4; i += blockDim.x)
-                cv_store_input(xs, npix, i, cv_load_input(x, g, it, c0, iy0, ix0, iw_ext, npix, i));
-            wl_cp_async_wait_all();
-            __syncthreads();
-            cv_products<MT>(acc, xs, ws0, pix, arow, acol, lm, taps2, g.kw, iw_ext, BM);
-        }
-    } else if (a < g.kt) {
-        // Prologue: stage 0 in place.
-        cv_stage_weights<BM>(ws0, wp, g, a, c0, o0);
+    for (; a < g.kt; cv_next_stage(g, ot, a, c0)) {
+        const int it = ot * g.st + a - g.pt;
+        __syncthreads();  // everyone is done with the previous stage
+        cv_stage_weights<BM>(ws, wp, g, a, c0, o0);
         wl_cp_async_commit();
-        {
-            const int it = ot * g.st + a - g.pt;
-            for (int i = threadIdx.x; i < npix * 4; i += blockDim.x)
-                cv_store_input(xs, npix, i, cv_load_input(x, g, it, c0, iy0, ix0, iw_ext, npix, i));
-        }
-        int buf = 0;
-        while (a < g.kt) {
-            int na = a, nc = c0;
-            cv_next_stage(g, ot, na, nc);
-            const bool more = na < g.kt;
-            uint4 next[CV_PIPE_TASKS];
-            if (more) {
-                cv_stage_weights<BM>(buf ? ws0 : ws1, wp, g, na, nc, o0);
-                wl_cp_async_commit();
-                const int it = ot * g.st + na - g.pt;
-#pragma unroll
-                for (int r = 0; r < CV_PIPE_TASKS; ++r) {
-                    const int i = threadIdx.x + r * blockDim.x;
-                    if (i < npix * 4) next[r] = cv_load_input(x, g, it, nc, iy0, ix0, iw_ext, npix, i);
-                }
-                wl_cp_async_wait_one();
-            } else {
-                wl_cp_async_wait_all();
-            }
-            __syncthreads();  // this stage's weights and input are in place
-            cv_products<MT>(acc, xs, buf ? ws1 : ws0, pix, arow, acol, lm, taps2, g.kw, iw_ext, BM);
-            __syncthreads();  // everyone is done with this stage's input and weights
-            if (more) {
-#pragma unroll
-                for (int r = 0; r < CV_PIPE_TASKS; ++r) {
-                    const int i = threadIdx.x + r * blockDim.x;
-                    if (i < npix * 4) cv_store_input(xs, npix, i, next[r]);
-                }
-            }
-            a = na;
-            c0 = nc;
-            buf ^= 1;
-        }
+        for (int i = threadIdx.x; i < npix * 4; i += blockDim.x)
+            cv_store_input(xs, npix, i, cv_load_input(x, g, it, c0, iy0, ix0, iw_ext, npix, i));
+        wl_cp_async_wait_all();
+        __syncthreads();
+        cv_products<MT>(acc, xs, ws, pix, arow, acol, lm, taps2, g.kw, iw_ext, BM);
     }
     // Epilogue: bias, residual, activation, bf16; two neighbouring pixels per store where aligned.
     const int gq = lane / 4, cq = (lane % 4) * 2;
@@ -373,18 +327,16 @@ WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, con
     }
 }
 
-// `occ` blocks per SM: register budget 2 → ≤ 128 registers, 3 → ≤ 80 (a few bytes spilled).
-#define WL_CONV_IGEMM(BM, PIPE, occ, name)                                                                 \
+// `occ` blocks per SM: the register budget (2 → ≤ 128 registers, 3 → ≤ 80).
+#define WL_CONV_IGEMM(BM, occ, name)                                                                       \
     WL_KERNEL void __launch_bounds__(256, occ)                                                             \
         name(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, const wl_bf16* res,     \
              int cin, int cinp, int ti, int hi, int wi, int kt, int kh, int kw, int st, int sh, int sw,    \
              int pt, int ph, int pw, int cout, int coutp, int to, int ho, int wo, int act) {               \
         const CvGeom g = {cin, cinp, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, cout, coutp, to, ho, wo}; \
-        conv_igemm<BM, PIPE>(out, x, wp, bias, res, g, act);                                               \
+        conv_igemm<BM>(out, x, wp, bias, res, g, act);                                                     \
     }
 
-WL_CONV_IGEMM(16, false, 2, conv_igemm_bf16_m16)
-WL_CONV_IGEMM(64, false, 2, conv_igemm_bf16_m64)
-WL_CONV_IGEMM(64, false, 3, conv_igemm_bf16_m64_occ3)
-WL_CONV_IGEMM(64, true, 2, conv_igemm_bf16_m64_pipe)
+WL_CONV_IGEMM(16, 2, conv_igemm_bf16_m16)
+WL_CONV_IGEMM(64, 3, conv_igemm_bf16_m64)
 #endif

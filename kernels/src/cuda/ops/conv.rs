@@ -219,10 +219,6 @@ struct IgemmTile {
     bm: usize,
     /// Output rows per tile (`TH` in conv.cu: two per warp along the pixels).
     th: usize,
-    /// Pixels of the input tile with its halo.
-    npix: usize,
-    /// Bytes of one weight stage (all spatial taps of 32 channels).
-    wbytes: usize,
     smem: usize,
 }
 
@@ -235,8 +231,7 @@ fn igemm_tile(dt: DType, d: &Conv3dDims) -> Option<IgemmTile> {
     let [_, kh, kw] = d.kernel;
     let [_, sh, sw] = d.stride;
     let npix = ((th - 1) * sh + kh) * ((CV_TW - 1) * sw + kw);
-    let wbytes = kh * kw * bm * CV_PITCH * 2;
-    let smem = npix * CV_PITCH * 2 + wbytes;
+    let smem = (npix + kh * kw * bm) * CV_PITCH * 2;
     let [to, ho, _] = d.output;
     let small = |v: usize| v <= i32::MAX as usize / 2;
     let fits = smem <= CV_SMEM_MAX
@@ -245,13 +240,7 @@ fn igemm_tile(dt: DType, d: &Conv3dDims) -> Option<IgemmTile> {
         && d.input.iter().chain(&d.output).all(|&v| small(v))
         && small(d.input[1] * d.input[2])
         && small(d.cin.div_ceil(CV_CK) * CV_CK);
-    fits.then_some(IgemmTile {
-        bm,
-        th,
-        npix,
-        wbytes,
-        smem,
-    })
+    fits.then_some(IgemmTile { bm, th, smem })
 }
 
 /// The tensor-core path (see conv.cu's `conv_igemm`): weights packed once per call as
@@ -332,24 +321,8 @@ fn conv3d_igemm(
     .collect::<Result<Vec<i32>>>()?;
     let act = i32::from(epi.relu);
     let res = epi.residual.map(storage).transpose()?;
-    // Measuring switch (temporary): the 64-channel kernel at 3 blocks per SM, or pipelined
-    // (two weight stages in shared memory; input tiles of at most 3 × 256 tasks).
-    let variant = std::env::var("WORLDLINE_CONV_VARIANT").unwrap_or_default();
-    let mut smem = tile.smem;
-    let mut suffix = "";
-    if tile.bm == 64 && variant == "occ3" {
-        suffix = "_occ3";
-    } else if tile.bm == 64 && variant == "pipe" && tile.npix * 4 <= 3 * 256 {
-        let optin = dev
-            .ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(|e| dev.err(e))?;
-        if tile.smem + tile.wbytes <= optin.max(0) as usize {
-            smem = tile.smem + tile.wbytes;
-            suffix = "_pipe";
-        }
-    }
-    let name = format!("conv_igemm_bf16_m{}{suffix}", tile.bm);
+    let name = format!("conv_igemm_bf16_m{}", tile.bm);
+    let smem = tile.smem;
     let cfg = LaunchConfig {
         grid_dim: (
             wo.div_ceil(CV_TW) as u32,
