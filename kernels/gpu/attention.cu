@@ -72,21 +72,17 @@ WL_ATT(wl_bf16, bf16)
 
 #if defined(WL_HAS_MMA_BF16)
 // Flash attention forward on tensor cores: bf16 q/k/v [L, heads, 128], f32 accumulation and
-// online softmax (base 2), bf16 out. A block of 8 warps takes 128 queries of one head (staged in
-// shared memory); each warp owns 16 of them. Keys go by in tiles of 64, double-buffered with
-// cp.async so the next tile loads while this one is multiplied. Every operand reaches the tensor
-// cores through ldmatrix (V transposed on the way). The f32 output accumulators alone take 64
-// registers a thread, so one 8-warp block per SM: forcing two made ptxas spill and ran slower
-// (measured on the H200). Keys past `kv_len`, or past a query's chunk when `block_tokens > 0`,
-// are masked.
+// online softmax (base 2), bf16 out. A block of 4 warps takes 128 queries of one head (staged in
+// shared memory); each warp owns 32 of them as two 16-row halves, so every K and V fragment read
+// from shared memory feeds two MMAs: with one 16-row half per warp, ldmatrix traffic (not the
+// tensor cores) bounded the kernel at 0.29× SDPA on the H200. Keys go by in tiles of BC,
+// double-buffered with cp.async so the next tile loads while this one is multiplied; two blocks
+// share an SM (2 × 104 KiB of shared memory at BC = 64). Keys past `kv_len`, or past a query's
+// chunk when `block_tokens > 0`, are masked; tiles that no row of a warp can see past are not.
 #define FA_D 128
-#define FA_WARPS 8
-#define FA_BR (16 * FA_WARPS)
-#define FA_BC 64
+#define FA_WARPS 4
+#define FA_BR (32 * FA_WARPS)
 #define FA_PAD (FA_D + 8)
-#define FA_TILE (FA_BC * FA_PAD)
-// Dynamic shared memory: the Q tile, then 2 stages × (K + V) tiles.
-#define FA_SMEM_BYTES ((FA_BR * FA_PAD + 2 * 2 * FA_TILE) * 2)
 
 WL_DEVICE void fa_load_rows(wl_bf16* dst, const wl_bf16* src, int first, int rows, int limit, wl_u64 row, int h) {
     for (int i = threadIdx.x; i < rows * FA_D / 8; i += blockDim.x) {
@@ -97,138 +93,194 @@ WL_DEVICE void fa_load_rows(wl_bf16* dst, const wl_bf16* src, int first, int row
     }
 }
 
-WL_KERNEL void __launch_bounds__(256, 1)
-    flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq, int kv_len,
-                              int heads, int block_tokens, float scale) {
+template <int BC>
+WL_DEVICE void flash_attention_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq,
+                                    int kv_len, int heads, int block_tokens, float scale) {
+    constexpr int TILE = BC * FA_PAD;
+    constexpr int NJ = BC / 8;  // 8-key groups per tile
     extern __shared__ __align__(16) unsigned char fa_smem[];
     wl_bf16* qs = (wl_bf16*)fa_smem;
-    wl_bf16* tiles = qs + FA_BR * FA_PAD;  // [stage][K|V][FA_TILE]
+    wl_bf16* tiles = qs + FA_BR * FA_PAD;  // [stage][K|V][TILE]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.y;
     const int qb = blockIdx.x * FA_BR;
     const wl_u64 row = (wl_u64)heads * FA_D;
-    const int r0 = qb + warp * 16 + lane / 4, r1 = r0 + 8;  // this thread's two query rows
+    // This thread's rows: row0 + 16·i + 8·e for half i, accumulator pair e.
+    const int row0 = qb + warp * 32 + lane / 4;
     const int cq = (lane % 4) * 2;
     // Scores in base 2: exp(x·scale) = exp2(x·scale·log2 e).
     const float scale2 = scale * 1.4426950408889634f;
 
-    int lim0 = kv_len, lim1 = kv_len;
-    int block_end = kv_len;  // keys any query of this block may see
+    int block_end = kv_len;   // keys any query of this block may see
+    int warp_clear = kv_len;  // keys every row of this warp sees
     if (block_tokens > 0) {
-        lim0 = min(kv_len, (r0 / block_tokens + 1) * block_tokens);
-        lim1 = min(kv_len, (r1 / block_tokens + 1) * block_tokens);
         const int last_q = min(lq - 1, qb + FA_BR - 1);
         block_end = min(kv_len, (last_q / block_tokens + 1) * block_tokens);
+        warp_clear = min(kv_len, ((qb + warp * 32) / block_tokens + 1) * block_tokens);
     }
     // Group 0: the Q tile with the first K/V tile.
     fa_load_rows(qs, q, qb, FA_BR, lq, row, h);
-    fa_load_rows(tiles, k, 0, FA_BC, kv_len, row, h);
-    fa_load_rows(tiles + FA_TILE, v, 0, FA_BC, kv_len, row, h);
+    fa_load_rows(tiles, k, 0, BC, kv_len, row, h);
+    fa_load_rows(tiles + TILE, v, 0, BC, kv_len, row, h);
     wl_cp_async_commit();
 
     // ldmatrix row addresses: lane l serves matrix l/8, row l%8.
     const int lm = lane / 8, lr = lane % 8;
-    const wl_bf16* q_row = qs + (warp * 16 + lr + (lm % 2) * 8) * FA_PAD + (lm / 2) * 8;
+    const wl_bf16* q_row = qs + (warp * 32 + lr + (lm % 2) * 8) * FA_PAD + (lm / 2) * 8;
 
-    float o[16][4];
-    for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m0 = -WL_INF, m1 = -WL_INF, l0 = 0.0f, l1 = 0.0f;
+    float o[2][16][4];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 16; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+    // Running max (scaled, base 2) and this lane's share of the row sums; the sums of the four
+    // lanes of a row are added once at the end (they share every rescale factor).
+    float m[2][2], l[2][2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) m[i][e] = -WL_INF, l[i][e] = 0.0f;
 
     int stage = 0;
-    for (int kb = 0; kb < block_end; kb += FA_BC, stage ^= 1) {
-        if (kb + FA_BC < block_end) {
-            wl_bf16* next = tiles + (stage ^ 1) * 2 * FA_TILE;
-            fa_load_rows(next, k, kb + FA_BC, FA_BC, kv_len, row, h);
-            fa_load_rows(next + FA_TILE, v, kb + FA_BC, FA_BC, kv_len, row, h);
+    for (int kb = 0; kb < block_end; kb += BC, stage ^= 1) {
+        if (kb + BC < block_end) {
+            wl_bf16* next = tiles + (stage ^ 1) * 2 * TILE;
+            fa_load_rows(next, k, kb + BC, BC, kv_len, row, h);
+            fa_load_rows(next + TILE, v, kb + BC, BC, kv_len, row, h);
             wl_cp_async_commit();
             wl_cp_async_wait_one();
         } else {
             wl_cp_async_wait_all();
         }
         __syncthreads();
-        const wl_bf16* ks = tiles + stage * 2 * FA_TILE;
-        const wl_bf16* vs = ks + FA_TILE;
+        const wl_bf16* ks = tiles + stage * 2 * TILE;
+        const wl_bf16* vs = ks + TILE;
 
-        // S = Q Kᵀ for this warp's 16 rows × 64 keys, two 16-dim steps per K ldmatrix.
-        float s[8][4];
-        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        for (int kk = 0; kk < 8; kk += 2) {
-            unsigned int qa0[4], qa1[4];
-            wl_ldmatrix_x4(qa0, q_row + kk * 16);
-            wl_ldmatrix_x4(qa1, q_row + kk * 16 + 16);
-            for (int j = 0; j < 8; ++j) {
+        // S = Q Kᵀ for this warp's 32 rows × BC keys, one 16-dim step at a time; one K ldmatrix
+        // gives two 8-key groups and serves both halves.
+        float s[2][NJ][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            unsigned int qa[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) wl_ldmatrix_x4(qa[i], q_row + i * 16 * FA_PAD + kk * 16);
+#pragma unroll
+            for (int j = 0; j < NJ; j += 2) {
                 unsigned int b[4];
-                wl_ldmatrix_x4(b, ks + (j * 8 + lr) * FA_PAD + kk * 16 + lm * 8);
-                wl_mma_16816(s[j], qa0, b);
-                wl_mma_16816(s[j], qa1, b + 2);
+                wl_ldmatrix_x4(b, ks + ((j + lm / 2) * 8 + lr) * FA_PAD + kk * 16 + (lm % 2) * 8);
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    wl_mma_16816(s[i][j], qa[i], b);
+                    wl_mma_16816(s[i][j + 1], qa[i], b + 2);
+                }
             }
         }
-        // Mask, then the online softmax update of both rows.
-        float mx0 = -WL_INF, mx1 = -WL_INF;
-        for (int j = 0; j < 8; ++j) {
-            const int key = kb + j * 8 + cq;
-            s[j][0] = key < lim0 ? s[j][0] * scale2 : -WL_INF;
-            s[j][1] = key + 1 < lim0 ? s[j][1] * scale2 : -WL_INF;
-            s[j][2] = key < lim1 ? s[j][2] * scale2 : -WL_INF;
-            s[j][3] = key + 1 < lim1 ? s[j][3] * scale2 : -WL_INF;
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-        }
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            mx0 = fmaxf(mx0, wl_shfl_xor(mx0, o2));
-            mx1 = fmaxf(mx1, wl_shfl_xor(mx1, o2));
-        }
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not be NaN.
-        const float b0 = n0 == -WL_INF ? 0.0f : n0, b1 = n1 == -WL_INF ? 0.0f : n1;
-        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-        float sum0 = 0.0f, sum1 = 0.0f;
-        for (int j = 0; j < 8; ++j) {
-            s[j][0] = exp2f(s[j][0] - b0);
-            s[j][1] = exp2f(s[j][1] - b0);
-            s[j][2] = exp2f(s[j][2] - b1);
-            s[j][3] = exp2f(s[j][3] - b1);
-            sum0 += s[j][0] + s[j][1];
-            sum1 += s[j][2] + s[j][3];
-        }
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            sum0 += wl_shfl_xor(sum0, o2);
-            sum1 += wl_shfl_xor(sum1, o2);
-        }
-        l0 = l0 * c0 + sum0;
-        l1 = l1 * c1 + sum1;
-        m0 = n0;
-        m1 = n1;
-        for (int j = 0; j < 16; ++j) {
-            o[j][0] *= c0;
-            o[j][1] *= c0;
-            o[j][2] *= c1;
-            o[j][3] *= c1;
+        const bool masked = kb + BC > warp_clear;
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx[2] = {-WL_INF, -WL_INF};
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                #pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int e = c / 2;
+                    float x = s[i][j][c] * scale2;
+                    if (masked) {
+                        const int rq = row0 + i * 16 + e * 8;
+                        const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
+                        if (kb + j * 8 + cq + (c & 1) >= lim) x = -WL_INF;
+                    }
+                    s[i][j][c] = x;
+                    mx[e] = fmaxf(mx[e], x);
+                }
+            }
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                mx[e] = fmaxf(mx[e], wl_shfl_xor(mx[e], 1));
+                mx[e] = fmaxf(mx[e], wl_shfl_xor(mx[e], 2));
+                const float n = fmaxf(m[i][e], mx[e]);
+                // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not
+                // be NaN.
+                const float base = n == -WL_INF ? 0.0f : n;
+                const float corr = exp2f(m[i][e] - base);
+                float sum = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    s[i][j][2 * e] = exp2f(s[i][j][2 * e] - base);
+                    s[i][j][2 * e + 1] = exp2f(s[i][j][2 * e + 1] - base);
+                    sum += s[i][j][2 * e] + s[i][j][2 * e + 1];
+                }
+                l[i][e] = l[i][e] * corr + sum;
+                m[i][e] = n;
+                #pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    o[i][j][2 * e] *= corr;
+                    o[i][j][2 * e + 1] *= corr;
+                }
+            }
         }
         // O += P V: the S accumulators of two adjacent key groups are the A fragment of one
-        // 16-key step; one transposing ldmatrix gives the V fragments of two 8-dim groups.
-        for (int kk = 0; kk < 4; ++kk) {
-            unsigned int pa[4];
-            pa[0] = wl_pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = wl_pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = wl_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = wl_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        // 16-key step; one transposing ldmatrix gives the V fragments of two 8-dim groups, used
+        // by both halves.
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            unsigned int pa[2][4];
+            #pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                pa[i][0] = wl_pack_bf16(s[i][2 * kk][0], s[i][2 * kk][1]);
+                pa[i][1] = wl_pack_bf16(s[i][2 * kk][2], s[i][2 * kk][3]);
+                pa[i][2] = wl_pack_bf16(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+                pa[i][3] = wl_pack_bf16(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+            }
             const wl_bf16* vrow = vs + (kk * 16 + (lm % 2) * 8 + lr) * FA_PAD + (lm / 2) * 8;
+            #pragma unroll
             for (int j = 0; j < 16; j += 2) {
                 unsigned int b[4];
                 wl_ldmatrix_x4_trans(b, vrow + j * 8);
-                wl_mma_16816(o[j], pa, b);
-                wl_mma_16816(o[j + 1], pa, b + 2);
+                #pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    wl_mma_16816(o[i][j], pa[i], b);
+                    wl_mma_16816(o[i][j + 1], pa[i], b + 2);
+                }
             }
         }
         // The stage just read is refilled two tiles on: everyone must be done with it first.
         __syncthreads();
     }
-    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-    for (int j = 0; j < 16; ++j) {
-        const int c = j * 8 + cq;
-        if (r0 < lq) *(unsigned int*)(out + (wl_u64)r0 * row + (wl_u64)h * FA_D + c) = wl_pack_bf16(o[j][0] * i0, o[j][1] * i0);
-        if (r1 < lq) *(unsigned int*)(out + (wl_u64)r1 * row + (wl_u64)h * FA_D + c) = wl_pack_bf16(o[j][2] * i1, o[j][3] * i1);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float inv[2];
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float t = l[i][e];
+            t += wl_shfl_xor(t, 1);
+            t += wl_shfl_xor(t, 2);
+            inv[e] = 1.0f / t;
+        }
+        #pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int c = j * 8 + cq;
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int rq = row0 + i * 16 + e * 8;
+                if (rq < lq)
+                    *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * FA_D + c) =
+                        wl_pack_bf16(o[i][j][2 * e] * inv[e], o[i][j][2 * e + 1] * inv[e]);
+            }
+        }
     }
 }
+
+#define WL_FLASH(BC)                                                                                          \
+    WL_KERNEL void __launch_bounds__(32 * FA_WARPS, 2)                                                        \
+        flash_attention_bf16_d128_bc##BC(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, \
+                                         int lq, int kv_len, int heads, int block_tokens, float scale) {     \
+        flash_attention_d128<BC>(out, q, k, v, lq, kv_len, heads, block_tokens, scale);                       \
+    }
+WL_FLASH(64)
+WL_FLASH(32)
 #endif

@@ -373,8 +373,15 @@ fn rope_attention_and_layout_match_the_cpu() {
                 });
             }
         }
-        // Several key tiles, partial query and key tiles, and chunks that straddle tiles.
-        for (lq, lk, heads, bt) in [(200, 333, 3, 0), (250, 250, 2, 70), (64, 1000, 1, 0)] {
+        // Several key tiles, partial query and key tiles, chunks that straddle a warp's rows
+        // and tiles, and a cache filled only up to `kv_len`; both key-tile sizes of the kernel.
+        for (lq, lk, kv_len, heads, bt) in [
+            (200, 333, 333, 3, 0),
+            (250, 250, 250, 2, 70),
+            (64, 1000, 1000, 1, 0),
+            (300, 400, 363, 2, 0),
+            (291, 300, 291, 1, 45),
+        ] {
             let q = rand(&mut rng, &[lq, heads, 128], DType::BF16);
             let k = rand(&mut rng, &[lk, heads, 128], DType::BF16);
             let v = rand(&mut rng, &[lk, heads, 128], DType::BF16);
@@ -383,13 +390,20 @@ fn rope_attention_and_layout_match_the_cpu() {
             } else {
                 AttnMask::BlockCausal { block_tokens: bt }
             };
-            check(
-                &format!("flash attention {lq}q {lk}k {heads}h block {bt}"),
-                dev,
-                1e-2,
-                &[&q, &k, &v],
-                |t| ops::attention(&t[0], &t[1], &t[2], lk, mask),
-            );
+            for bc in [32, 64] {
+                check(
+                    &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} tile {bc}"),
+                    dev,
+                    1e-2,
+                    &[&q, &k, &v],
+                    |t| match t[0].device() {
+                        Device::Cuda(_) => kernels::cuda::ops::flash_attention_tiled(
+                            &t[0], &t[1], &t[2], kv_len, bt, bc,
+                        ),
+                        _ => ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
+                    },
+                );
+            }
         }
         // A KV cache on the device evicts and rewrites exactly as on the CPU.
         let (tpf, heads, d) = (6, 2, 32);

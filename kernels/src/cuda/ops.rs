@@ -560,10 +560,23 @@ pub fn attention(
 /// Head dim of the tensor-core kernel (Wan's).
 pub const FLASH_HEAD_DIM: usize = 128;
 
-/// Queries per block and dynamic shared memory of the tensor-core kernel (attention.cu's
-/// `FA_BR` and `FA_SMEM_BYTES`: two stages of 64-key K and V tiles, rows padded to 136).
+/// Queries per block of the tensor-core kernel (attention.cu's `FA_BR`: 4 warps × 32 rows).
 const FLASH_BLOCK_QUERIES: usize = 128;
-const FLASH_SMEM_BYTES: u32 = (128 * 136 + 2 * 2 * 64 * 136) * 2;
+
+/// Keys per shared-memory tile: 64 unless `WORLDLINE_FLASH_BC=32` (a tuning knob for
+/// `bench kernels`; both tile sizes are compiled and tested).
+fn flash_tile_keys() -> usize {
+    static BC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BC.get_or_init(|| match std::env::var("WORLDLINE_FLASH_BC").as_deref() {
+        Ok("32") => 32,
+        _ => 64,
+    })
+}
+
+/// Dynamic shared memory: the Q tile, then two stages of K and V tiles, rows padded to 136.
+fn flash_smem_bytes(bc: usize) -> u32 {
+    ((FLASH_BLOCK_QUERIES * 136 + 2 * 2 * bc * 136) * 2) as u32
+}
 
 /// The tensor-core path: bf16 operands (cast if needed), f32 accumulation, output in `q`'s dtype.
 fn flash_attention(
@@ -573,9 +586,24 @@ fn flash_attention(
     kv_len: usize,
     block_tokens: usize,
 ) -> Result<Tensor> {
+    flash_attention_tiled(q, k, v, kv_len, block_tokens, flash_tile_keys())
+}
+
+/// [`flash_attention`] with `bc` (32 or 64) keys per tile.
+pub fn flash_attention_tiled(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    block_tokens: usize,
+    bc: usize,
+) -> Result<Tensor> {
     use cudarc::driver::sys::CUfunction_attribute_enum as Attr;
     let s = storage(q)?;
     let dev = &s.dev;
+    if !matches!(bc, 32 | 64) {
+        return Err(dev.err(format!("flash attention tile of {bc} keys: 32 or 64")));
+    }
     let (lq, heads) = (q.dim(0), q.dim(1));
     let (qb, kb, vb) = (
         cast(q, DType::BF16)?,
@@ -583,19 +611,21 @@ fn flash_attention(
         cast(v, DType::BF16)?,
     );
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
+    let smem = flash_smem_bytes(bc);
     let cfg = LaunchConfig {
         grid_dim: (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: FLASH_SMEM_BYTES,
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: smem,
     };
     let (lq32, kv32, h32, bt) = (lq as i32, kv_len as i32, heads as i32, block_tokens as i32);
     let scale = 1.0f32 / (FLASH_HEAD_DIM as f32).sqrt();
     let (qs, ks, vs) = (storage(&qb)?, storage(&kb)?, storage(&vb)?);
-    let func = dev.func("attention", "flash_attention_bf16_d128")?;
+    let name = format!("flash_attention_bf16_d128_bc{bc}");
+    let func = dev.func("attention", &name)?;
     // More than the default 48 KiB of dynamic shared memory must be asked for.
     func.set_attribute(
         Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        FLASH_SMEM_BYTES as i32,
+        smem as i32,
     )
     .map_err(|e| dev.err(e))?;
     let mut b = dev.stream.launch_builder(&func);
@@ -606,7 +636,7 @@ fn flash_attention(
     b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
     dev.timed("attention", || {
         // SAFETY: the arguments are the kernel's, bf16 buffers of [lq|kv, heads, 128].
-        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("flash_attention_bf16_d128: {e}")))?;
+        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
         Ok(())
     })?;
     cast(&wrap(out, q.shape()), q.dtype())
