@@ -390,18 +390,35 @@ fn rope_attention_and_layout_match_the_cpu() {
             } else {
                 AttnMask::BlockCausal { block_tokens: bt }
             };
-            for bc in [32, 64] {
+            let variants = match dev {
+                Device::Cuda(i) => kernels::cuda::ops::FlashKernel::available(
+                    &kernels::cuda::backend(i).expect("backend").arch,
+                ),
+                _ => Vec::new(),
+            };
+            let mut ran = 0;
+            for kernel in variants {
                 check(
-                    &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} tile {bc}"),
+                    &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} {kernel:?}"),
                     dev,
                     1e-2,
                     &[&q, &k, &v],
                     |t| match t[0].device() {
-                        Device::Cuda(_) => kernels::cuda::ops::flash_attention_tiled(
-                            &t[0], &t[1], &t[2], kv_len, bt, bc,
+                        Device::Cuda(_) => kernels::cuda::ops::flash_attention_with(
+                            &t[0], &t[1], &t[2], kv_len, bt, kernel,
                         ),
                         _ => ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
                     },
+                );
+                ran += 1;
+            }
+            if ran == 0 {
+                check(
+                    &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt}"),
+                    dev,
+                    1e-2,
+                    &[&q, &k, &v],
+                    |t| ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
                 );
             }
         }
