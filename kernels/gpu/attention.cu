@@ -71,15 +71,15 @@ WL_ATT(float, f32)
 WL_ATT(wl_bf16, bf16)
 
 #if defined(WL_HAS_MMA_BF16)
-// Flash attention forward on tensor cores (mma.sync, sm_80+; Hopper takes the wgmma kernels below):
-// bf16 q/k/v [L, heads, 128], f32 accumulation and
-// online softmax (base 2), bf16 out. A block of 4 warps takes 128 queries of one head (staged in
-// shared memory); each warp owns 32 of them as two 16-row halves, so every K and V fragment read
-// from shared memory feeds two MMAs: with one 16-row half per warp, ldmatrix traffic (not the
-// tensor cores) bounded the kernel at 0.29× SDPA on the H200. Keys go by in tiles of BC,
-// double-buffered with cp.async so the next tile loads while this one is multiplied; two blocks
-// share an SM (2 × 104 KiB of shared memory at BC = 64). Keys past `kv_len`, or past a query's
-// chunk when `block_tokens > 0`, are masked; tiles that no row of a warp can see past are not.
+// Flash attention forward on tensor cores (mma.sync, sm_80+; Hopper takes the wgmma kernels
+// below): bf16 q/k/v [L, heads, 128], f32 accumulation and online softmax (base 2), bf16 out. A
+// block of 4 warps takes 128 queries of one head (staged in shared memory); each warp owns 32 of
+// them as two 16-row halves, so every K and V fragment read from shared memory feeds two MMAs
+// (with one 16-row half per warp, ldmatrix traffic bounded the kernel). Keys go by in tiles of
+// BC, double-buffered with cp.async so the next tile loads while this one is multiplied; two
+// blocks share an SM (2 × 104 KiB of shared memory at BC = 64). Keys past `kv_len`, or past a
+// query's chunk when `block_tokens > 0`, are masked; tiles that no row of a warp can see past
+// are not.
 #define FA_D 128
 #define FA_WARPS 4
 #define FA_BR (32 * FA_WARPS)
