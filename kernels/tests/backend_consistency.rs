@@ -142,16 +142,22 @@ fn elementwise_and_norms_match_the_cpu() {
 fn fused_norm_modulate_matches_the_cpu() {
     for dev in gpus() {
         let mut rng = Rng::new(5);
-        for dt in [DType::F32, DType::BF16] {
-            let x = rand(&mut rng, &[70, 384], dt);
-            let shift = rand(&mut rng, &[384], DType::F32);
-            let scale = rand(&mut rng, &[70, 384], DType::F32);
+        // Rows held in registers (384; 5120, the 14B width) and a row too wide for them.
+        for (dt, rows, cols) in [
+            (DType::F32, 70, 384),
+            (DType::BF16, 70, 384),
+            (DType::F32, 9, 5120),
+            (DType::BF16, 5, 7000),
+        ] {
+            let x = rand(&mut rng, &[rows, cols], dt);
+            let shift = rand(&mut rng, &[cols], DType::F32);
+            let scale = rand(&mut rng, &[rows, cols], DType::F32);
             for (out, t) in [
                 (NormOut::Dtype(DType::F32), 1e-5),
                 (NormOut::Dtype(DType::BF16), 1e-2),
             ] {
                 check(
-                    &format!("norm_modulate {dt:?} → {out:?}"),
+                    &format!("norm_modulate {dt:?} {rows}×{cols} → {out:?}"),
                     dev,
                     t,
                     &[&x, &shift, &scale],
