@@ -614,8 +614,11 @@ pub fn conv3d_fused(
 /// Softmax over the last dim of `x · scale`, in f32 (max subtracted); output in `x`'s dtype.
 pub fn softmax_rows(x: &Tensor, scale: f32) -> Result<Tensor> {
     no_fp8("softmax_rows", x)?;
-    if x.rank() == 0 || x.cols() == 0 {
-        return Err(shape_err("softmax_rows", format!("input {:?}", x.shape())));
+    if x.elem_count() == 0 || x.rank() == 0 {
+        return Err(shape_err(
+            "softmax_rows",
+            format!("input {:?}: no rows to normalise", x.shape()),
+        ));
     }
     match x.storage() {
         Storage::Cpu(_) => {

@@ -271,3 +271,76 @@ fn soft_clamp_is_scaled_tanh() -> Result<()> {
     assert_err_names(ops::soft_clamp(&x, f32::NAN), "soft_clamp");
     Ok(())
 }
+
+#[test]
+fn conv3d_fused_adds_the_residual_then_relu() -> Result<()> {
+    let mut rng = Rng::new(11);
+    let x = randn(Device::Cpu, &mut rng, &[4, 3, 5, 6])?;
+    let w = randn(Device::Cpu, &mut rng, &[5, 4, 3, 3, 3])?;
+    let b = randn(Device::Cpu, &mut rng, &[5])?;
+    let pad = [[2, 0], [1, 1], [1, 1]];
+    let (conv, shape) = conv3d_ref(&x, &w, Some(&b), [1; 3], pad);
+    let r = randn(Device::Cpu, &mut rng, &shape)?;
+    let rv = r.to_vec_f32();
+    for relu in [false, true] {
+        let epi = kernels::ConvEpilogue {
+            residual: Some(&r),
+            relu,
+        };
+        let got = ops::conv3d_fused(&x, &w, Some(&b), [1; 3], pad, epi)?;
+        assert_eq!(got.shape(), shape);
+        let want: Vec<f64> = conv
+            .iter()
+            .zip(&rv)
+            .map(|(&c, &r)| {
+                let v = c + r as f64;
+                if relu {
+                    v.max(0.0)
+                } else {
+                    v
+                }
+            })
+            .collect();
+        assert_f32_close(&format!("conv + residual, relu {relu}"), &got, &want);
+    }
+    Ok(())
+}
+
+#[test]
+fn conv3d_fused_rejects_a_residual_of_another_shape_or_dtype() -> Result<()> {
+    let x = Tensor::zeros(&[3, 2, 4, 4], DType::F32)?;
+    let w = Tensor::zeros(&[5, 3, 1, 3, 3], DType::F32)?;
+    let pad = [[0, 0], [1, 1], [1, 1]];
+    for r in [
+        Tensor::zeros(&[5, 2, 4, 5], DType::F32)?,
+        Tensor::zeros(&[5, 2, 4, 4], DType::BF16)?,
+    ] {
+        let epi = kernels::ConvEpilogue {
+            residual: Some(&r),
+            relu: false,
+        };
+        assert_err_names(ops::conv3d_fused(&x, &w, None, [1; 3], pad, epi), "conv3d");
+    }
+    Ok(())
+}
+
+#[test]
+fn softmax_rows_matches_definition() -> Result<()> {
+    let mut rng = Rng::new(12);
+    let x = randn(Device::Cpu, &mut rng, &[7, 300])?;
+    let xs = x.to_vec_f32();
+    let scale = 2.5;
+    let mut want = Vec::with_capacity(xs.len());
+    for row in xs.chunks(300) {
+        let e: Vec<f64> = row.iter().map(|&v| (v as f64 * scale).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        want.extend(e.iter().map(|v| v / sum));
+    }
+    let got = ops::softmax_rows(&x, scale as f32)?;
+    assert_f32_close("softmax_rows", &got, &want);
+    assert_err_names(
+        ops::softmax_rows(&Tensor::zeros(&[3, 0], DType::F32)?, 1.0),
+        "softmax_rows",
+    );
+    Ok(())
+}

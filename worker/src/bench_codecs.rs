@@ -18,6 +18,9 @@ use pipeline::vae::{
 use pipeline::WeightStore;
 use serde::Serialize;
 
+/// Per op kind of one profiled chunk: (kind, ms, launches).
+type Kinds = Vec<(String, f64, usize)>;
+
 #[derive(Debug, Serialize)]
 struct Row {
     what: String,
@@ -25,7 +28,7 @@ struct Row {
     ms: f64,
     /// Per op kind on a GPU: (kind, ms, launches) of one profiled steady chunk.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    kinds: Vec<(String, f64, usize)>,
+    kinds: Kinds,
 }
 
 const H: usize = 480;
@@ -58,7 +61,7 @@ fn stream<C>(
     first: &Tensor,
     next: &Tensor,
     step: impl Fn(&mut C, &Tensor) -> pipeline::Result<Tensor>,
-) -> Result<(Duration, Vec<(String, f64, usize)>)> {
+) -> Result<(Duration, Kinds)> {
     step(coder, first)?;
     sync(dev)?;
     let mut best = Duration::MAX;
@@ -111,7 +114,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize, dtypes: &[String]) 
          (after a first chunk), random weights, best of {repeat}"
     );
     let mut rows = Vec::new();
-    let mut push = |what: &str, dtype: DType, (t, kinds): (Duration, Vec<(String, f64, usize)>)| {
+    let mut push = |what: &str, dtype: DType, (t, kinds): (Duration, Kinds)| {
         let ms = t.as_secs_f64() * 1e3;
         println!("{what}, {dtype:?} weights: {ms:.2} ms");
         if !kinds.is_empty() {
