@@ -26,6 +26,13 @@ pub trait Communicator: Debug + Send + Sync {
     /// Every rank's `t`, in rank order.
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>, Error>;
 
+    /// Every rank's `t` joined along dim 0 in rank order: [`Tensor::cat`] of
+    /// [`all_gather`](Self::all_gather), which a device backend receives straight into.
+    fn all_gather_cat(&self, t: &Tensor) -> Result<Tensor, Error> {
+        let parts = self.all_gather(t)?;
+        Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?)
+    }
+
     /// `root`'s `t` on every rank. Other ranks pass a tensor of the same shape and dtype (the
     /// receive buffer a device backend fills).
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor, Error>;

@@ -339,6 +339,27 @@ impl NcclComm {
         Ok((st, ptr))
     }
 
+    /// `ncclAllGather` of `t` (not empty) into a fresh buffer of `shape` (`size` times its
+    /// elements). Not waited for: like the all-to-all, the next collective (or the stream)
+    /// orders it, so the host goes on enqueueing the work that follows.
+    fn gather_into(&self, t: &Tensor, shape: &[usize]) -> Result<Tensor, Error> {
+        let count = t.elem_count();
+        let dt = nccl_dtype(t)?;
+        let sptr = self.storage(t)?.device_ptr()?;
+        let (buf, rptr) = self.alloc(t.dtype(), shape)?;
+        self.launch("all_gather", false, |nccl, comm, stream| {
+            // SAFETY: `sptr` holds `count` elements, `rptr` `size * count`, both of `dt`, on
+            // this rank's device; `comm` is live.
+            let r = unsafe {
+                (nccl.all_gather)(sptr as *const _, rptr as *mut _, count, dt, comm, stream)
+            };
+            nccl.check("ncclAllGather", r)
+        })?;
+        self.stats
+            .add(Kind::AllGather, tensor_bytes(t) * (self.size as u64 - 1));
+        Ok(buf.into_tensor(shape)?)
+    }
+
     /// Fails this rank (and so the group) with `reason`, as the error to return.
     fn fail(&self, reason: String) -> Error {
         self.shared.fail(self.rank, &reason);
@@ -553,33 +574,29 @@ impl Communicator for NcclComm {
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>, Error> {
         let n = self.size;
-        let count = t.elem_count();
-        if count == 0 {
+        if t.elem_count() == 0 {
             return Ok((0..n).map(|_| t.clone()).collect());
         }
-        let dt = nccl_dtype(t)?;
-        let sptr = self.storage(t)?.device_ptr()?;
-        let (buf, rptr) = self.alloc(t.dtype(), &[n, count])?;
-        self.launch("all_gather", true, |nccl, comm, stream| {
-            // SAFETY: `sptr` holds `count` elements, `rptr` `n * count`, both of `dt`, on this
-            // rank's device; `comm` is live.
-            let r = unsafe {
-                (nccl.all_gather)(sptr as *const _, rptr as *mut _, count, dt, comm, stream)
-            };
-            nccl.check("ncclAllGather", r)
-        })?;
-        let whole = buf.into_tensor(&[n, count])?;
-        let parts = (0..n)
+        let whole = self.gather_into(t, &[n, t.elem_count()])?;
+        (0..n)
             .map(|i| {
                 if i == self.rank {
                     return Ok(t.clone());
                 }
                 Ok(whole.narrow(0, i, 1)?.reshape(t.shape())?)
             })
-            .collect::<Result<Vec<_>, Error>>()?;
-        self.stats
-            .add(Kind::AllGather, tensor_bytes(t) * (n as u64 - 1));
-        Ok(parts)
+            .collect()
+    }
+
+    /// The all-gather's buffer is already the rank-ordered concatenation: no copy.
+    fn all_gather_cat(&self, t: &Tensor) -> Result<Tensor, Error> {
+        if t.rank() == 0 || t.elem_count() == 0 {
+            let parts = self.all_gather(t)?;
+            return Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?);
+        }
+        let mut shape = t.shape().to_vec();
+        shape[0] *= self.size;
+        self.gather_into(t, &shape)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor, Error> {

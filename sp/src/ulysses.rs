@@ -289,8 +289,10 @@ impl<'a> Ulysses<'a> {
 
     /// Every rank's `[per_rank, ..]` rows, joined in token order with the padding cut off.
     pub fn gather_tokens(&self, t: &Tensor) -> Result<Tensor, Error> {
-        let parts = self.comm.all_gather(t)?;
-        let whole = Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?;
+        let whole = self.comm.all_gather_cat(t)?;
+        if whole.dim(0) == self.shard.tokens {
+            return Ok(whole);
+        }
         Ok(whole.narrow(0, 0, self.shard.tokens)?)
     }
 }
