@@ -3,6 +3,8 @@
 //! Conventions (OpenCV, as LingBot's poses): camera x right, y down, z forward; poses are
 //! camera-to-world. World y is down, so yaw turns about world y and "up" is −y.
 
+use std::sync::{Arc, Mutex};
+
 use kernels::Tensor;
 use rayon::prelude::*;
 
@@ -342,6 +344,31 @@ pub fn ray_map(
     Ok(out)
 }
 
+/// [`pixel_ray`] of every pixel at `height × width`, row-major: the same for every frame and
+/// chunk of a session, so it is computed once and kept (for the last size asked).
+fn pixel_rays(intrinsics_px: [f64; 4], height: usize, width: usize) -> Arc<Vec<[f64; 3]>> {
+    type Rays = ([u64; 4], usize, usize, Arc<Vec<[f64; 3]>>);
+    static LAST: Mutex<Option<Rays>> = Mutex::new(None);
+    let key = intrinsics_px.map(f64::to_bits);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((k, h, w, rays)) = last.as_ref() {
+        if (*k, *h, *w) == (key, height, width) {
+            return rays.clone();
+        }
+    }
+    let mut rays = vec![[0.0; 3]; height * width];
+    rays.par_chunks_mut(width.max(1))
+        .enumerate()
+        .for_each(|(v, line)| {
+            for (u, r) in line.iter_mut().enumerate() {
+                *r = pixel_ray(intrinsics_px, u, v);
+            }
+        });
+    let rays = Arc::new(rays);
+    *last = Some((key, height, width, rays.clone()));
+    rays
+}
+
 /// Rows `[first, first + real)` of [`fold_rays`]`(`[`ray_map`]`(..))`, computed straight from the
 /// poses with no full-size map, followed by zero rows up to `rows` rows: a sequence-parallel
 /// rank builds only its own token shard. Every value is the same f32 as in the full map (each
@@ -382,7 +409,11 @@ pub fn ray_token_rows(
             first + real
         )));
     }
-    let k = CameraConfig::intrinsics_px(intrinsics_832x480, height, width);
+    let rays = pixel_rays(
+        CameraConfig::intrinsics_px(intrinsics_832x480, height, width),
+        height,
+        width,
+    );
     let feat = channels * b * b * 4;
     let mut out = vec![0f32; rows * feat];
     // One task per token; padding rows stay zero.
@@ -398,7 +429,7 @@ pub fn ray_token_rows(
                     for q in 0..2 {
                         for j in 0..b {
                             let (v, u) = ((2 * y + pp) * b + i, (2 * x + q) * b + j);
-                            let dw = apply(&p.r, pixel_ray(k, u, v));
+                            let dw = apply(&p.r, rays[v * width + u]);
                             let at = i * 32 + j * 4 + pp * 2 + q;
                             if channels == 6 {
                                 for (c, val) in p.t.iter().chain(dw.iter()).enumerate() {
