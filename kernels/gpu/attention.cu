@@ -71,22 +71,19 @@ WL_ATT(float, f32)
 WL_ATT(wl_bf16, bf16)
 
 #if defined(WL_HAS_MMA_BF16)
-// Flash attention forward on tensor cores: bf16 q/k/v [L, heads, 128], f32 accumulation and
-// online softmax (base 2), bf16 out. A block of 8 warps takes 128 queries of one head (staged in
-// shared memory); each warp owns 16 of them. Keys go by in tiles of 64, double-buffered with
-// cp.async so the next tile loads while this one is multiplied. Every operand reaches the tensor
-// cores through ldmatrix (V transposed on the way). The f32 output accumulators alone take 64
-// registers a thread, so one 8-warp block per SM: forcing two made ptxas spill and ran slower
-// (measured on the H200). Keys past `kv_len`, or past a query's chunk when `block_tokens > 0`,
-// are masked.
+// Flash attention forward on tensor cores (mma.sync, sm_80+; Hopper takes the wgmma kernels
+// below): bf16 q/k/v [L, heads, 128], f32 accumulation and online softmax (base 2), bf16 out. A
+// block of 4 warps takes 128 queries of one head (staged in shared memory); each warp owns 32 of
+// them as two 16-row halves, so every K and V fragment read from shared memory feeds two MMAs
+// (with one 16-row half per warp, ldmatrix traffic bounded the kernel). Keys go by in tiles of
+// BC, double-buffered with cp.async so the next tile loads while this one is multiplied; two
+// blocks share an SM (2 × 104 KiB of shared memory at BC = 64). Keys past `kv_len`, or past a
+// query's chunk when `block_tokens > 0`, are masked; tiles that no row of a warp can see past
+// are not.
 #define FA_D 128
-#define FA_WARPS 8
-#define FA_BR (16 * FA_WARPS)
-#define FA_BC 64
+#define FA_WARPS 4
+#define FA_BR (32 * FA_WARPS)
 #define FA_PAD (FA_D + 8)
-#define FA_TILE (FA_BC * FA_PAD)
-// Dynamic shared memory: the Q tile, then 2 stages × (K + V) tiles.
-#define FA_SMEM_BYTES ((FA_BR * FA_PAD + 2 * 2 * FA_TILE) * 2)
 
 WL_DEVICE void fa_load_rows(wl_bf16* dst, const wl_bf16* src, int first, int rows, int limit, wl_u64 row, int h) {
     for (int i = threadIdx.x; i < rows * FA_D / 8; i += blockDim.x) {
@@ -97,138 +94,577 @@ WL_DEVICE void fa_load_rows(wl_bf16* dst, const wl_bf16* src, int first, int row
     }
 }
 
-WL_KERNEL void __launch_bounds__(256, 1)
-    flash_attention_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq, int kv_len,
-                              int heads, int block_tokens, float scale) {
+template <int BC>
+WL_DEVICE void flash_attention_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq,
+                                    int kv_len, int heads, int block_tokens, float scale) {
+    constexpr int TILE = BC * FA_PAD;
+    constexpr int NJ = BC / 8;  // 8-key groups per tile
     extern __shared__ __align__(16) unsigned char fa_smem[];
     wl_bf16* qs = (wl_bf16*)fa_smem;
-    wl_bf16* tiles = qs + FA_BR * FA_PAD;  // [stage][K|V][FA_TILE]
+    wl_bf16* tiles = qs + FA_BR * FA_PAD;  // [stage][K|V][TILE]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.y;
     const int qb = blockIdx.x * FA_BR;
     const wl_u64 row = (wl_u64)heads * FA_D;
-    const int r0 = qb + warp * 16 + lane / 4, r1 = r0 + 8;  // this thread's two query rows
+    // This thread's rows: row0 + 16·i + 8·e for half i, accumulator pair e.
+    const int row0 = qb + warp * 32 + lane / 4;
     const int cq = (lane % 4) * 2;
     // Scores in base 2: exp(x·scale) = exp2(x·scale·log2 e).
     const float scale2 = scale * 1.4426950408889634f;
 
-    int lim0 = kv_len, lim1 = kv_len;
-    int block_end = kv_len;  // keys any query of this block may see
+    int block_end = kv_len;   // keys any query of this block may see
+    int warp_clear = kv_len;  // keys every row of this warp sees
     if (block_tokens > 0) {
-        lim0 = min(kv_len, (r0 / block_tokens + 1) * block_tokens);
-        lim1 = min(kv_len, (r1 / block_tokens + 1) * block_tokens);
         const int last_q = min(lq - 1, qb + FA_BR - 1);
         block_end = min(kv_len, (last_q / block_tokens + 1) * block_tokens);
+        warp_clear = min(kv_len, ((qb + warp * 32) / block_tokens + 1) * block_tokens);
     }
     // Group 0: the Q tile with the first K/V tile.
     fa_load_rows(qs, q, qb, FA_BR, lq, row, h);
-    fa_load_rows(tiles, k, 0, FA_BC, kv_len, row, h);
-    fa_load_rows(tiles + FA_TILE, v, 0, FA_BC, kv_len, row, h);
+    fa_load_rows(tiles, k, 0, BC, kv_len, row, h);
+    fa_load_rows(tiles + TILE, v, 0, BC, kv_len, row, h);
     wl_cp_async_commit();
 
     // ldmatrix row addresses: lane l serves matrix l/8, row l%8.
     const int lm = lane / 8, lr = lane % 8;
-    const wl_bf16* q_row = qs + (warp * 16 + lr + (lm % 2) * 8) * FA_PAD + (lm / 2) * 8;
+    const wl_bf16* q_row = qs + (warp * 32 + lr + (lm % 2) * 8) * FA_PAD + (lm / 2) * 8;
 
-    float o[16][4];
-    for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m0 = -WL_INF, m1 = -WL_INF, l0 = 0.0f, l1 = 0.0f;
+    float o[2][16][4];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 16; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+    // Running max (scaled, base 2) and this lane's share of the row sums; the sums of the four
+    // lanes of a row are added once at the end (they share every rescale factor).
+    float m[2][2], l[2][2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) m[i][e] = -WL_INF, l[i][e] = 0.0f;
 
     int stage = 0;
-    for (int kb = 0; kb < block_end; kb += FA_BC, stage ^= 1) {
-        if (kb + FA_BC < block_end) {
-            wl_bf16* next = tiles + (stage ^ 1) * 2 * FA_TILE;
-            fa_load_rows(next, k, kb + FA_BC, FA_BC, kv_len, row, h);
-            fa_load_rows(next + FA_TILE, v, kb + FA_BC, FA_BC, kv_len, row, h);
+    for (int kb = 0; kb < block_end; kb += BC, stage ^= 1) {
+        if (kb + BC < block_end) {
+            wl_bf16* next = tiles + (stage ^ 1) * 2 * TILE;
+            fa_load_rows(next, k, kb + BC, BC, kv_len, row, h);
+            fa_load_rows(next + TILE, v, kb + BC, BC, kv_len, row, h);
             wl_cp_async_commit();
             wl_cp_async_wait_one();
         } else {
             wl_cp_async_wait_all();
         }
         __syncthreads();
-        const wl_bf16* ks = tiles + stage * 2 * FA_TILE;
-        const wl_bf16* vs = ks + FA_TILE;
+        const wl_bf16* ks = tiles + stage * 2 * TILE;
+        const wl_bf16* vs = ks + TILE;
 
-        // S = Q Kᵀ for this warp's 16 rows × 64 keys, two 16-dim steps per K ldmatrix.
-        float s[8][4];
-        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        for (int kk = 0; kk < 8; kk += 2) {
-            unsigned int qa0[4], qa1[4];
-            wl_ldmatrix_x4(qa0, q_row + kk * 16);
-            wl_ldmatrix_x4(qa1, q_row + kk * 16 + 16);
-            for (int j = 0; j < 8; ++j) {
+        // S = Q Kᵀ for this warp's 32 rows × BC keys, one 16-dim step at a time; one K ldmatrix
+        // gives two 8-key groups and serves both halves.
+        float s[2][NJ][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            unsigned int qa[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) wl_ldmatrix_x4(qa[i], q_row + i * 16 * FA_PAD + kk * 16);
+#pragma unroll
+            for (int j = 0; j < NJ; j += 2) {
                 unsigned int b[4];
-                wl_ldmatrix_x4(b, ks + (j * 8 + lr) * FA_PAD + kk * 16 + lm * 8);
-                wl_mma_16816(s[j], qa0, b);
-                wl_mma_16816(s[j], qa1, b + 2);
+                wl_ldmatrix_x4(b, ks + ((j + lm / 2) * 8 + lr) * FA_PAD + kk * 16 + (lm % 2) * 8);
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    wl_mma_16816(s[i][j], qa[i], b);
+                    wl_mma_16816(s[i][j + 1], qa[i], b + 2);
+                }
             }
         }
-        // Mask, then the online softmax update of both rows.
-        float mx0 = -WL_INF, mx1 = -WL_INF;
-        for (int j = 0; j < 8; ++j) {
-            const int key = kb + j * 8 + cq;
-            s[j][0] = key < lim0 ? s[j][0] * scale2 : -WL_INF;
-            s[j][1] = key + 1 < lim0 ? s[j][1] * scale2 : -WL_INF;
-            s[j][2] = key < lim1 ? s[j][2] * scale2 : -WL_INF;
-            s[j][3] = key + 1 < lim1 ? s[j][3] * scale2 : -WL_INF;
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-        }
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            mx0 = fmaxf(mx0, wl_shfl_xor(mx0, o2));
-            mx1 = fmaxf(mx1, wl_shfl_xor(mx1, o2));
-        }
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not be NaN.
-        const float b0 = n0 == -WL_INF ? 0.0f : n0, b1 = n1 == -WL_INF ? 0.0f : n1;
-        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-        float sum0 = 0.0f, sum1 = 0.0f;
-        for (int j = 0; j < 8; ++j) {
-            s[j][0] = exp2f(s[j][0] - b0);
-            s[j][1] = exp2f(s[j][1] - b0);
-            s[j][2] = exp2f(s[j][2] - b1);
-            s[j][3] = exp2f(s[j][3] - b1);
-            sum0 += s[j][0] + s[j][1];
-            sum1 += s[j][2] + s[j][3];
-        }
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            sum0 += wl_shfl_xor(sum0, o2);
-            sum1 += wl_shfl_xor(sum1, o2);
-        }
-        l0 = l0 * c0 + sum0;
-        l1 = l1 * c1 + sum1;
-        m0 = n0;
-        m1 = n1;
-        for (int j = 0; j < 16; ++j) {
-            o[j][0] *= c0;
-            o[j][1] *= c0;
-            o[j][2] *= c1;
-            o[j][3] *= c1;
+        // Softmax on raw scores: the max is taken before scaling (scale > 0), and one FMA per
+        // score scales and subtracts it ahead of the exponential.
+        const bool masked = kb + BC > warp_clear;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx[2] = {-WL_INF, -WL_INF};
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int e = c / 2;
+                    if (masked) {
+                        const int rq = row0 + i * 16 + e * 8;
+                        const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
+                        if (kb + j * 8 + cq + (c & 1) >= lim) s[i][j][c] = -WL_INF;
+                    }
+                    mx[e] = fmaxf(mx[e], s[i][j][c]);
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                mx[e] = fmaxf(mx[e], wl_shfl_xor(mx[e], 1));
+                mx[e] = fmaxf(mx[e], wl_shfl_xor(mx[e], 2));
+                const float n = fmaxf(m[i][e], mx[e] * scale2);
+                // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not
+                // be NaN.
+                const float base = n == -WL_INF ? 0.0f : n;
+                const float corr = wl_exp2_approx(m[i][e] - base);
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    s[i][j][2 * e] = wl_exp2_approx(fmaf(s[i][j][2 * e], scale2, -base));
+                    s[i][j][2 * e + 1] = wl_exp2_approx(fmaf(s[i][j][2 * e + 1], scale2, -base));
+                    sum += s[i][j][2 * e] + s[i][j][2 * e + 1];
+                }
+                l[i][e] = l[i][e] * corr + sum;
+                m[i][e] = n;
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    o[i][j][2 * e] *= corr;
+                    o[i][j][2 * e + 1] *= corr;
+                }
+            }
         }
         // O += P V: the S accumulators of two adjacent key groups are the A fragment of one
-        // 16-key step; one transposing ldmatrix gives the V fragments of two 8-dim groups.
-        for (int kk = 0; kk < 4; ++kk) {
-            unsigned int pa[4];
-            pa[0] = wl_pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = wl_pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = wl_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = wl_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        // 16-key step; one transposing ldmatrix gives the V fragments of two 8-dim groups, used
+        // by both halves.
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            unsigned int pa[2][4];
+            #pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                pa[i][0] = wl_cvt_bf16x2(s[i][2 * kk][0], s[i][2 * kk][1]);
+                pa[i][1] = wl_cvt_bf16x2(s[i][2 * kk][2], s[i][2 * kk][3]);
+                pa[i][2] = wl_cvt_bf16x2(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+                pa[i][3] = wl_cvt_bf16x2(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+            }
             const wl_bf16* vrow = vs + (kk * 16 + (lm % 2) * 8 + lr) * FA_PAD + (lm / 2) * 8;
+            #pragma unroll
             for (int j = 0; j < 16; j += 2) {
                 unsigned int b[4];
                 wl_ldmatrix_x4_trans(b, vrow + j * 8);
-                wl_mma_16816(o[j], pa, b);
-                wl_mma_16816(o[j + 1], pa, b + 2);
+                #pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    wl_mma_16816(o[i][j], pa[i], b);
+                    wl_mma_16816(o[i][j + 1], pa[i], b + 2);
+                }
             }
         }
         // The stage just read is refilled two tiles on: everyone must be done with it first.
         __syncthreads();
     }
-    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-    for (int j = 0; j < 16; ++j) {
-        const int c = j * 8 + cq;
-        if (r0 < lq) *(unsigned int*)(out + (wl_u64)r0 * row + (wl_u64)h * FA_D + c) = wl_pack_bf16(o[j][0] * i0, o[j][1] * i0);
-        if (r1 < lq) *(unsigned int*)(out + (wl_u64)r1 * row + (wl_u64)h * FA_D + c) = wl_pack_bf16(o[j][2] * i1, o[j][3] * i1);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float inv[2];
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float t = l[i][e];
+            t += wl_shfl_xor(t, 1);
+            t += wl_shfl_xor(t, 2);
+            inv[e] = 1.0f / t;
+        }
+        #pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int c = j * 8 + cq;
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int rq = row0 + i * 16 + e * 8;
+                if (rq < lq)
+                    *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * FA_D + c) =
+                        wl_cvt_bf16x2(o[i][j][2 * e] * inv[e], o[i][j][2 * e + 1] * inv[e]);
+            }
+        }
     }
 }
+
+#define WL_FLASH(BC)                                                                                          \
+    WL_KERNEL void __launch_bounds__(32 * FA_WARPS, 2)                                                        \
+        flash_attention_bf16_d128_bc##BC(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, \
+                                         int lq, int kv_len, int heads, int block_tokens, float scale) {     \
+        flash_attention_d128<BC>(out, q, k, v, lq, kv_len, heads, block_tokens, scale);                       \
+    }
+WL_FLASH(64)
+WL_FLASH(32)
+#endif
+
+// V for the wgmma kernel: [kv_len, heads, 128] → [heads, 128, stride], keys contiguous, zeros
+// from kv_len to stride (P·V reads whole tiles; masked probabilities are 0 and 0·0 stays 0).
+// wgmma's B operand is K-major, and for P·V the reduction runs over keys.
+WL_KERNEL void attention_v_transpose_bf16(wl_bf16* out, const wl_bf16* v, int kv_len, int heads, int stride) {
+    __shared__ wl_bf16 t[32][33];
+    const int k0 = blockIdx.x * 32, c0 = blockIdx.y * 32;  // c: head·128 + dim
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int r = ty; r < 32; r += blockDim.x / 32) {
+        const int key = k0 + r;
+        t[r][tx] = key < kv_len ? v[(wl_u64)key * heads * 128 + c0 + tx] : (wl_bf16)0;
+    }
+    __syncthreads();
+    for (int r = ty; r < 32; r += blockDim.x / 32) out[(wl_u64)(c0 + r) * stride + k0 + tx] = t[tx][r];
+}
+
+#if defined(WL_HAS_WGMMA)
+// Flash attention forward on Hopper's warpgroup MMA: two warpgroups, 64 queries each, share a
+// block of 128 queries of one head. S = Q·Kᵀ reads Q and K from shared memory through
+// descriptors; P stays in registers as the A operand of O += P·V, whose B operand is the
+// transposed V tile (attention_v_transpose_bf16). Tiles of BC keys, double-buffered with
+// cp.async. Tiles are stored as 8×8 core matrices (see vendor/cuda.h), each 16-byte chunk at
+// index i = ((r / 8)·(C / 8) + c / 8)·8 + r % 8 of an R×C tile, so loads write contiguously.
+#define FW_BR 128
+
+// Copies rows [first, first + rows) × 128 dims of one head into core-matrix order; rows at or
+// past `limit` become zeros.
+WL_DEVICE void fw_load_rows(wl_bf16* dst, const wl_bf16* src, int first, int rows, int limit, wl_u64 row, int h) {
+    for (int i = threadIdx.x; i < rows * 16; i += blockDim.x) {
+        const int r = (i / 128) * 8 + i % 8, c8 = (i / 8) % 16;
+        const bool valid = first + r < limit;
+        const wl_u64 at = (wl_u64)(valid ? first + r : 0) * row + (wl_u64)h * 128 + c8 * 8;
+        wl_cp_async16(dst + i * 8, src + at, valid);
+    }
+}
+
+// Copies the transposed V's 128 dims × keys [first, first + BC) of one head (always in bounds:
+// the transposed copy is padded to a whole number of tiles).
+template <int BC>
+WL_DEVICE void fw_load_vt(wl_bf16* dst, const wl_bf16* vt, int first, int stride, int h) {
+    for (int i = threadIdx.x; i < 128 * BC / 8; i += blockDim.x) {
+        const int r = (i / BC) * 8 + i % 8, c8 = (i / 8) % (BC / 8);
+        wl_cp_async16(dst + i * 8, vt + (wl_u64)(h * 128 + r) * stride + first + c8 * 8, true);
+    }
+}
+
+template <int BC>
+WL_DEVICE void flash_wgmma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt, int lq,
+                                int kv_len, int vt_stride, int heads, int block_tokens, float scale) {
+    constexpr int TILE = BC * 128;  // elements of one K or Vᵀ tile
+    constexpr int NJ = BC / 8;
+    extern __shared__ __align__(128) unsigned char fw_smem[];
+    wl_bf16* qs = (wl_bf16*)fw_smem;
+    wl_bf16* tiles = qs + FW_BR * 128;  // [stage][K|Vᵀ][TILE]
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const int lane = t % 32;
+    const int h = blockIdx.y;
+    const int qb = blockIdx.x * FW_BR;
+    const wl_u64 row = (wl_u64)heads * 128;
+    const int row0 = qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
+    const int cq = (lane % 4) * 2;
+    const float scale2 = scale * 1.4426950408889634f;
+
+    int block_end = kv_len, wg_clear = kv_len;
+    if (block_tokens > 0) {
+        const int last_q = min(lq - 1, qb + FW_BR - 1);
+        block_end = min(kv_len, (last_q / block_tokens + 1) * block_tokens);
+        wg_clear = min(kv_len, ((qb + wg * 64) / block_tokens + 1) * block_tokens);
+    }
+    fw_load_rows(qs, q, qb, FW_BR, lq, row, h);
+    fw_load_rows(tiles, k, 0, BC, kv_len, row, h);
+    fw_load_vt<BC>(tiles + TILE, vt, 0, vt_stride, h);
+    wl_cp_async_commit();
+
+    float o[64];
+#pragma unroll
+    for (int j = 0; j < 64; ++j) o[j] = 0.0f;
+    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    const wl_bf16* qw = qs + wg * 64 * 128;  // this warpgroup's 64 rows
+
+    int stage = 0;
+    for (int kb = 0; kb < block_end; kb += BC, stage ^= 1) {
+        if (kb + BC < block_end) {
+            wl_bf16* next = tiles + (stage ^ 1) * 2 * TILE;
+            fw_load_rows(next, k, kb + BC, BC, kv_len, row, h);
+            fw_load_vt<BC>(next + TILE, vt, kb + BC, vt_stride, h);
+            wl_cp_async_commit();
+            wl_cp_async_wait_one();
+        } else {
+            wl_cp_async_wait_all();
+        }
+        __syncthreads();
+        wl_fence_proxy_async();
+        const wl_bf16* ks = tiles + stage * 2 * TILE;
+        const wl_bf16* vs = ks + TILE;
+
+        float s[BC / 2];
+        wl_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            // 16 dims = two core matrices along K (128 bytes apart); 8-row groups 2048 bytes apart.
+            const unsigned long long da = wl_wgmma_desc(qw + kk * 128, 128, 2048);
+            const unsigned long long db = wl_wgmma_desc(ks + kk * 128, 128, 2048);
+            if constexpr (BC == 64) wl_wgmma_64x64x16_ss(s, da, db, kk);
+            else wl_wgmma_64x128x16_ss(s, da, db, kk);
+        }
+        wl_wgmma_commit();
+        wl_wgmma_wait_all();
+
+        const bool masked = kb + BC > wg_clear;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float mx = -WL_INF;
+            if (masked) {
+                const int rq = row0 + e * 8;
+                const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
+#pragma unroll
+                for (int j = 0; j < NJ; ++j)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+                        if (kb + j * 8 + cq + c >= lim) s[4 * j + 2 * e + c] = -WL_INF;
+            }
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
+            mx = fmaxf(mx, wl_shfl_xor(mx, 1));
+            mx = fmaxf(mx, wl_shfl_xor(mx, 2));
+            const float n = fmaxf(m[e], mx * scale2);
+            const float base = n == -WL_INF ? 0.0f : n;
+            const float corr = wl_exp2_approx(m[e] - base);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float p = wl_exp2_approx(fmaf(s[4 * j + 2 * e + c], scale2, -base));
+                    s[4 * j + 2 * e + c] = p;
+                    sum += p;
+                }
+            }
+            l[e] = l[e] * corr + sum;
+            m[e] = n;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                o[4 * j + 2 * e] *= corr;
+                o[4 * j + 2 * e + 1] *= corr;
+            }
+        }
+        // P as the A operand, all packed before the fence so no wgmma waits on a register write.
+        unsigned int pa[BC / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            pa[kk][0] = wl_cvt_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = wl_cvt_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = wl_cvt_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = wl_cvt_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        wl_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            // 16 keys = two core matrices along K; 8-dim groups BC·16 bytes apart.
+            wl_wgmma_64x128x16_rs(o, pa[kk], wl_wgmma_desc(vs + kk * 128, 128, BC * 16));
+        }
+        wl_wgmma_commit();
+        wl_wgmma_wait_all();
+        // The stage just read is refilled two tiles on: everyone must be done with it first.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        float tl = l[e];
+        tl += wl_shfl_xor(tl, 1);
+        tl += wl_shfl_xor(tl, 2);
+        const float inv = 1.0f / tl;
+        const int rq = row0 + e * 8;
+        if (rq < lq) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * 128 + j * 8 + cq) =
+                    wl_cvt_bf16x2(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
+        }
+    }
+}
+
+// One tile's online-softmax step for this thread's two rows (e = 0: row0, 1: row0 + 8) of a
+// 64×BC score block in the wgmma accumulator layout: masks, turns scores into probabilities in
+// place, and returns each row's new max, rescale factor and partial sum (this lane's share).
+template <int BC>
+WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, bool masked, int kb,
+                          int row0, int cq, int kv_len, int block_tokens, float scale2) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        if (masked) {
+            const int rq = row0 + e * 8;
+            const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
+#pragma unroll
+            for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    if (kb + j * 8 + cq + c >= lim) s[4 * j + 2 * e + c] = -WL_INF;
+        }
+        float mx = -WL_INF;
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
+        mx = fmaxf(mx, wl_shfl_xor(mx, 1));
+        mx = fmaxf(mx, wl_shfl_xor(mx, 2));
+        const float n = fmaxf(m[e], mx * scale2);
+        // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not be NaN.
+        const float base = n == -WL_INF ? 0.0f : n;
+        corr[e] = wl_exp2_approx(m[e] - base);
+        float t = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const float p = wl_exp2_approx(fmaf(s[4 * j + 2 * e + c], scale2, -base));
+                s[4 * j + 2 * e + c] = p;
+                t += p;
+            }
+        }
+        sum[e] = t;
+        n_out[e] = n;
+    }
+}
+
+// The same attention with each warpgroup's softmax overlapped with its tensor-core work: while
+// O += P_j·V_j runs, S_{j+1} = Q·K_{j+1}ᵀ has already been issued and its softmax is computed;
+// O is rescaled only once P_j·V_j is done. Three tile stages, so tile j + 2 loads meanwhile.
+// One block per SM (shared memory: 128 KiB at 64-key tiles, 224 KiB at 128).
+template <int BC>
+WL_DEVICE void flash_wgmma_pipe_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt, int lq,
+                                     int kv_len, int vt_stride, int heads, int block_tokens, float scale) {
+    constexpr int TILE = BC * 128;
+    extern __shared__ __align__(128) unsigned char fw_smem[];
+    wl_bf16* qs = (wl_bf16*)fw_smem;
+    wl_bf16* tiles = qs + FW_BR * 128;  // [stage][K|Vᵀ][TILE], 3 stages
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const int lane = t % 32;
+    const int h = blockIdx.y;
+    const int qb = blockIdx.x * FW_BR;
+    const wl_u64 row = (wl_u64)heads * 128;
+    const int row0 = qb + wg * 64 + (t / 32) * 16 + lane / 4;
+    const int cq = (lane % 4) * 2;
+    const float scale2 = scale * 1.4426950408889634f;
+
+    int block_end = kv_len, wg_clear = kv_len;
+    if (block_tokens > 0) {
+        const int last_q = min(lq - 1, qb + FW_BR - 1);
+        block_end = min(kv_len, (last_q / block_tokens + 1) * block_tokens);
+        wg_clear = min(kv_len, ((qb + wg * 64) / block_tokens + 1) * block_tokens);
+    }
+    const int n_tiles = (block_end + BC - 1) / BC;
+    // cp.async groups: Q with tile 0, then tile 1; the loop keeps one tile in flight.
+    fw_load_rows(qs, q, qb, FW_BR, lq, row, h);
+    for (int j = 0; j < 2; ++j) {
+        if (j < n_tiles) {
+            fw_load_rows(tiles + j * 2 * TILE, k, j * BC, BC, kv_len, row, h);
+            fw_load_vt<BC>(tiles + j * 2 * TILE + TILE, vt, j * BC, vt_stride, h);
+        }
+        wl_cp_async_commit();
+    }
+    wl_cp_async_wait_one();
+    __syncthreads();
+    wl_fence_proxy_async();
+
+    const wl_bf16* qw = qs + wg * 64 * 128;
+    float o[64];
+#pragma unroll
+    for (int j = 0; j < 64; ++j) o[j] = 0.0f;
+    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    unsigned int pa[BC / 16][4];
+    {
+        float s[BC / 2];
+        wl_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const unsigned long long da = wl_wgmma_desc(qw + kk * 128, 128, 2048);
+            const unsigned long long db = wl_wgmma_desc(tiles + kk * 128, 128, 2048);
+            if constexpr (BC == 64) wl_wgmma_64x64x16_ss(s, da, db, kk);
+            else wl_wgmma_64x128x16_ss(s, da, db, kk);
+        }
+        wl_wgmma_commit();
+        wl_wgmma_wait_all();
+        float n[2], corr[2], sum[2];
+        fw_softmax<BC>(s, m, n, corr, sum, BC > wg_clear, 0, row0, cq, kv_len, block_tokens, scale2);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) m[e] = n[e], l[e] = sum[e];
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    }
+
+    for (int j = 0; j < n_tiles; ++j) {
+        // Tile j + 1 is in and visible to all; every warpgroup is done with tile j - 1, so
+        // tile j + 2 may take its stage.
+        wl_cp_async_wait_all();
+        __syncthreads();
+        wl_fence_proxy_async();
+        if (j + 2 < n_tiles) {
+            wl_bf16* dst = tiles + ((j + 2) % 3) * 2 * TILE;
+            fw_load_rows(dst, k, (j + 2) * BC, BC, kv_len, row, h);
+            fw_load_vt<BC>(dst + TILE, vt, (j + 2) * BC, vt_stride, h);
+            wl_cp_async_commit();
+        }
+        const bool has_next = j + 1 < n_tiles;
+        const wl_bf16* kn = tiles + ((j + 1) % 3) * 2 * TILE;
+        const wl_bf16* vs = tiles + (j % 3) * 2 * TILE + TILE;
+        // Issued even after the last tile (on a stale stage, result unused): a branch between a
+        // wgmma and its wait makes ptxas serialize every wgmma of the loop.
+        float s[BC / 2];
+        wl_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const unsigned long long da = wl_wgmma_desc(qw + kk * 128, 128, 2048);
+            const unsigned long long db = wl_wgmma_desc(kn + kk * 128, 128, 2048);
+            if constexpr (BC == 64) wl_wgmma_64x64x16_ss(s, da, db, kk);
+            else wl_wgmma_64x128x16_ss(s, da, db, kk);
+        }
+        wl_wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk)
+            wl_wgmma_64x128x16_rs(o, pa[kk], wl_wgmma_desc(vs + kk * 128, 128, BC * 16));
+        wl_wgmma_commit();
+        float n[2], corr[2], sum[2];
+        wl_wgmma_wait_one();
+        const int kb = (j + 1) * BC;
+        fw_softmax<BC>(s, m, n, corr, sum, kb + BC > wg_clear, kb, row0, cq, kv_len, block_tokens, scale2);
+        wl_wgmma_wait_all();
+        if (has_next) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                l[e] = l[e] * corr[e] + sum[e];
+                m[e] = n[e];
+#pragma unroll
+                for (int jj = 0; jj < 16; ++jj) {
+                    o[4 * jj + 2 * e] *= corr[e];
+                    o[4 * jj + 2 * e + 1] *= corr[e];
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        }
+    }
+    wl_cp_async_wait_all();
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        float tl = l[e];
+        tl += wl_shfl_xor(tl, 1);
+        tl += wl_shfl_xor(tl, 2);
+        const float inv = 1.0f / tl;
+        const int rq = row0 + e * 8;
+        if (rq < lq) {
+#pragma unroll
+            for (int jj = 0; jj < 16; ++jj)
+                *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * 128 + jj * 8 + cq) =
+                    wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv, o[4 * jj + 2 * e + 1] * inv);
+        }
+    }
+}
+
+#define WL_FLASH_WGMMA_PIPE(BC)                                                                               \
+    WL_KERNEL void __launch_bounds__(256, 1) flash_wgmma_pipe_bf16_d128_bc##BC(                               \
+        wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt, int lq, int kv_len, int vt_stride, \
+        int heads, int block_tokens, float scale) {                                                          \
+        flash_wgmma_pipe_d128<BC>(out, q, k, vt, lq, kv_len, vt_stride, heads, block_tokens, scale);         \
+    }
+WL_FLASH_WGMMA_PIPE(64)
+WL_FLASH_WGMMA_PIPE(128)
+
+#define WL_FLASH_WGMMA(BC, BLOCKS)                                                                           \
+    WL_KERNEL void __launch_bounds__(256, BLOCKS) flash_wgmma_bf16_d128_bc##BC##_x##BLOCKS(                  \
+        wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt, int lq, int kv_len, int vt_stride, \
+        int heads, int block_tokens, float scale) {                                                          \
+        flash_wgmma_d128<BC>(out, q, k, vt, lq, kv_len, vt_stride, heads, block_tokens, scale);              \
+    }
+// Blocks per SM: 1 leaves each thread up to 255 registers; 2 (at 64-key tiles, 2 × 96 KiB of
+// shared memory) caps them at 128.
+WL_FLASH_WGMMA(64, 1)
+WL_FLASH_WGMMA(64, 2)
+WL_FLASH_WGMMA(128, 1)
 #endif

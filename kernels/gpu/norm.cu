@@ -72,19 +72,74 @@ WL_DEVICE void wl_row_stats(const T* xr, wl_u64 cols, float eps, double* mean, d
     *inv = 1.0 / sqrt(wl_block_sum_f64(v, scratch) / (double)cols + (double)eps);
 }
 
+// Rows of up to WL_ROW_REGS · blockDim columns (5120 at 256 threads: every LingBot width) are read once into
+// registers: one pass over memory instead of three (four for fp8). The shift/scale offset is a
+// per-row base plus the column (their element counts are multiples of `cols`), not a 64-bit
+// modulo per element. Wider rows take the re-reading loop.
+#define WL_ROW_REGS 20
+
+template <typename T>
+WL_DEVICE bool wl_row_in_regs(const T* xr, wl_u64 cols, float eps, float* v, double* mean, double* inv) {
+    if (cols > (wl_u64)WL_ROW_REGS * blockDim.x) return false;  // (so c below fits 32 bits)
+    __shared__ double scratch[32];
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < WL_ROW_REGS; ++i) {
+        const unsigned int c = threadIdx.x + i * blockDim.x;
+        v[i] = c < cols ? wl_ld(xr, c) : 0.0f;
+        s += (double)v[i];
+    }
+    const double m = wl_block_sum_f64(s, scratch) / (double)cols;
+    double q = 0.0;
+#pragma unroll
+    for (int i = 0; i < WL_ROW_REGS; ++i) {
+        const unsigned int c = threadIdx.x + i * blockDim.x;
+        const double d = (double)v[i] - m;
+        if (c < cols) q += d * d;
+    }
+    *mean = m;
+    *inv = 1.0 / sqrt(wl_block_sum_f64(q, scratch) / (double)cols + (double)eps);
+    return true;
+}
+
+// v[i] ← LayerNorm(v[i])·(1 + scale) + shift for this thread's columns.
+template <typename P>
+WL_DEVICE void wl_modulate_regs(float* v, wl_u64 cols, double mean, double inv, const P* shift, const P* scale,
+                                wl_u64 shift_at, wl_u64 scale_at) {
+#pragma unroll
+    for (int i = 0; i < WL_ROW_REGS; ++i) {
+        const unsigned int c = threadIdx.x + i * blockDim.x;
+        if (c < cols) {
+            const float y = (float)(((double)v[i] - mean) * inv);
+            v[i] = y * (1.0f + wl_ld(scale, scale_at + c)) + wl_ld(shift, shift_at + c);
+        }
+    }
+}
+
 template <typename T, typename P, typename O>
 WL_DEVICE void norm_modulate(O* out, const T* x, const P* shift, const P* scale, wl_u64 cols, wl_u64 shift_n,
                              wl_u64 scale_n, float eps) {
     const wl_u64 row = blockIdx.x;
     const T* xr = x + row * cols;
     double mean, inv;
+    float v[WL_ROW_REGS];
+    if (wl_row_in_regs(xr, cols, eps, v, &mean, &inv)) {
+        wl_modulate_regs(v, cols, mean, inv, shift, scale, (row * cols) % shift_n, (row * cols) % scale_n);
+#pragma unroll
+        for (int i = 0; i < WL_ROW_REGS; ++i) {
+            const unsigned int c = threadIdx.x + i * blockDim.x;
+            if (c < cols) wl_st(out, row * cols + c, v[i]);
+        }
+        return;
+    }
     wl_row_stats(xr, cols, eps, &mean, &inv);
     for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x)
         wl_st(out, row * cols + c, wl_ln_mod(xr, c, mean, inv, shift, scale, row * cols + c, shift_n, scale_n));
 }
 
-// The same with fp8 e4m3fn output and one scale per row (amax/448), still one kernel: the row is
-// normalised twice (once for its amax, once to encode) rather than staged.
+// The same with fp8 e4m3fn output and one scale per row (amax/448), still one kernel: a row held
+// in registers is normalised once; a wider one is normalised twice (once for its amax, once to
+// encode) rather than staged.
 template <typename T, typename P>
 WL_DEVICE void norm_modulate_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, const P* scale,
                                  wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
@@ -92,6 +147,23 @@ WL_DEVICE void norm_modulate_fp8(unsigned char* codes, float* scales, const T* x
     const wl_u64 row = blockIdx.x;
     const T* xr = x + row * cols;
     double mean, inv;
+    float v[WL_ROW_REGS];
+    if (wl_row_in_regs(xr, cols, eps, v, &mean, &inv)) {
+        wl_modulate_regs(v, cols, mean, inv, shift, scale, (row * cols) % shift_n, (row * cols) % scale_n);
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < WL_ROW_REGS; ++i)
+            if (threadIdx.x + i * blockDim.x < cols) a = fmaxf(a, fabsf(v[i]));
+        const float s = fmaxf(wl_block_max(a, scratch) / 448.0f, 1e-12f);
+        const float r = 1.0f / s;
+#pragma unroll
+        for (int i = 0; i < WL_ROW_REGS; ++i) {
+            const unsigned int c = threadIdx.x + i * blockDim.x;
+            if (c < cols) codes[row * cols + c] = wl_to_e4m3(v[i] * r);
+        }
+        if (threadIdx.x == 0) scales[row] = s;
+        return;
+    }
     wl_row_stats(xr, cols, eps, &mean, &inv);
     float a = 0.0f;
     for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x)
@@ -103,16 +175,18 @@ WL_DEVICE void norm_modulate_fp8(unsigned char* codes, float* scales, const T* x
     if (threadIdx.x == 0) scales[row] = s;
 }
 
+// 256 threads a row (the launcher's block); two blocks an SM keep enough loads in flight.
+#define WL_NORM_BOUNDS __launch_bounds__(256, 2)
 #define WL_NORM_MOD(T, tn, P, pn)                                                                           \
-    WL_KERNEL void norm_modulate_##tn##_##pn##_f32(float* out, const T* x, const P* shift, const P* scale,  \
+    WL_KERNEL void WL_NORM_BOUNDS norm_modulate_##tn##_##pn##_f32(float* out, const T* x, const P* shift, const P* scale,  \
                                                    wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) { \
         norm_modulate(out, x, shift, scale, cols, shift_n, scale_n, eps);                                   \
     }                                                                                                       \
-    WL_KERNEL void norm_modulate_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale, \
+    WL_KERNEL void WL_NORM_BOUNDS norm_modulate_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale, \
                                                     wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) { \
         norm_modulate(out, x, shift, scale, cols, shift_n, scale_n, eps);                                   \
     }                                                                                                       \
-    WL_KERNEL void norm_modulate_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, \
+    WL_KERNEL void WL_NORM_BOUNDS norm_modulate_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, \
                                                    const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, \
                                                    float eps) {                                             \
         norm_modulate_fp8(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);                     \

@@ -142,16 +142,22 @@ fn elementwise_and_norms_match_the_cpu() {
 fn fused_norm_modulate_matches_the_cpu() {
     for dev in gpus() {
         let mut rng = Rng::new(5);
-        for dt in [DType::F32, DType::BF16] {
-            let x = rand(&mut rng, &[70, 384], dt);
-            let shift = rand(&mut rng, &[384], DType::F32);
-            let scale = rand(&mut rng, &[70, 384], DType::F32);
+        // Rows held in registers (384; 5120, the 14B width) and a row too wide for them.
+        for (dt, rows, cols) in [
+            (DType::F32, 70, 384),
+            (DType::BF16, 70, 384),
+            (DType::F32, 9, 5120),
+            (DType::BF16, 5, 7000),
+        ] {
+            let x = rand(&mut rng, &[rows, cols], dt);
+            let shift = rand(&mut rng, &[cols], DType::F32);
+            let scale = rand(&mut rng, &[rows, cols], DType::F32);
             for (out, t) in [
                 (NormOut::Dtype(DType::F32), 1e-5),
                 (NormOut::Dtype(DType::BF16), 1e-2),
             ] {
                 check(
-                    &format!("norm_modulate {dt:?} → {out:?}"),
+                    &format!("norm_modulate {dt:?} {rows}×{cols} → {out:?}"),
                     dev,
                     t,
                     &[&x, &shift, &scale],
@@ -373,8 +379,15 @@ fn rope_attention_and_layout_match_the_cpu() {
                 });
             }
         }
-        // Several key tiles, partial query and key tiles, and chunks that straddle tiles.
-        for (lq, lk, heads, bt) in [(200, 333, 3, 0), (250, 250, 2, 70), (64, 1000, 1, 0)] {
+        // Several key tiles, partial query and key tiles, chunks that straddle a warp's rows
+        // and tiles, and a cache filled only up to `kv_len`; both key-tile sizes of the kernel.
+        for (lq, lk, kv_len, heads, bt) in [
+            (200, 333, 333, 3, 0),
+            (250, 250, 250, 2, 70),
+            (64, 1000, 1000, 1, 0),
+            (300, 400, 363, 2, 0),
+            (291, 300, 291, 1, 45),
+        ] {
             let q = rand(&mut rng, &[lq, heads, 128], DType::BF16);
             let k = rand(&mut rng, &[lk, heads, 128], DType::BF16);
             let v = rand(&mut rng, &[lk, heads, 128], DType::BF16);
@@ -383,13 +396,37 @@ fn rope_attention_and_layout_match_the_cpu() {
             } else {
                 AttnMask::BlockCausal { block_tokens: bt }
             };
-            check(
-                &format!("flash attention {lq}q {lk}k {heads}h block {bt}"),
-                dev,
-                1e-2,
-                &[&q, &k, &v],
-                |t| ops::attention(&t[0], &t[1], &t[2], lk, mask),
-            );
+            let variants = match dev {
+                Device::Cuda(i) => kernels::cuda::ops::FlashKernel::available(
+                    &kernels::cuda::backend(i).expect("backend").arch,
+                ),
+                _ => Vec::new(),
+            };
+            let mut ran = 0;
+            for kernel in variants {
+                check(
+                    &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} {kernel:?}"),
+                    dev,
+                    1e-2,
+                    &[&q, &k, &v],
+                    |t| match t[0].device() {
+                        Device::Cuda(_) => kernels::cuda::ops::flash_attention_with(
+                            &t[0], &t[1], &t[2], kv_len, bt, kernel,
+                        ),
+                        _ => ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
+                    },
+                );
+                ran += 1;
+            }
+            if ran == 0 {
+                check(
+                    &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt}"),
+                    dev,
+                    1e-2,
+                    &[&q, &k, &v],
+                    |t| ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
+                );
+            }
         }
         // A KV cache on the device evicts and rewrites exactly as on the CPU.
         let (tpf, heads, d) = (6, 2, 32);

@@ -16,6 +16,11 @@ fn every_kernel_module_compiles_for_sm90a() {
                     "{module}: PTX for another target"
                 );
                 assert!(ptx.contains(".entry"), "{module}: no kernels in the PTX");
+                // For register and spill counts: `ptxas -arch=sm_90a -v <dir>/<module>.ptx`.
+                if let Some(dir) = std::env::var_os("WORLDLINE_PTX_DIR") {
+                    let file = std::path::Path::new(&dir).join(format!("{module}.ptx"));
+                    std::fs::write(&file, &ptx).expect("write the PTX");
+                }
             }
             Err(e) if e.contains("libnvrtc not found") && !required => {
                 println!("skipped: {e} (set WORLDLINE_REQUIRE_NVRTC=1 to fail instead)");

@@ -147,6 +147,21 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             t,
             flops::attention(lq, lk, heads * d),
         );
+        // Every tensor-core variant, to keep the choice of the default measured.
+        if let Device::Cuda(i) = dev {
+            let arch = kernels::cuda::backend(i)?.arch.clone();
+            for kernel in kernels::cuda::ops::FlashKernel::available(&arch) {
+                let t = time(dev, repeat.min(2), || {
+                    kernels::cuda::ops::flash_attention_with(&q, &k, &v, lk, 0, kernel)?;
+                    Ok(())
+                })?;
+                push(
+                    format!("attention bf16 {lq}q x {lk}k x {heads}h x {d}, {kernel:?}"),
+                    t,
+                    flops::attention(lq, lk, heads * d),
+                );
+            }
+        }
     }
 
     for cfg in [ModelConfig::lingbot_1_3b(), ModelConfig::lingbot_14b()] {

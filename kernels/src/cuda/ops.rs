@@ -560,10 +560,91 @@ pub fn attention(
 /// Head dim of the tensor-core kernel (Wan's).
 pub const FLASH_HEAD_DIM: usize = 128;
 
-/// Queries per block and dynamic shared memory of the tensor-core kernel (attention.cu's
-/// `FA_BR` and `FA_SMEM_BYTES`: two stages of 64-key K and V tiles, rows padded to 136).
+/// Queries per block of the tensor-core kernels (attention.cu's `FA_BR` and `FW_BR`).
 const FLASH_BLOCK_QUERIES: usize = 128;
-const FLASH_SMEM_BYTES: u32 = (128 * 136 + 2 * 2 * 64 * 136) * 2;
+
+/// One of the tensor-core attention kernels of attention.cu.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashKernel {
+    /// mma.sync (sm_80 and later): 4 warps × 32 queries, `bc` (32 or 64) keys per tile.
+    Mma { bc: usize },
+    /// wgmma (sm_90a only): 2 warpgroups × 64 queries, `bc` (64 or 128) keys per tile,
+    /// `blocks` (1 or 2) blocks per SM; V goes through a transposed copy.
+    Wgmma { bc: usize, blocks: usize },
+    /// wgmma with each warpgroup's softmax overlapped with its P·V product, three tile stages,
+    /// one block per SM, `bc` (64 or 128) keys per tile.
+    WgmmaPipe { bc: usize },
+}
+
+impl FlashKernel {
+    /// Every variant that runs on `arch`, the default first.
+    pub fn available(arch: &str) -> Vec<FlashKernel> {
+        let mut v = Vec::new();
+        if arch == "sm_90a" {
+            // Measured on the H200 (`bench kernels`, 4680 × 28080 × 40 heads): 64-key tiles,
+            // one block per SM 276 TFLOP/s; two blocks 275; overlapped softmax 227 (64) and
+            // 239 (128); 128-key tiles 219; mma.sync 241 (64) and 221 (32).
+            v.extend([
+                FlashKernel::Wgmma { bc: 64, blocks: 1 },
+                FlashKernel::Wgmma { bc: 64, blocks: 2 },
+                FlashKernel::WgmmaPipe { bc: 64 },
+                FlashKernel::WgmmaPipe { bc: 128 },
+                FlashKernel::Wgmma { bc: 128, blocks: 1 },
+            ]);
+        }
+        v.extend([FlashKernel::Mma { bc: 64 }, FlashKernel::Mma { bc: 32 }]);
+        v
+    }
+
+    fn name(self) -> Result<String> {
+        match self {
+            FlashKernel::Mma { bc: bc @ (32 | 64) } => {
+                Ok(format!("flash_attention_bf16_d128_bc{bc}"))
+            }
+            FlashKernel::Wgmma {
+                bc: bc @ (64 | 128),
+                blocks: blocks @ (1 | 2),
+            } if bc * blocks <= 128 => Ok(format!("flash_wgmma_bf16_d128_bc{bc}_x{blocks}")),
+            FlashKernel::WgmmaPipe {
+                bc: bc @ (64 | 128),
+            } => Ok(format!("flash_wgmma_pipe_bf16_d128_bc{bc}")),
+            other => Err(Error::Shape {
+                op: "attention",
+                msg: format!("no flash kernel {other:?}"),
+            }),
+        }
+    }
+
+    /// Dynamic shared memory: the Q tile, then two stages of K and V tiles (mma.sync rows are
+    /// padded to 136 elements; wgmma tiles are dense core matrices).
+    fn smem_bytes(self) -> u32 {
+        let bytes = match self {
+            FlashKernel::Mma { bc } => (FLASH_BLOCK_QUERIES * 136 + 2 * 2 * bc * 136) * 2,
+            FlashKernel::Wgmma { bc, .. } => (FLASH_BLOCK_QUERIES * 128 + 2 * 2 * bc * 128) * 2,
+            FlashKernel::WgmmaPipe { bc } => (FLASH_BLOCK_QUERIES * 128 + 3 * 2 * bc * 128) * 2,
+        };
+        bytes as u32
+    }
+}
+
+/// The kernel `attention` uses on `arch`: the first of [`FlashKernel::available`], unless
+/// `WORLDLINE_FLASH` names another (`pipe64`, `pipe128`, `wgmma128x1`, `wgmma64x2`, `wgmma64x1`,
+/// `mma64`, `mma32`),
+/// a knob for `bench kernels`.
+fn default_flash(arch: &str) -> FlashKernel {
+    let all = FlashKernel::available(arch);
+    let pick = std::env::var("WORLDLINE_FLASH").ok().and_then(|v| {
+        all.iter().copied().find(|k| {
+            let tag = match k {
+                FlashKernel::Mma { bc } => format!("mma{bc}"),
+                FlashKernel::Wgmma { bc, blocks } => format!("wgmma{bc}x{blocks}"),
+                FlashKernel::WgmmaPipe { bc } => format!("pipe{bc}"),
+            };
+            tag == v
+        })
+    });
+    pick.unwrap_or(all[0])
+}
 
 /// The tensor-core path: bf16 operands (cast if needed), f32 accumulation, output in `q`'s dtype.
 fn flash_attention(
@@ -573,9 +654,23 @@ fn flash_attention(
     kv_len: usize,
     block_tokens: usize,
 ) -> Result<Tensor> {
+    let kernel = default_flash(&storage(q)?.dev.arch);
+    flash_attention_with(q, k, v, kv_len, block_tokens, kernel)
+}
+
+/// [`flash_attention`] through a chosen kernel.
+pub fn flash_attention_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    block_tokens: usize,
+    kernel: FlashKernel,
+) -> Result<Tensor> {
     use cudarc::driver::sys::CUfunction_attribute_enum as Attr;
     let s = storage(q)?;
     let dev = &s.dev;
+    let name = kernel.name()?;
     let (lq, heads) = (q.dim(0), q.dim(1));
     let (qb, kb, vb) = (
         cast(q, DType::BF16)?,
@@ -583,30 +678,61 @@ fn flash_attention(
         cast(v, DType::BF16)?,
     );
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
-    let cfg = LaunchConfig {
-        grid_dim: (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: FLASH_SMEM_BYTES,
-    };
+    let smem = kernel.smem_bytes();
     let (lq32, kv32, h32, bt) = (lq as i32, kv_len as i32, heads as i32, block_tokens as i32);
     let scale = 1.0f32 / (FLASH_HEAD_DIM as f32).sqrt();
     let (qs, ks, vs) = (storage(&qb)?, storage(&kb)?, storage(&vb)?);
-    let func = dev.func("attention", "flash_attention_bf16_d128")?;
+    // wgmma reads V as [heads, 128, keys], padded with zeros to whole 128-key tiles.
+    let vt = match kernel {
+        FlashKernel::Mma { .. } => None,
+        FlashKernel::Wgmma { .. } | FlashKernel::WgmmaPipe { .. } => {
+            let stride = kv_len.max(1).div_ceil(128) * 128;
+            let mut vt = CudaStorage::alloc(dev, DType::BF16, heads * 128 * stride)?;
+            let stride32 = stride as i32;
+            let cfg = LaunchConfig {
+                grid_dim: ((stride / 32) as u32, (heads * 128 / 32) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(dev, "attention", "attention_v_transpose_bf16", cfg, |b| {
+                push_mut(b, &mut vt.data);
+                push(b, &vs.data);
+                b.arg(&kv32).arg(&h32).arg(&stride32);
+            });
+            Some((vt, stride32))
+        }
+    };
+    let func = dev.func("attention", &name)?;
     // More than the default 48 KiB of dynamic shared memory must be asked for.
     func.set_attribute(
         Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        FLASH_SMEM_BYTES as i32,
+        smem as i32,
     )
     .map_err(|e| dev.err(e))?;
+    let cfg = LaunchConfig {
+        grid_dim: (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1),
+        block_dim: (if vt.is_some() { 256 } else { 128 }, 1, 1),
+        shared_mem_bytes: smem,
+    };
     let mut b = dev.stream.launch_builder(&func);
     push_mut(&mut b, &mut out.data);
     push(&mut b, &qs.data);
     push(&mut b, &ks.data);
-    push(&mut b, &vs.data);
-    b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
+    match &vt {
+        None => {
+            push(&mut b, &vs.data);
+            b.arg(&lq32).arg(&kv32);
+        }
+        Some((vt, stride)) => {
+            push(&mut b, &vt.data);
+            b.arg(&lq32).arg(&kv32).arg(stride);
+        }
+    }
+    b.arg(&h32).arg(&bt).arg(&scale);
     dev.timed("attention", || {
-        // SAFETY: the arguments are the kernel's, bf16 buffers of [lq|kv, heads, 128].
-        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("flash_attention_bf16_d128: {e}")))?;
+        // SAFETY: the arguments are the kernel's: bf16 buffers of [lq|kv, heads, 128] (V
+        // transposed to [heads, 128, stride] for wgmma), then the sizes.
+        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
         Ok(())
     })?;
     cast(&wrap(out, q.shape()), q.dtype())
