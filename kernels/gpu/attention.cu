@@ -301,6 +301,21 @@ WL_KERNEL void attention_v_transpose_bf16(wl_bf16* out, const wl_bf16* v, int kv
     for (int r = ty; r < 32; r += blockDim.x / 32) out[(wl_u64)(c0 + r) * stride + k0 + tx] = t[tx][r];
 }
 
+// V for the VSA fine kernel: key tile j's tokens (through the tiling's index arrays) at
+// columns j·64 .. j·64 + size_j of [heads, 128, tiles·64], zeros in the rest of each 64-slot block.
+WL_KERNEL void vsa_v_transpose_bf16(wl_bf16* out, const wl_bf16* v, const int* order, const int* offsets,
+                                    const int* sizes, int heads, int stride) {
+    __shared__ wl_bf16 t[32][33];
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int r = ty; r < 32; r += blockDim.x / 32) {
+        const int p = p0 + r, j = p / 64, slot = p % 64;
+        t[r][tx] = slot < sizes[j] ? v[(wl_u64)order[offsets[j] + slot] * heads * 128 + c0 + tx] : (wl_bf16)0;
+    }
+    __syncthreads();
+    for (int r = ty; r < 32; r += blockDim.x / 32) out[(wl_u64)(c0 + r) * stride + p0 + tx] = t[tx][r];
+}
+
 #if defined(WL_HAS_WGMMA)
 // Flash attention forward on Hopper's warpgroup MMA: two warpgroups, 64 queries each, share a
 // block of 128 queries of one head. S = Q·Kᵀ reads Q and K from shared memory through
@@ -655,6 +670,132 @@ WL_DEVICE void flash_wgmma_pipe_d128(wl_bf16* out, const wl_bf16* q, const wl_bf
     }
 WL_FLASH_WGMMA_PIPE(64)
 WL_FLASH_WGMMA_PIPE(128)
+
+// ---- The fine branch of VSA (kernels/src/vsa.rs) on wgmma: one warpgroup per (query tile,
+// head) attends its ≤ 64 tokens to the tokens of its `top_k` kept key tiles, one 64-slot key
+// tile per step, then adds gate · coarse. Tokens are gathered through the tiling's index arrays
+// as they are copied to shared memory; V comes from vsa_v_transpose_bf16, one 64-slot column
+// block per key tile. Two stages, two blocks per SM.
+WL_DEVICE void fw_load_gather(wl_bf16* dst, const wl_bf16* src, const int* order, int first, int n, wl_u64 row, int h) {
+    for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) {
+        const int r = (i / 128) * 8 + i % 8, c8 = (i / 8) % 16;
+        const bool valid = r < n;
+        const wl_u64 at = (wl_u64)(valid ? order[first + r] : 0) * row + (wl_u64)h * 128 + c8 * 8;
+        wl_cp_async16(dst + i * 8, src + at, valid);
+    }
+}
+
+WL_DEVICE void vsa_fine_wgmma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt,
+                              const wl_bf16* gate, int has_gate, const float* coarse, const int* kept,
+                              const int* q_order, const int* q_offsets, const int* q_sizes, const int* k_order,
+                              const int* k_offsets, const int* k_sizes, int heads, int top_k, int vt_stride,
+                              float scale) {
+    constexpr int TILE = 64 * 128;
+    extern __shared__ __align__(128) unsigned char fw_smem[];
+    wl_bf16* qs = (wl_bf16*)fw_smem;
+    wl_bf16* tiles = qs + TILE;  // [stage][K|Vᵀ][TILE]
+    const int i = blockIdx.x, h = blockIdx.y;
+    const int t = threadIdx.x, lane = t % 32;
+    const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 of the query tile
+    const int cq = (lane % 4) * 2;
+    const float scale2 = scale * 1.4426950408889634f;
+    const wl_u64 row = (wl_u64)heads * 128;
+    const int qn = q_sizes[i], q0 = q_offsets[i];
+    const int* mine = kept + ((wl_u64)i * heads + h) * top_k;
+
+    fw_load_gather(qs, q, q_order, q0, qn, row, h);
+    {
+        const int j = mine[0];
+        fw_load_gather(tiles, k, k_order, k_offsets[j], k_sizes[j], row, h);
+        fw_load_vt<64>(tiles + TILE, vt, j * 64, vt_stride, h);
+    }
+    wl_cp_async_commit();
+
+    float o[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    int stage = 0;
+    for (int u = 0; u < top_k; ++u, stage ^= 1) {
+        if (u + 1 < top_k) {
+            const int j = mine[u + 1];
+            wl_bf16* next = tiles + (stage ^ 1) * 2 * TILE;
+            fw_load_gather(next, k, k_order, k_offsets[j], k_sizes[j], row, h);
+            fw_load_vt<64>(next + TILE, vt, j * 64, vt_stride, h);
+            wl_cp_async_commit();
+            wl_cp_async_wait_one();
+        } else {
+            wl_cp_async_wait_all();
+        }
+        __syncthreads();
+        wl_fence_proxy_async();
+        const wl_bf16* ks = tiles + stage * 2 * TILE;
+        const wl_bf16* vs = ks + TILE;
+        const int kn = k_sizes[mine[u]];
+
+        float sc[32];
+        wl_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+            wl_wgmma_64x64x16_ss(sc, wl_wgmma_desc(qs + kk * 128, 128, 2048), wl_wgmma_desc(ks + kk * 128, 128, 2048),
+                                 kk);
+        wl_wgmma_commit();
+        wl_wgmma_wait_all();
+        float n[2], corr[2], sum[2];
+        // Slots at or past the tile's size are masked (kv_len = kn, no chunk mask).
+        fw_softmax<64>(sc, m, n, corr, sum, kn < 64, 0, r0, cq, kn, 0, scale2);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            l[e] = l[e] * corr[e] + sum[e];
+            m[e] = n[e];
+#pragma unroll
+            for (int jj = 0; jj < 16; ++jj) {
+                o[4 * jj + 2 * e] *= corr[e];
+                o[4 * jj + 2 * e + 1] *= corr[e];
+            }
+        }
+        unsigned int pa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+        wl_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x16_rs(o, pa[kk], wl_wgmma_desc(vs + kk * 128, 128, 64 * 16));
+        wl_wgmma_commit();
+        wl_wgmma_wait_all();
+        __syncthreads();
+    }
+    const float* c = coarse + ((wl_u64)i * heads + h) * 128;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        float tl = l[e];
+        tl += wl_shfl_xor(tl, 1);
+        tl += wl_shfl_xor(tl, 2);
+        const float inv = 1.0f / tl;
+        const int r = r0 + e * 8;
+        if (r < qn) {
+            const wl_u64 base = (wl_u64)q_order[q0 + r] * row + (wl_u64)h * 128;
+#pragma unroll
+            for (int jj = 0; jj < 16; ++jj) {
+                const int dim = jj * 8 + cq;
+                const float g0 = has_gate ? wl_ld(gate, base + dim) : 1.0f;
+                const float g1 = has_gate ? wl_ld(gate, base + dim + 1) : 1.0f;
+                *(unsigned int*)(out + base + dim) =
+                    wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv + g0 * c[dim], o[4 * jj + 2 * e + 1] * inv + g1 * c[dim + 1]);
+            }
+        }
+    }
+}
+
+WL_KERNEL void __launch_bounds__(128, 2)
+    vsa_fine_wgmma_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt, const wl_bf16* gate,
+                             int has_gate, const float* coarse, const int* kept, const int* q_order,
+                             const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
+                             const int* k_sizes, int heads, int top_k, int vt_stride, float scale) {
+    vsa_fine_wgmma(out, q, k, vt, gate, has_gate, coarse, kept, q_order, q_offsets, q_sizes, k_order, k_offsets,
+                   k_sizes, heads, top_k, vt_stride, scale);
+}
 
 #define WL_FLASH_WGMMA(BC, BLOCKS)                                                                           \
     WL_KERNEL void __launch_bounds__(256, BLOCKS) flash_wgmma_bf16_d128_bc##BC##_x##BLOCKS(                  \

@@ -10,6 +10,9 @@ use crate::{DType, Result, Tensor};
 
 /// Warps per block of the fine kernel (`WL_VSA_WARPS`).
 const FINE_WARPS: usize = 4;
+/// Dynamic shared memory of the wgmma fine kernel: a 64-token query tile, then two stages of a
+/// key tile and its transposed V, 64 × 128 bf16 each.
+const WGMMA_FINE_SMEM: u32 = 5 * 64 * 128 * 2;
 /// Dynamic shared memory of the coarse kernel: a score and a flag per key tile, within the
 /// default 48 KiB.
 const COARSE_SMEM_LIMIT: usize = 48 << 10;
@@ -121,6 +124,57 @@ pub fn vsa_attention(
         b.arg(&nk32).arg(&h32).arg(&d32).arg(&k32).arg(&scale);
     });
     let mut out = CudaStorage::alloc(&dev, dt, q.elem_count())?;
+    if dt == DType::BF16 && d == 128 && dev.arch == "sm_90a" {
+        // Tensor cores (attention.cu): one warpgroup per query tile and head, key tiles as
+        // 64-slot blocks of a transposed V.
+        let stride = nk * 64;
+        let mut vt = CudaStorage::alloc(&dev, DType::BF16, heads * 128 * stride)?;
+        let stride32 = stride as i32;
+        let vs = storage(&v)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((stride / 32) as u32, (heads * 128 / 32) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(&dev, "attention", "vsa_v_transpose_bf16", cfg, |b| {
+            push_mut(b, &mut vt.data);
+            push(b, &vs.data);
+            b.arg(&ki[0])
+                .arg(&ki[1])
+                .arg(&ki[2])
+                .arg(&h32)
+                .arg(&stride32);
+        });
+        let smem = WGMMA_FINE_SMEM;
+        let func = dev.func("attention", "vsa_fine_wgmma_bf16_d128")?;
+        func.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| dev.err(e))?;
+        let cfg = LaunchConfig {
+            grid_dim: (nq as u32, heads as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let ks = storage(&k)?;
+        let gs = gate.as_ref().map(storage).transpose()?;
+        let has_gate = gs.is_some() as i32;
+        let cd = f32_data(&coarse)?;
+        launch!(&dev, "attention", "vsa_fine_wgmma_bf16_d128", cfg, |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            push(b, &ks.data);
+            push(b, &vt.data);
+            // Without a gate the kernel never reads this pointer; q stands in.
+            push(b, &gs.unwrap_or(s).data);
+            b.arg(&has_gate).arg(cd).arg(&kept);
+            b.arg(&qi[0]).arg(&qi[1]).arg(&qi[2]);
+            b.arg(&ki[0]).arg(&ki[1]).arg(&ki[2]);
+            b.arg(&h32).arg(&k32).arg(&stride32).arg(&scale);
+        });
+        return Ok(wrap(out, q.shape()));
+    }
     let jobs = lq * heads;
     let cfg = LaunchConfig {
         grid_dim: (jobs.div_ceil(FINE_WARPS) as u32, 1, 1),
