@@ -5,9 +5,9 @@
 //! queued in between run while the links work.
 //!
 //! Waiting: NCCL only enqueues, so a dead or stuck peer shows up as a kernel that never ends.
-//! Each collective records a marker on the stream; before the next collective is enqueued (and
-//! right away for all-gather, broadcast and barrier, whose results the host usually reads next)
-//! the rank polls that marker together with the group's failure flag, `ncclCommGetAsyncError`
+//! Each collective records a marker on the side stream; before the next collective is enqueued
+//! (and right away for broadcast and barrier, whose results the host usually reads next) the
+//! rank polls that marker together with the group's failure flag, `ncclCommGetAsyncError`
 //! and a deadline, so the host never runs more than one collective ahead of its GPU and never
 //! waits for ever. The first failure of any rank aborts every rank's communicator
 //! (`ncclCommAbort` kills the kernels still waiting for peers), and every pending and later
@@ -342,8 +342,8 @@ impl NcclComm {
     }
 
     /// `ncclAllGather` of `t` (not empty) into a fresh buffer of `shape` (`size` times its
-    /// elements). Not waited for: like the all-to-all, the next collective (or the stream)
-    /// orders it, so the host goes on enqueueing the work that follows.
+    /// elements). Only the ops' stream waits for it, not the host, which goes on enqueueing
+    /// the work that follows (the head's GEMM, the next step's noise) as for the all-to-all.
     fn gather_into(&self, t: &Tensor, shape: &[usize]) -> Result<Tensor, Error> {
         let count = t.elem_count();
         let dt = nccl_dtype(t)?;
