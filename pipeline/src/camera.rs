@@ -3,6 +3,8 @@
 //! Conventions (OpenCV, as LingBot's poses): camera x right, y down, z forward; poses are
 //! camera-to-world. World y is down, so yaw turns about world y and "up" is −y.
 
+use std::sync::{Arc, Mutex};
+
 use kernels::Tensor;
 use rayon::prelude::*;
 
@@ -342,6 +344,113 @@ pub fn ray_map(
     Ok(out)
 }
 
+/// [`pixel_ray`] of every pixel at `height × width`, row-major: the same for every frame and
+/// chunk of a session, so it is computed once and kept (for the last size asked).
+fn pixel_rays(intrinsics_px: [f64; 4], height: usize, width: usize) -> Arc<Vec<[f64; 3]>> {
+    type Rays = ([u64; 4], usize, usize, Arc<Vec<[f64; 3]>>);
+    static LAST: Mutex<Option<Rays>> = Mutex::new(None);
+    let key = intrinsics_px.map(f64::to_bits);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((k, h, w, rays)) = last.as_ref() {
+        if (*k, *h, *w) == (key, height, width) {
+            return rays.clone();
+        }
+    }
+    let mut rays = vec![[0.0; 3]; height * width];
+    rays.par_chunks_mut(width.max(1))
+        .enumerate()
+        .for_each(|(v, line)| {
+            for (u, r) in line.iter_mut().enumerate() {
+                *r = pixel_ray(intrinsics_px, u, v);
+            }
+        });
+    let rays = Arc::new(rays);
+    *last = Some((key, height, width, rays.clone()));
+    rays
+}
+
+/// Rows `[first, first + real)` of [`fold_rays`]`(`[`ray_map`]`(..))`, computed straight from the
+/// poses with no full-size map, followed by zero rows up to `rows` rows: a sequence-parallel
+/// rank builds only its own token shard. Every value is the same f32 as in the full map (each
+/// is computed from its pixel alone).
+#[allow(clippy::too_many_arguments)]
+pub fn ray_token_rows(
+    poses: &[Pose],
+    wasd: &[[f32; 4]],
+    height: usize,
+    width: usize,
+    intrinsics_832x480: [f64; 4],
+    channels: usize,
+    first: usize,
+    real: usize,
+    rows: usize,
+) -> Result<Tensor> {
+    let b = VAE_STRIDE;
+    if channels != 6 && channels != 7 {
+        return Err(Error::Config(format!(
+            "control_dim {channels} (expected 6 or 7)"
+        )));
+    }
+    if channels == 7 && wasd.len() != poses.len() {
+        return Err(Error::Input(
+            "the action variant needs one WASD vector per frame".into(),
+        ));
+    }
+    let (gh, gw) = (height / (2 * b), width / (2 * b));
+    let tokens = poses.len() * gh * gw;
+    if !height.is_multiple_of(2 * b)
+        || !width.is_multiple_of(2 * b)
+        || real > rows
+        || first + real > tokens
+    {
+        return Err(Error::Input(format!(
+            "ray tokens {first}..{} of {tokens} ({real} of {rows} rows) at {height}×{width} \
+             (sizes must be multiples of 16)",
+            first + real
+        )));
+    }
+    let rays = pixel_rays(
+        CameraConfig::intrinsics_px(intrinsics_832x480, height, width),
+        height,
+        width,
+    );
+    let feat = channels * b * b * 4;
+    let mut out = vec![0f32; rows * feat];
+    // One task per token; padding rows stay zero.
+    out[..real * feat]
+        .par_chunks_mut(feat.max(1))
+        .enumerate()
+        .for_each(|(n, tok)| {
+            let t = first + n;
+            let (f, y, x) = (t / (gh * gw), (t / gw) % gh, t % gw);
+            let p = &poses[f];
+            for pp in 0..2 {
+                for i in 0..b {
+                    for q in 0..2 {
+                        for j in 0..b {
+                            let (v, u) = ((2 * y + pp) * b + i, (2 * x + q) * b + j);
+                            let dw = apply(&p.r, rays[v * width + u]);
+                            let at = i * 32 + j * 4 + pp * 2 + q;
+                            if channels == 6 {
+                                for (c, val) in p.t.iter().chain(dw.iter()).enumerate() {
+                                    tok[c * 256 + at] = *val as f32;
+                                }
+                            } else {
+                                for (c, val) in dw.iter().enumerate() {
+                                    tok[c * 256 + at] = *val as f32;
+                                }
+                                for (c, val) in wasd[f].iter().enumerate() {
+                                    tok[(3 + c) * 256 + at] = *val;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    Ok(Tensor::from_vec(out, &[rows, feat])?)
+}
+
 /// Folds a per-pixel map `[frames, 8·H, 8·W, C]` into DiT tokens `[frames·(H/2)·(W/2), C·256]`:
 /// each 8×8 pixel block becomes channels `c·64 + i·8 + j` (done by upstream's pipeline), then each
 /// 2×2 patch of latent pixels `ch·4 + p·2 + q` (done by upstream's model), so feature
@@ -537,6 +646,45 @@ mod tests {
         for (k, fk) in f.iter().enumerate() {
             let m = (at(15, 15)[k] + at(16, 16)[k] + at(15, 16)[k] + at(16, 15)[k]) as f64 / 4.0;
             assert!((m - fk).abs() < 0.05, "{k}: {m} vs {fk}");
+        }
+    }
+
+    #[test]
+    fn token_rows_are_the_rows_of_the_folded_map() {
+        let poses = [
+            Pose {
+                r: rot_y(0.3),
+                t: [1.0, 2.0, 3.0],
+            },
+            Pose {
+                r: matmul(&rot_x(-0.2), &rot_y(0.1)),
+                t: [-0.5, 0.25, 2.0],
+            },
+        ];
+        let wasd = [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]];
+        let (h, w, k) = (32, 48, [480.0, 480.0, 416.0, 240.0]);
+        for c in [6, 7] {
+            let map = ray_map(&poses, &wasd, h, w, k, c).expect("map");
+            let whole = fold_rays(&map, 2, h, w, c).expect("fold").to_vec_f32();
+            let (tokens, feat) = (2 * (h / 16) * (w / 16), c * 256);
+            // Uneven shards (the last one padded), one whole, and an empty tail.
+            for (first, real, rows) in [(0, tokens, tokens), (0, 5, 5), (5, 5, 5), (10, 2, 5)] {
+                let t = ray_token_rows(&poses, &wasd, h, w, k, c, first, real, rows)
+                    .expect("rows")
+                    .to_vec_f32();
+                assert_eq!(t.len(), rows * feat);
+                let want = &whole[first * feat..(first + real) * feat];
+                assert!(
+                    t[..real * feat]
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{c} channels, tokens {first}..{}",
+                    first + real
+                );
+                assert!(t[real * feat..].iter().all(|&v| v == 0.0), "padding");
+            }
+            assert!(ray_token_rows(&poses, &wasd, h, w, k, c, 10, 3, 3).is_err());
         }
     }
 

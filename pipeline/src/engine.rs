@@ -10,7 +10,7 @@ use kernels::{ops, DType, KvCache, Tensor};
 use sp::{Communicator, TokenShard};
 use tracing::{debug, info_span};
 
-use crate::camera::{fold_rays, ray_map, relative_poses, CameraConfig, CameraRig, Controls, Pose};
+use crate::camera::{ray_token_rows, relative_poses, CameraConfig, CameraRig, Controls, Pose};
 use crate::config::{LATENT_CHANNELS, MASK_CHANNELS, VAE_STRIDE};
 use crate::model::{Attn, CameraContext, TextContext, WanModel, ROPE_POSITIONS};
 use crate::rng::NormalRng;
@@ -410,19 +410,21 @@ impl Engine {
         let poses = self.rig.latent_poses(&inputs.controls, first_frame, n);
         let camera = match mc.control_dim {
             Some(channels) => {
-                let rays = camera_tokens(
+                // A rank builds only its own shard's tokens: the whole chunk's rays would cost
+                // every rank the one-card time, in which its card waits.
+                let (ranks, rank) = self
+                    .comm
+                    .as_ref()
+                    .map_or((1, 0), |c| (c.world_size(), c.rank()));
+                let rays = camera_token_rows(
                     &self.cfg,
                     channels,
                     self.last_pose.as_ref(),
                     &poses,
                     &inputs.controls,
+                    ranks,
+                    rank,
                 )?;
-                let rays = match &self.comm {
-                    Some(c) => {
-                        TokenShard::new(rays.dim(0), c.world_size(), c.rank())?.take(&rays)?
-                    }
-                    None => rays,
-                };
                 Some(model.camera_context(&rays)?)
             }
             None => None,
@@ -515,12 +517,37 @@ pub fn camera_tokens(
     poses: &[Pose],
     controls: &Controls,
 ) -> Result<Tensor> {
+    camera_token_rows(cfg, channels, prev, poses, controls, 1, 0)
+}
+
+/// Rank `rank`'s token shard (of `ranks`, see [`TokenShard`]) of [`camera_tokens`], zero-padded
+/// as [`TokenShard::take`] pads it, computed without the other ranks' tokens.
+pub fn camera_token_rows(
+    cfg: &EngineConfig,
+    channels: usize,
+    prev: Option<&Pose>,
+    poses: &[Pose],
+    controls: &Controls,
+    ranks: usize,
+    rank: usize,
+) -> Result<Tensor> {
     let n = poses.len();
     let rel = relative_poses(prev, poses, cfg.camera.step_length());
     let wasd = vec![controls.wasd(); n];
     let (h, w) = (cfg.height, cfg.width);
-    let map = ray_map(&rel, &wasd, h, w, cfg.camera.intrinsics_832x480, channels)?;
-    fold_rays(&map, n, h, w, channels)
+    let tokens = n * (h / (2 * VAE_STRIDE)) * (w / (2 * VAE_STRIDE));
+    let shard = TokenShard::new(tokens, ranks, rank)?;
+    ray_token_rows(
+        &rel,
+        &wasd,
+        h,
+        w,
+        cfg.camera.intrinsics_832x480,
+        channels,
+        shard.start(),
+        shard.real(),
+        shard.per_rank(),
+    )
 }
 
 /// One DiT forward, on this rank's shard when the engine is part of a rank group.

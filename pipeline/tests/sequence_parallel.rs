@@ -108,7 +108,8 @@ fn attention_moves_only_the_new_chunk() {
     // Each denoising forward sends q, k, v and gets o back in every layer; the refresh pass
     // needs no q and no o in its last layer.
     let a2a = steps * layers * 4 * unit + ((layers - 1) * 4 + 2) * unit;
-    let calls = steps * layers * 2 + (layers - 1) * 2 + 1;
+    // Keys and values, then queries (sent while the keys are rotated and cached), then o.
+    let calls = steps * layers * 3 + (layers - 1) * 3 + 1;
     // The head's input (the f32 residual stream) is gathered before the head's GEMM, so that
     // the GEMM runs on the whole chunk's rows as on one card.
     let gather = steps * (cards - 1) * per_rank * mc.dim as u64 * 4;
@@ -239,9 +240,9 @@ fn faulty_group(victim: usize, at: u64, panic: bool) -> EngineGroup {
 
 #[test]
 fn a_rank_failing_mid_chunk_fails_the_chunk_naming_it() {
-    // 19 all-to-alls a chunk: the 26th is inside the second chunk's second step.
+    // 28 all-to-alls a chunk (6 a forward): the 38th is inside the second chunk's second step.
     for panic in [false, true] {
-        let mut group = faulty_group(2, 26, panic);
+        let mut group = faulty_group(2, 38, panic);
         group.next_chunk(&controls(0)).expect("chunk 0");
         let e = group
             .next_chunk(&controls(1))

@@ -206,7 +206,22 @@ def turn_per_latent(rel):
 
 # Per-DiT training settings that `--dit-configs` may override with `_name` keys.
 TRAIN_KEYS = ("dit_lr", "dit_batch", "rollout_after", "rollout_prob", "rollout_reuse", "yaw_weight",
-              "warmup_steps")
+              "warmup_steps", "motion_weight", "cam_lr_mult")
+
+
+def is_camera_param(name):
+    """The camera path: ray patch embedding, its MLP, and each block's injector/scale/shift."""
+    return "cam" in name or "c2ws" in name
+
+
+def motion_loss(x0, z, chunk_frames):
+    """MSE of the frame-to-frame change inside each chunk (estimate against the clip's latents):
+    an estimate that lags the commanded motion (under-turning) pays for the lag itself, not only
+    for the frames it gets wrong."""
+    d_est = x0[:, :, 1:] - x0[:, :, :-1]
+    d_true = z[:, :, 1:] - z[:, :, :-1]
+    keep = [j for j in range(x0.shape[2] - 1) if (j + 1) % chunk_frames != 0]  # not across chunks
+    return F.mse_loss(d_est[:, :, keep], d_true[:, :, keep])
 
 
 def split_over(over):
@@ -245,7 +260,10 @@ def train_dit(args, name, over, gpu):
         sd, meta = load_safetensors(args.init_dit)
         model.load_state_dict(sd)  # strict: a checkpoint of another shape fails here
     nparams = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=hp["dit_lr"], weight_decay=0.01, betas=(0.9, 0.99))
+    cam_p = [p for n_, p in model.named_parameters() if is_camera_param(n_)]
+    rest_p = [p for n_, p in model.named_parameters() if not is_camera_param(n_)]
+    opt = torch.optim.AdamW([{"params": rest_p, "mult": 1.0}, {"params": cam_p, "mult": float(hp["cam_lr_mult"])}],
+                            lr=hp["dit_lr"], weight_decay=0.01, betas=(0.9, 0.99))
     sched = Schedule()
     tpf = (h // 2) * (w // 2)
     mask = teacher_forcing_mask(nc, CHUNK_FRAMES, tpf, WINDOW_FRAMES, SINK_FRAMES, dev)
@@ -270,7 +288,7 @@ def train_dit(args, name, over, gpu):
         warm = min(1.0, step / max(1, hp["warmup_steps"]))
         lr = hp["dit_lr"] * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g["mult"]
         # Context: ground truth, or (after warm-up) the model's own rollout as the engine makes it.
         # One rollout of B·R clips (about the cost of one of B: the tiny model is launch-bound)
         # serves the next R own-context steps.
@@ -314,13 +332,15 @@ def train_dit(args, name, over, gpu):
                 x0 = fwd(x, si)
                 x = (1 - s2[si + 1]) * x0 + s2[si + 1] * torch.randn(z.shape, device=dev, generator=gen)
         x0 = fwd(x, s)
-        loss = F.mse_loss(x0, z)
+        loss = mse = F.mse_loss(x0, z)
+        if hp["motion_weight"]:
+            loss = loss + hp["motion_weight"] * motion_loss(x0, z, CHUNK_FRAMES)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 100 == 0:
-            log(args.out, tag, f"step {step} t {el:.0f}s step_idx {s} own_ctx {int(own)} loss {loss.item():.4f} gn {gn:.2f} lr {lr:.2e}")
+            log(args.out, tag, f"step {step} t {el:.0f}s step_idx {s} own_ctx {int(own)} loss {loss.item():.4f} mse {mse.item():.4f} gn {gn:.2f} lr {lr:.2e}")
         step += 1
     torch.save({"cfg": cfg.to_dict(), "state": model.state_dict(), "steps": step}, os.path.join(args.out, f"{tag}.pt"))
     log(args.out, tag, f"done: {step} steps ({n_own} with own-rollout context) in {time.time() - t0:.0f} s")
@@ -354,6 +374,91 @@ def eval_dit(args, model, ae, dev, tag):
            "psnr_per_second": [p[:, s * 16:(s + 1) * 16].mean().item() for s in range(p.shape[1] // 16)]}
     log(args.out, tag, f"held-out eval: {json.dumps(out)}")
     return out
+
+
+# ---------------------------------------------------------------------------------- decoder
+def load_dit_file(path, dev):
+    sd, meta = load_safetensors(path)
+    cfg = DitConfig(**json.loads(meta["config"])) if meta and "config" in meta else DitConfig(**DIT)
+    model = WanDiT(cfg).to(dev)
+    model.load_state_dict(sd)
+    return model
+
+
+def train_dec(args, gpu):
+    """Fine-tunes the decoder (the encoder stays as it is: the DiT's first latent comes from it)
+    on what it decodes at run time: the DiT's own rollouts through the engine loop, against the
+    renderer's frames of those clips; a share of steps keeps the original objective (encoder
+    latents + noise) so the first second, whose latents are near clean, stays as good."""
+    dev = devn(gpu)
+    torch.manual_seed(args.seed + 50)
+    gen = torch.Generator(device=dev).manual_seed(args.seed + 150)
+    tag = "dec"
+    ae = TinyAE(**AE).to(dev)
+    ae.load_state_dict(torch.load(os.path.join(args.out, "ae.pt"), map_location="cpu"))
+    dit = load_dit_file(args.init_dit, dev).eval()
+    lat = torch.load(os.path.join(args.out, "latents_train.pt"))
+    z_all, rel_all = lat["z"].to(dev), lat["rel"]
+    r_all, t_all = (a.to(dev) for a in rel_split(rel_all))
+    frames, _ = load_split(args, "train")
+    n, _, nf, h, w = z_all.shape
+    nc = nf // CHUNK_FRAMES
+    tpf = (h // 2) * (w // 2)
+    for p_ in ae.encoder.parameters():
+        p_.requires_grad_(False)
+    opt = torch.optim.AdamW(ae.decoder.parameters(), lr=args.dec_lr, weight_decay=0.0)
+    B = args.dec_batch
+    R = 8  # one rollout of B·R clips feeds R steps
+    buf = []
+    log(args.out, tag, f"decoder fine-tune on rollouts of {args.init_dit}: clips {n} batch {B} lr {args.dec_lr}")
+    t0 = time.time()
+    step = n_roll = 0
+    while True:
+        el = time.time() - t0
+        if el > args.dit_seconds:
+            break
+        frac = el / args.dit_seconds
+        lr = args.dec_lr * min(1.0, step / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        clean = torch.rand(()).item() < args.dec_clean_prob
+        if clean:
+            idx = torch.randint(0, n, (B,), device=dev)
+            zin = z_all[idx]
+            zin = zin + torch.randn_like(zin) * torch.rand(B, 1, 1, 1, 1, device=dev) * args.ae_latent_noise
+        else:
+            if not buf:
+                big = torch.randint(0, n, (B * R,), device=dev)
+                cam = ray_tokens(r_all[big], t_all[big], H, W)
+                gz = rollout(dit, z_all[big][:, :, 0], list(cam.split(CHUNK_FRAMES * tpf, 1)), nc, dev, gen)
+                buf = [(big[i * B:(i + 1) * B], gz[i * B:(i + 1) * B]) for i in range(R)]
+                del cam
+            idx, zin = buf.pop()
+            n_roll += 1
+        x = to_float(frames_to_gpu(frames[idx.cpu()], dev))
+        with amp():
+            y = ae.decode(zin)
+        y = y.float()
+        loss = F.mse_loss(y, x) + 0.2 * (y - x).abs().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ae.decoder.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0:
+            with torch.no_grad():
+                p = psnr(y.detach(), x)
+            log(args.out, tag, f"step {step} t {el:.0f}s rollout {int(not clean)} loss {loss.item():.4f} "
+                               f"psnr {p.mean().item():.2f} last s {p[:, -16:].mean().item():.2f} lr {lr:.2e}")
+        step += 1
+    torch.save(ae.state_dict(), os.path.join(args.out, "ae_dec.pt"))
+    log(args.out, tag, f"done: {step} steps ({n_roll} on rollouts) in {time.time() - t0:.0f} s")
+    ae.eval()
+    res = eval_dit(args, dit, ae, dev, tag)
+    base = TinyAE(**AE).to(dev)
+    base.load_state_dict(torch.load(os.path.join(args.out, "ae.pt"), map_location="cpu"))
+    res["init_decoder"] = eval_dit(args, dit, base.eval(), dev, "dec_baseline")
+    with open(os.path.join(args.out, "eval_dec.json"), "w") as f:
+        json.dump(res, f)
 
 
 # ---------------------------------------------------------------------------------- export
@@ -390,11 +495,21 @@ def parse():
     p.add_argument("--yaw-weight", type=float, default=0.0,
                    help="draw clips with probability ∝ 1 + this × (their mean turn per latent / A-D's)")
     p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--motion-weight", type=float, default=0.0,
+                   help="weight of the frame-to-frame change loss inside chunks (against under-turning)")
+    p.add_argument("--cam-lr-mult", type=float, default=1.0, help="learning-rate factor of the camera path")
+    p.add_argument("--dec-finetune", action="store_true",
+                   help="beside the DiTs, fine-tune the decoder on rollouts of --init-dit (export_dec/ae.safetensors)")
+    p.add_argument("--dec-lr", type=float, default=3e-4)
+    p.add_argument("--dec-batch", type=int, default=4, help="whole clips per decoder step")
+    p.add_argument("--dec-clean-prob", type=float, default=0.25,
+                   help="share of decoder steps on the encoder's latents (+ noise) instead of DiT rollouts")
     p.add_argument("--init-dit", default=None, help="start every DiT from this dit.safetensors (same config)")
     p.add_argument("--init-ae", default=None,
                    help="use this ae.safetensors (encoder.* and decoder.*) instead of training the autoencoder")
     p.add_argument("--dit-configs", default="base:{}", help="name:json;name:json — one DiT per GPU")
     p.add_argument("--dit-only", default=None, help="internal: train this name:json on --gpu")
+    p.add_argument("--dec-only", action="store_true", help="internal: fine-tune the decoder on --gpu")
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--export-dir", default=None)
     p.add_argument("--budget-seconds", type=float, default=None,
@@ -419,6 +534,9 @@ def main():
     args = parse()
     os.makedirs(args.out, exist_ok=True)
     dev = devn(0)
+    if args.dec_only:
+        train_dec(args, args.gpu)
+        return
     if args.dit_only:
         name, over = parse_configs(args.dit_only)[0]
         model = train_dit(args, name, over, args.gpu)
@@ -467,6 +585,14 @@ def main():
             if args.init_dit:
                 cmd += ["--init-dit", args.init_dit]
             procs.append((name, subprocess.Popen(cmd)))
+        if args.dec_finetune:
+            if not args.init_dit:
+                raise SystemExit("--dec-finetune needs --init-dit (the DiT whose rollouts it decodes)")
+            cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--data", args.data, "--dec-only",
+                   "--gpu", str(len(procs)), "--init-dit", args.init_dit]
+            for k in ("seed", "dit_seconds", "dec_lr", "dec_batch", "dec_clean_prob", "ae_latent_noise"):
+                cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+            procs.append(("dec", subprocess.Popen(cmd)))
         failed = [name for name, p in procs if p.wait() != 0]
         if len(failed) == len(procs):
             raise SystemExit(f"every DiT failed: {failed}")
@@ -494,6 +620,15 @@ def main():
             model.load_state_dict(ck["state"])
             args.export_dir = os.path.join(args.out, f"export_{name}")
             export(args, model, ae, name)
+        if os.path.exists(os.path.join(args.out, "ae_dec.pt")):
+            ae_d = TinyAE(**AE)
+            ae_d.load_state_dict(torch.load(os.path.join(args.out, "ae_dec.pt"), map_location="cpu"))
+            os.makedirs(os.path.join(args.out, "export_dec"), exist_ok=True)
+            sd = {k: v.detach().float().cpu().contiguous() for k, v in ae_d.state_dict().items()}
+            save_safetensors(sd, os.path.join(args.out, "export_dec", "ae.safetensors"), {"config": json.dumps(AE)})
+            if os.path.exists(os.path.join(args.out, "eval_dec.json")):
+                r = json.load(open(os.path.join(args.out, "eval_dec.json")))
+                print(f"| init DiT + fine-tuned decoder | - | {r['psnr_first_s']:.2f} | {r['psnr_10th_s']:.2f} | {r['psnr_all']:.2f} |")
         print(f"total {time.time() - t_all:.0f} s")
 
 

@@ -23,8 +23,23 @@ pub trait Communicator: Debug + Send + Sync {
     /// sent here, in rank order. Parts may differ in shape between pairs of ranks.
     fn all_to_all(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>, Error>;
 
+    /// [`all_to_all`](Self::all_to_all) whose result is taken later, with
+    /// [`Exchange::finish`]: a device backend lets the links work while the device runs what
+    /// is queued in between (work that must not read what arrives). Every rank starts its
+    /// exchanges in the same order. Here: the exchange runs at once.
+    fn all_to_all_start(&self, send: Vec<Tensor>) -> Result<Box<dyn Exchange>, Error> {
+        Ok(Box::new(Arrived(self.all_to_all(send)?)))
+    }
+
     /// Every rank's `t`, in rank order.
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>, Error>;
+
+    /// Every rank's `t` joined along dim 0 in rank order: [`Tensor::cat`] of
+    /// [`all_gather`](Self::all_gather), which a device backend receives straight into.
+    fn all_gather_cat(&self, t: &Tensor) -> Result<Tensor, Error> {
+        let parts = self.all_gather(t)?;
+        Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?)
+    }
 
     /// `root`'s `t` on every rank. Other ranks pass a tensor of the same shape and dtype (the
     /// receive buffer a device backend fills).
@@ -39,6 +54,21 @@ pub trait Communicator: Debug + Send + Sync {
     /// Bytes this rank has sent to other ranks so far (its own parts are not counted), and the
     /// time its collectives took.
     fn stats(&self) -> CommStats;
+}
+
+/// An all-to-all under way (see [`Communicator::all_to_all_start`]).
+pub trait Exchange {
+    /// What each rank sent here, in rank order, ready for the device work queued from now on.
+    fn finish(self: Box<Self>) -> Result<Vec<Tensor>, Error>;
+}
+
+/// An exchange that was complete when it started.
+struct Arrived(Vec<Tensor>);
+
+impl Exchange for Arrived {
+    fn finish(self: Box<Self>) -> Result<Vec<Tensor>, Error> {
+        Ok(self.0)
+    }
 }
 
 /// Bytes one rank sent to other ranks, per collective kind, and the time in collectives.

@@ -9,12 +9,12 @@ mod loopback;
 mod nccl;
 mod ulysses;
 
-pub use comm::{tensor_bytes, CommStats, Communicator, Kind, StatCounters};
+pub use comm::{tensor_bytes, CommStats, Communicator, Exchange, Kind, StatCounters};
 pub use group::{BoxError, RankGroup, RankWorker};
 pub use loopback::{LoopbackComm, LoopbackWorld};
 pub use nccl::{nccl_library, NcclComm};
 pub use rccl_sys;
-pub use ulysses::{pad_rows, TokenShard, Ulysses};
+pub use ulysses::{pad_rows, Scatter, TokenShard, Ulysses};
 
 /// Errors of the communicators and the rank group.
 #[derive(Debug, thiserror::Error)]

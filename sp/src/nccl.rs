@@ -1,11 +1,13 @@
-//! The NCCL/RCCL communicator: the ranks are GPUs of one process (one thread each), the
-//! collectives run on each rank's device stream, the same stream as its ops, so no extra
-//! synchronisation orders them.
+//! The NCCL/RCCL communicator: the ranks are GPUs of one process (one thread each). The
+//! collectives run on a second stream of each rank's device, after the work its ops' stream has
+//! queued; the ops' stream waits for a collective before anything reads what it delivered, at
+//! once, or, for [`Communicator::all_to_all_start`], when the exchange is finished, so the ops
+//! queued in between run while the links work.
 //!
 //! Waiting: NCCL only enqueues, so a dead or stuck peer shows up as a kernel that never ends.
-//! Each collective records a marker on the stream; before the next collective is enqueued (and
-//! right away for all-gather, broadcast and barrier, whose results the host usually reads next)
-//! the rank polls that marker together with the group's failure flag, `ncclCommGetAsyncError`
+//! Each collective records a marker on the side stream; before the next collective is enqueued
+//! (and right away for broadcast and barrier, whose results the host usually reads next) the
+//! rank polls that marker together with the group's failure flag, `ncclCommGetAsyncError`
 //! and a deadline, so the host never runs more than one collective ahead of its GPU and never
 //! waits for ever. The first failure of any rank aborts every rank's communicator
 //! (`ncclCommAbort` kills the kernels still waiting for peers), and every pending and later
@@ -20,7 +22,7 @@ use kernels::cuda::{CudaBackend, CudaMarker, CudaStorage};
 use kernels::{DType, Device, Storage, Tensor};
 use rccl_sys::{Comm, DataType, Flavor, Nccl, NcclResult, RedOp, UniqueId};
 
-use crate::comm::{tensor_bytes, CommStats, Communicator, Kind, StatCounters};
+use crate::comm::{tensor_bytes, CommStats, Communicator, Exchange, Kind, StatCounters};
 use crate::Error;
 
 /// The collectives library of this process, loaded on first use (NCCL for CUDA devices).
@@ -339,6 +341,28 @@ impl NcclComm {
         Ok((st, ptr))
     }
 
+    /// `ncclAllGather` of `t` (not empty) into a fresh buffer of `shape` (`size` times its
+    /// elements). Only the ops' stream waits for it, not the host, which goes on enqueueing
+    /// the work that follows (the head's GEMM, the next step's noise) as for the all-to-all.
+    fn gather_into(&self, t: &Tensor, shape: &[usize]) -> Result<Tensor, Error> {
+        let count = t.elem_count();
+        let dt = nccl_dtype(t)?;
+        let sptr = self.storage(t)?.device_ptr()?;
+        let (buf, rptr) = self.alloc(t.dtype(), shape)?;
+        let done = self.launch("all_gather", false, |nccl, comm, stream| {
+            // SAFETY: `sptr` holds `count` elements, `rptr` `size * count`, both of `dt`, on
+            // this rank's device; `comm` is live.
+            let r = unsafe {
+                (nccl.all_gather)(sptr as *const _, rptr as *mut _, count, dt, comm, stream)
+            };
+            nccl.check("ncclAllGather", r)
+        })?;
+        self.slot.dev.main_waits(&done)?;
+        self.stats
+            .add(Kind::AllGather, tensor_bytes(t) * (self.size as u64 - 1));
+        Ok(buf.into_tensor(shape)?)
+    }
+
     /// Fails this rank (and so the group) with `reason`, as the error to return.
     fn fail(&self, reason: String) -> Error {
         self.shared.fail(self.rank, &reason);
@@ -434,9 +458,12 @@ impl NcclComm {
         }
     }
 
-    /// Enqueues one group of NCCL calls on this rank's stream, after the previous collective
-    /// has finished; `wait` also waits for this one.
-    fn launch<F>(&self, what: &'static str, wait: bool, calls: F) -> Result<(), Error>
+    /// Enqueues one group of NCCL calls on this rank's side stream, after the previous
+    /// collective has finished (the host waits for it) and after the work queued so far on the
+    /// ops' stream (the side stream waits for it). Returns the marker after the calls, for the
+    /// ops' stream to wait on ([`CudaBackend::main_waits`]) before reading what arrived; `wait`
+    /// also waits for it on the host.
+    fn launch<F>(&self, what: &'static str, wait: bool, calls: F) -> Result<CudaMarker, Error>
     where
         F: FnOnce(&Nccl, Comm, rccl_sys::Stream) -> Result<(), rccl_sys::Error>,
     {
@@ -444,7 +471,9 @@ impl NcclComm {
         self.wait_pending(what)?;
         let dev = &self.slot.dev;
         dev.bind_to_thread()?;
-        let start = dev.timed_marker()?;
+        dev.side_waits_main()?;
+        let stream = dev.side_cu_stream()?;
+        let start = dev.side_timed_marker()?;
         let nccl = &self.shared.nccl;
         let enqueue = || -> Result<Result<(), rccl_sys::Error>, Error> {
             let guard = self.slot.lock();
@@ -458,7 +487,7 @@ impl NcclComm {
             Ok(match nccl.check("ncclGroupStart", started) {
                 Err(e) => Err(e),
                 Ok(()) => {
-                    let r = calls(nccl, c.0, dev.cu_stream());
+                    let r = calls(nccl, c.0, stream);
                     // SAFETY: ends the group started above (also after a failed call, so the
                     // library's group state is left clean).
                     let ended = unsafe { (nccl.group_end)() };
@@ -466,17 +495,50 @@ impl NcclComm {
                 }
             })
         };
-        let result = dev.timed("collective", || Ok(enqueue()))??;
-        if let Err(e) = result {
+        if let Err(e) = enqueue()? {
             return Err(self.fail(format!("{what}: {e}")));
         }
         self.shared.progress[self.rank].fetch_add(1, Ordering::AcqRel);
-        let marker = dev.timed_marker()?;
+        let marker = dev.side_timed_marker()?;
+        let done = dev.side_timed_marker()?;
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some((start, marker));
+        if dev.profiling() {
+            // The profile's brackets are on the ops' stream: it waits here, inside one, so
+            // the collective shows as such (a profiled chunk does not overlap its exchanges).
+            dev.timed("collective", || dev.main_waits(&done))?;
+        }
         if wait {
             self.wait_pending(what)?;
         }
-        Ok(())
+        Ok(done)
+    }
+}
+
+/// An all-to-all enqueued on the side stream: what arrives, and what is sent, kept until the
+/// ops' stream has waited for it (on [`finish`](Exchange::finish), or when dropped).
+struct NcclExchange {
+    dev: Arc<CudaBackend>,
+    done: Option<CudaMarker>,
+    recv: Vec<Tensor>,
+    _send: Vec<Tensor>,
+}
+
+impl Exchange for NcclExchange {
+    fn finish(mut self: Box<Self>) -> Result<Vec<Tensor>, Error> {
+        if let Some(done) = self.done.take() {
+            self.dev.main_waits(&done)?;
+        }
+        Ok(std::mem::take(&mut self.recv))
+    }
+}
+
+impl Drop for NcclExchange {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            // Unfinished (an error on the way): the buffers still wait for the exchange. If
+            // even this fails the device is gone, and its memory with it.
+            let _ = self.dev.main_waits(&done);
+        }
     }
 }
 
@@ -502,6 +564,12 @@ impl Communicator for NcclComm {
     /// Grouped `ncclSend`/`ncclRecv`. The part received from rank `i` has the shape and dtype
     /// of the part this rank sends to `i` (true of Ulysses' exchanges, which are symmetric).
     fn all_to_all(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>, Error> {
+        self.all_to_all_start(send)?.finish()
+    }
+
+    /// [`all_to_all`](Self::all_to_all) on the side stream, which the ops' stream waits for
+    /// only when the exchange is finished.
+    fn all_to_all_start(&self, send: Vec<Tensor>) -> Result<Box<dyn Exchange>, Error> {
         let n = self.size;
         if send.len() != n {
             return Err(Error::Invalid(format!(
@@ -527,7 +595,7 @@ impl Communicator for NcclComm {
             recv_bufs.push((j, buf, part.shape().to_vec()));
             bytes += tensor_bytes(part);
         }
-        self.launch("all_to_all", false, |nccl, comm, stream| {
+        let done = self.launch("all_to_all", false, |nccl, comm, stream| {
             for &(j, sptr, rptr, count, dt) in &plan {
                 let p = peer(j)?;
                 // SAFETY: `sptr` addresses `count` elements of `dt` of a tensor alive until
@@ -540,46 +608,51 @@ impl Communicator for NcclComm {
             }
             Ok(())
         })?;
-        drop(send);
+        // Held until the ops' stream has waited for the exchange: freed earlier, their memory
+        // could be handed to an op while the links still read it.
+        let mut exchange = NcclExchange {
+            dev: self.slot.dev.clone(),
+            done: Some(done),
+            recv: Vec::new(),
+            _send: send,
+        };
         for (j, buf, shape) in recv_bufs {
             out[j] = Some(buf.into_tensor(&shape)?);
         }
         self.stats.add(Kind::AllToAll, bytes);
-        out.into_iter()
+        exchange.recv = out
+            .into_iter()
             .enumerate()
             .map(|(j, t)| t.ok_or_else(|| Error::Invalid(format!("all_to_all lost part {j}"))))
-            .collect()
+            .collect::<Result<_, Error>>()?;
+        Ok(Box::new(exchange))
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>, Error> {
         let n = self.size;
-        let count = t.elem_count();
-        if count == 0 {
+        if t.elem_count() == 0 {
             return Ok((0..n).map(|_| t.clone()).collect());
         }
-        let dt = nccl_dtype(t)?;
-        let sptr = self.storage(t)?.device_ptr()?;
-        let (buf, rptr) = self.alloc(t.dtype(), &[n, count])?;
-        self.launch("all_gather", true, |nccl, comm, stream| {
-            // SAFETY: `sptr` holds `count` elements, `rptr` `n * count`, both of `dt`, on this
-            // rank's device; `comm` is live.
-            let r = unsafe {
-                (nccl.all_gather)(sptr as *const _, rptr as *mut _, count, dt, comm, stream)
-            };
-            nccl.check("ncclAllGather", r)
-        })?;
-        let whole = buf.into_tensor(&[n, count])?;
-        let parts = (0..n)
+        let whole = self.gather_into(t, &[n, t.elem_count()])?;
+        (0..n)
             .map(|i| {
                 if i == self.rank {
                     return Ok(t.clone());
                 }
                 Ok(whole.narrow(0, i, 1)?.reshape(t.shape())?)
             })
-            .collect::<Result<Vec<_>, Error>>()?;
-        self.stats
-            .add(Kind::AllGather, tensor_bytes(t) * (n as u64 - 1));
-        Ok(parts)
+            .collect()
+    }
+
+    /// The all-gather's buffer is already the rank-ordered concatenation: no copy.
+    fn all_gather_cat(&self, t: &Tensor) -> Result<Tensor, Error> {
+        if t.rank() == 0 || t.elem_count() == 0 {
+            let parts = self.all_gather(t)?;
+            return Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?);
+        }
+        let mut shape = t.shape().to_vec();
+        shape[0] *= self.size;
+        self.gather_into(t, &shape)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor, Error> {
@@ -602,7 +675,7 @@ impl Communicator for NcclComm {
             let (buf, ptr) = self.alloc(t.dtype(), t.shape())?;
             (Some(buf), ptr)
         };
-        self.launch("broadcast", true, |nccl, comm, stream| {
+        let done = self.launch("broadcast", true, |nccl, comm, stream| {
             // SAFETY: `ptr` addresses `count` elements of `dt` on this rank's device (in place:
             // send and receive buffers are the same); `comm` is live.
             let r = unsafe {
@@ -618,6 +691,7 @@ impl Communicator for NcclComm {
             };
             nccl.check("ncclBroadcast", r)
         })?;
+        self.slot.dev.main_waits(&done)?;
         match out {
             None => {
                 self.stats
@@ -631,7 +705,7 @@ impl Communicator for NcclComm {
     /// An all-reduce of one element, waited for.
     fn barrier(&self) -> Result<(), Error> {
         let (buf, ptr) = self.alloc(DType::F32, &[1])?;
-        self.launch("barrier", true, |nccl, comm, stream| {
+        let done = self.launch("barrier", true, |nccl, comm, stream| {
             // SAFETY: `ptr` addresses one f32 on this rank's device, reduced in place.
             let r = unsafe {
                 (nccl.all_reduce)(
@@ -646,6 +720,7 @@ impl Communicator for NcclComm {
             };
             nccl.check("ncclAllReduce", r)
         })?;
+        self.slot.dev.main_waits(&done)?;
         drop(buf);
         self.stats.add(Kind::Barrier, 0);
         Ok(())

@@ -4,7 +4,7 @@
 use kernels::ops::{self, Piece};
 use kernels::Tensor;
 
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Exchange};
 use crate::Error;
 
 /// The rank's contiguous slice of a sequence of `tokens`, padded at the end so that every rank
@@ -85,6 +85,70 @@ pub fn pad_rows(t: &Tensor, rows: usize) -> Result<Tensor, Error> {
     )?)
 }
 
+/// A [`Ulysses::scatter_heads_start`] under way.
+pub struct Scatter {
+    shard: TokenShard,
+    /// This rank's own tensors (its own heads are taken from them, not from the links).
+    own: Vec<Tensor>,
+    hn: usize,
+    exchange: Box<dyn Exchange>,
+}
+
+impl std::fmt::Debug for Scatter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scatter")
+            .field("shard", &self.shard)
+            .field("own", &self.own)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scatter {
+    /// The tensors as [`Ulysses::scatter_heads`] returns them.
+    pub fn finish(self) -> Result<Vec<Tensor>, Error> {
+        let Scatter {
+            shard: s,
+            own,
+            hn,
+            exchange,
+        } = self;
+        let recv = exchange.finish()?;
+        let rows = s.per_rank();
+        // Rank r's rows of tensor i, padding cut off: from the other ranks' parts, or this
+        // rank's own heads of its own projections.
+        own.iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (d, dtype, dev) = (t.dim(2), t.dtype(), t.device());
+                let pieces: Vec<Piece> = (0..s.ranks)
+                    .filter_map(|r| {
+                        let real = rows.min(s.tokens.saturating_sub(r * rows));
+                        (real > 0).then(|| {
+                            if r == s.rank {
+                                Piece {
+                                    src_col: r * hn * d,
+                                    rows: real,
+                                    cols: hn * d,
+                                    dst_row: r * rows,
+                                    ..Piece::whole(t, 0, 0)
+                                }
+                            } else {
+                                Piece {
+                                    src_row: i * rows,
+                                    rows: real,
+                                    dst_row: r * rows,
+                                    ..Piece::whole(&recv[r], 0, 0)
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                Ok(ops::assemble(&[s.tokens, hn, d], dtype, dev, &pieces)?)
+            })
+            .collect()
+    }
+}
+
 /// Ulysses for one forward: the communicator and the shard of this forward's tokens.
 #[derive(Clone, Copy, Debug)]
 pub struct Ulysses<'a> {
@@ -113,6 +177,12 @@ impl<'a> Ulysses<'a> {
     /// all-to-all: each comes back as `[tokens, heads / ranks, d]`, the whole sequence in
     /// order with this rank's heads, padding cut off.
     pub fn scatter_heads(&self, ts: &[&Tensor]) -> Result<Vec<Tensor>, Error> {
+        self.scatter_heads_start(ts)?.finish()
+    }
+
+    /// [`scatter_heads`](Self::scatter_heads) whose result is taken with [`Scatter::finish`]:
+    /// on a device the exchange runs while the work queued in between does.
+    pub fn scatter_heads_start(&self, ts: &[&Tensor]) -> Result<Scatter, Error> {
         let s = self.shard;
         let n = s.ranks;
         let first = ts
@@ -160,37 +230,12 @@ impl<'a> Ulysses<'a> {
                 }
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        let recv = self.comm.all_to_all(send)?;
-        // Rank r's rows of tensor i, padding cut off: from the other ranks' parts, or this
-        // rank's own heads of its own projections.
-        (0..ts.len())
-            .map(|i| {
-                let pieces: Vec<Piece> = (0..n)
-                    .filter_map(|r| {
-                        let real = rows.min(s.tokens.saturating_sub(r * rows));
-                        (real > 0).then(|| {
-                            if r == s.rank {
-                                Piece {
-                                    src_col: r * hn * d,
-                                    rows: real,
-                                    cols: hn * d,
-                                    dst_row: r * rows,
-                                    ..Piece::whole(ts[i], 0, 0)
-                                }
-                            } else {
-                                Piece {
-                                    src_row: i * rows,
-                                    rows: real,
-                                    dst_row: r * rows,
-                                    ..Piece::whole(&recv[r], 0, 0)
-                                }
-                            }
-                        })
-                    })
-                    .collect();
-                Ok(ops::assemble(&[s.tokens, hn, d], dtype, dev, &pieces)?)
-            })
-            .collect()
+        Ok(Scatter {
+            shard: s,
+            own: ts.iter().map(|t| (*t).clone()).collect(),
+            hn,
+            exchange: self.comm.all_to_all_start(send)?,
+        })
     }
 
     /// The reverse exchange: `[tokens, heads / ranks, d]` (this rank's heads over the whole
@@ -289,8 +334,10 @@ impl<'a> Ulysses<'a> {
 
     /// Every rank's `[per_rank, ..]` rows, joined in token order with the padding cut off.
     pub fn gather_tokens(&self, t: &Tensor) -> Result<Tensor, Error> {
-        let parts = self.comm.all_gather(t)?;
-        let whole = Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?;
+        let whole = self.comm.all_gather_cat(t)?;
+        if whole.dim(0) == self.shard.tokens {
+            return Ok(whole);
+        }
         Ok(whole.narrow(0, 0, self.shard.tokens)?)
     }
 }

@@ -266,7 +266,19 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
     );
     let seed = args.seed;
     let model_cfg = cfg.clone();
+    // The one-card run's weights (the same random weights on the same GPU) serve that GPU's
+    // rank in the multi-card runs: a lingbot-14b copy takes about a minute of host time to
+    // draw, and the ranks would draw theirs side by side on the same cores.
+    let kept: Arc<std::sync::Mutex<Option<(Device, WanModel)>>> = Arc::default();
+    let reuse = kept.clone();
     let load: Arc<ModelLoader> = Arc::new(move |dev| {
+        let held = reuse.lock().ok().and_then(|k| match k.as_ref() {
+            Some((d, m)) if *d == dev => Some(m.clone()),
+            _ => None,
+        });
+        if let Some(m) = held {
+            return Ok(m);
+        }
         let started = Instant::now();
         let m = WanModel::load(&model_cfg, &WeightStore::random(seed, dtype).on_device(dev))?;
         info!(device = %dev, seconds = format!("{:.1}", started.elapsed().as_secs_f64()), "model ready");
@@ -283,6 +295,9 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
             let model = Arc::new(load(Device::Cuda(on[0])).context("loading the model")?);
             if one_gpu {
                 shared = Some(model.clone());
+            } else if let Ok(mut k) = kept.lock() {
+                // Tensors share their device memory when cloned: no second copy on the GPU.
+                *k = Some((Device::Cuda(on[0]), (*model).clone()));
             }
             Runner::One(Box::new(Engine::new(model, ecfg.clone())?))
         } else if let Some(model) = &shared {

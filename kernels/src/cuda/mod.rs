@@ -29,6 +29,9 @@ pub struct CudaBackend {
     pub arch: String,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
+    /// A second stream, made on first use, for collectives that may run while the ops' stream
+    /// computes (see [`side_waits_main`](Self::side_waits_main)).
+    side: Mutex<Option<Arc<CudaStream>>>,
     pub(crate) blas: CudaBlasLT,
     /// Held around each cuBLASLt call: one call may enqueue several kernels that share the
     /// handle's workspace (a split-K GEMM and its reduction), and threads sharing this device
@@ -149,6 +152,7 @@ impl CudaBackend {
             arch,
             ctx,
             stream,
+            side: Mutex::new(None),
             blas,
             blas_lock: Mutex::new(()),
             modules: Mutex::new(HashMap::new()),
@@ -253,6 +257,63 @@ impl CudaBackend {
     /// (NCCL/RCCL). Valid while this backend lives; never destroy it.
     pub fn cu_stream(&self) -> *mut std::ffi::c_void {
         self.stream.cu_stream() as *mut std::ffi::c_void
+    }
+
+    /// The side stream, made on first use at the device's highest priority, so that a
+    /// collective's few blocks are scheduled as soon as the ops' kernels leave room.
+    fn side(&self) -> Result<Arc<CudaStream>> {
+        let mut side = self
+            .side
+            .lock()
+            .map_err(|_| self.err("side stream poisoned"))?;
+        if let Some(s) = side.as_ref() {
+            return Ok(s.clone());
+        }
+        self.bind_to_thread()?;
+        let (_, greatest) =
+            cudarc::driver::result::stream::get_priority_range().map_err(|e| self.err(e))?;
+        let s = self
+            .ctx
+            .new_stream_with_priority(greatest)
+            .map_err(|e| self.err(e))?;
+        *side = Some(s.clone());
+        Ok(s)
+    }
+
+    /// The raw `CUstream` of the side stream, for libraries that enqueue on it (NCCL/RCCL).
+    /// Nothing orders it against the ops' stream but [`side_waits_main`](Self::side_waits_main)
+    /// and [`main_waits`](Self::main_waits): memory the side stream reads or writes must stay
+    /// allocated until the ops' stream has waited for it.
+    pub fn side_cu_stream(&self) -> Result<*mut std::ffi::c_void> {
+        Ok(self.side()?.cu_stream() as *mut std::ffi::c_void)
+    }
+
+    /// Makes the side stream wait for all the work queued on the ops' stream so far.
+    pub fn side_waits_main(&self) -> Result<()> {
+        self.side()?.join(&self.stream).map_err(|e| self.err(e))
+    }
+
+    /// A [`timed_marker`](Self::timed_marker) on the side stream.
+    pub fn side_timed_marker(&self) -> Result<CudaMarker> {
+        let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let event = self
+            .side()?
+            .record_event(Some(flags))
+            .map_err(|e| self.err(e))?;
+        Ok(CudaMarker {
+            event,
+            ordinal: self.ordinal,
+        })
+    }
+
+    /// Makes the ops' stream wait for `m` (a marker of either stream of this device).
+    pub fn main_waits(&self, m: &CudaMarker) -> Result<()> {
+        self.stream.wait(&m.event).map_err(|e| self.err(e))
+    }
+
+    /// Whether [`profile`](Self::profile) is on.
+    pub fn profiling(&self) -> bool {
+        self.profiling.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Makes this device's context current on the calling thread (libraries that use the

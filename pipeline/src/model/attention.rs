@@ -21,6 +21,12 @@ pub enum KvMode<'a> {
     },
 }
 
+/// A forward's queries: computed here, or (under Ulysses) still crossing the links.
+enum Queries {
+    Here(Tensor),
+    OnTheWay(sp::Scatter),
+}
+
 /// Wan self-attention: `q, k, v, o` with bias, RMSNorm on q and k over the full dim, 3-D RoPE.
 #[derive(Clone, Debug)]
 pub struct SelfAttention {
@@ -99,23 +105,27 @@ impl SelfAttention {
     ) -> Result<Option<Tensor>> {
         let k = self.heads_view(&self.norm_k.forward(&self.k.forward(x)?)?)?;
         let v = self.heads_view(&self.v.forward(x)?)?;
+        // Under Ulysses the keys and values cross the links while the queries are projected,
+        // and the queries while the keys are rotated and cached.
+        let kv = sp.map(|u| u.scatter_heads_start(&[&k, &v])).transpose()?;
         // A cache-only pass needs no queries: under Ulysses they would cross the links for
         // nothing.
         let cache_only = kv_only && matches!(mode, KvMode::Cache { .. });
         let q = if cache_only {
             None
         } else {
-            Some(self.heads_view(&self.norm_q.forward(&self.q.forward(x)?)?)?)
+            let q = self.heads_view(&self.norm_q.forward(&self.q.forward(x)?)?)?;
+            Some(match sp {
+                None => Queries::Here(q),
+                Some(u) => Queries::OnTheWay(u.scatter_heads_start(&[&q])?),
+            })
         };
-        let (q, k, v) = match sp {
-            None => (q, k, v),
-            Some(u) => {
-                let mut ts = vec![&k, &v];
-                ts.extend(q.as_ref());
-                let mut out = u.scatter_heads(&ts)?.into_iter();
-                let (k, v) = (out.next(), out.next());
-                match (k, v) {
-                    (Some(k), Some(v)) => (out.next(), k, v),
+        let (k, v) = match kv {
+            None => (k, v),
+            Some(kv) => {
+                let mut out = kv.finish()?.into_iter();
+                match (out.next(), out.next()) {
+                    (Some(k), Some(v)) => (k, v),
                     _ => return Err(crate::Error::Config("scatter_heads lost a tensor".into())),
                 }
             }
@@ -146,7 +156,14 @@ impl SelfAttention {
                 )
             }
         };
-        let q = q.ok_or_else(|| crate::Error::Config("attention without queries".into()))?;
+        let q = match q {
+            Some(Queries::Here(q)) => q,
+            Some(Queries::OnTheWay(s)) => s
+                .finish()?
+                .pop()
+                .ok_or_else(|| crate::Error::Config("scatter_heads lost the queries".into()))?,
+            None => return Err(crate::Error::Config("attention without queries".into())),
+        };
         let q = ops::rope_3d(&q, grid, t_offset, rope)?;
         let out = ops::attention(&q, &keys, &values, kv_len, mask)?;
         let out = match sp {
