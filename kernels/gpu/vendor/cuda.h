@@ -89,8 +89,6 @@ WL_DEVICE unsigned long long wl_wgmma_desc(const void* smem, unsigned int lbo, u
 WL_DEVICE void wl_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 WL_DEVICE void wl_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 WL_DEVICE void wl_wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Waits until at most one committed wgmma group is still running.
-WL_DEVICE void wl_wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // Makes shared memory written by ordinary stores and cp.async visible to wgmma's operand reads.
 WL_DEVICE void wl_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // D[64×64] (+)= A[64×16] · B[16×64], both operands K-major in shared memory.

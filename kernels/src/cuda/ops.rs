@@ -571,9 +571,6 @@ pub enum FlashKernel {
     /// wgmma (sm_90a only): 2 warpgroups × 64 queries, `bc` (64 or 128) keys per tile,
     /// `blocks` (1 or 2) blocks per SM; V goes through a transposed copy.
     Wgmma { bc: usize, blocks: usize },
-    /// wgmma with each warpgroup's softmax overlapped with its P·V product, three tile stages,
-    /// one block per SM, `bc` (64 or 128) keys per tile.
-    WgmmaPipe { bc: usize },
 }
 
 impl FlashKernel {
@@ -582,13 +579,12 @@ impl FlashKernel {
         let mut v = Vec::new();
         if arch == "sm_90a" {
             // Measured on the H200 (`bench kernels`, 4680 × 28080 × 40 heads): 64-key tiles,
-            // one block per SM 276 TFLOP/s; two blocks 275; overlapped softmax 227 (64) and
-            // 239 (128); 128-key tiles 219; mma.sync 241 (64) and 221 (32).
+            // one block per SM 276 TFLOP/s; two blocks 275; 128-key tiles 219; mma.sync 241 (64)
+            // and 221 (32). A variant overlapping each warpgroup's softmax with its P·V product
+            // (three stages) ran at 227–239 and was dropped.
             v.extend([
                 FlashKernel::Wgmma { bc: 64, blocks: 1 },
                 FlashKernel::Wgmma { bc: 64, blocks: 2 },
-                FlashKernel::WgmmaPipe { bc: 64 },
-                FlashKernel::WgmmaPipe { bc: 128 },
                 FlashKernel::Wgmma { bc: 128, blocks: 1 },
             ]);
         }
@@ -605,9 +601,6 @@ impl FlashKernel {
                 bc: bc @ (64 | 128),
                 blocks: blocks @ (1 | 2),
             } if bc * blocks <= 128 => Ok(format!("flash_wgmma_bf16_d128_bc{bc}_x{blocks}")),
-            FlashKernel::WgmmaPipe {
-                bc: bc @ (64 | 128),
-            } => Ok(format!("flash_wgmma_pipe_bf16_d128_bc{bc}")),
             other => Err(Error::Shape {
                 op: "attention",
                 msg: format!("no flash kernel {other:?}"),
@@ -621,16 +614,14 @@ impl FlashKernel {
         let bytes = match self {
             FlashKernel::Mma { bc } => (FLASH_BLOCK_QUERIES * 136 + 2 * 2 * bc * 136) * 2,
             FlashKernel::Wgmma { bc, .. } => (FLASH_BLOCK_QUERIES * 128 + 2 * 2 * bc * 128) * 2,
-            FlashKernel::WgmmaPipe { bc } => (FLASH_BLOCK_QUERIES * 128 + 3 * 2 * bc * 128) * 2,
         };
         bytes as u32
     }
 }
 
 /// The kernel `attention` uses on `arch`: the first of [`FlashKernel::available`], unless
-/// `WORLDLINE_FLASH` names another (`pipe64`, `pipe128`, `wgmma128x1`, `wgmma64x2`, `wgmma64x1`,
-/// `mma64`, `mma32`),
-/// a knob for `bench kernels`.
+/// `WORLDLINE_FLASH` names another (`wgmma64x2`, `wgmma128x1`, `mma64`, `mma32`), a knob for
+/// `bench kernels`.
 fn default_flash(arch: &str) -> FlashKernel {
     let all = FlashKernel::available(arch);
     let pick = std::env::var("WORLDLINE_FLASH").ok().and_then(|v| {
@@ -638,7 +629,6 @@ fn default_flash(arch: &str) -> FlashKernel {
             let tag = match k {
                 FlashKernel::Mma { bc } => format!("mma{bc}"),
                 FlashKernel::Wgmma { bc, blocks } => format!("wgmma{bc}x{blocks}"),
-                FlashKernel::WgmmaPipe { bc } => format!("pipe{bc}"),
             };
             tag == v
         })
@@ -685,7 +675,7 @@ pub fn flash_attention_with(
     // wgmma reads V as [heads, 128, keys], padded with zeros to whole 128-key tiles.
     let vt = match kernel {
         FlashKernel::Mma { .. } => None,
-        FlashKernel::Wgmma { .. } | FlashKernel::WgmmaPipe { .. } => {
+        FlashKernel::Wgmma { .. } => {
             let stride = kv_len.max(1).div_ceil(128) * 128;
             let mut vt = CudaStorage::alloc(dev, DType::BF16, heads * 128 * stride)?;
             let stride32 = stride as i32;
