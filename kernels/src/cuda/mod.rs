@@ -6,7 +6,7 @@
 //! pool, whose release threshold is raised so freed blocks stay cached for the next chunk: plain
 //! device memory, never managed memory.
 
-mod compile;
+pub(crate) mod compile;
 mod fp8_gemm;
 pub mod ops;
 mod storage;

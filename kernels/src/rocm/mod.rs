@@ -5,8 +5,12 @@
 //!
 //! The ROCm op backend itself is not written yet: a `rocm` device still refuses to run ops
 //! (see [`Device::ensure_available`](crate::Device::ensure_available)). This probe is what
-//! `/status` reports, so a user on AMD cards sees what was found and what is missing, and it
-//! is the first piece the backend will build on. It has never run on an AMD GPU.
+//! `/status` reports, so a user on AMD cards sees what was found and what is missing. The pieces
+//! the backend will build on are this probe and [`compile`] (hipRTC run-time compilation of the
+//! kernel modules with an on-disk cache, exercised in CI for gfx90a). None of it has run on an
+//! AMD GPU.
+
+pub mod compile;
 
 use std::ffi::{c_char, c_int};
 use std::path::Path;
