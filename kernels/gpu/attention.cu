@@ -346,11 +346,66 @@ WL_DEVICE void fw_load_vt(wl_bf16* dst, const wl_bf16* vt, int first, int stride
     }
 }
 
+// One tile's online-softmax step for this thread's two rows (e = 0: row0, 1: row0 + 8) of a
+// 64×BC score block in the wgmma accumulator layout: masks, turns scores into probabilities in
+// place, and returns each row's new max, rescale factor and partial sum (this lane's share).
+template <int BC>
+WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, bool masked, int kb,
+                          int row0, int cq, int kv_len, int block_tokens, float scale2) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        if (masked) {
+            const int rq = row0 + e * 8;
+            const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
+#pragma unroll
+            for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    if (kb + j * 8 + cq + c >= lim) s[4 * j + 2 * e + c] = -WL_INF;
+        }
+        float mx = -WL_INF;
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
+        mx = fmaxf(mx, wl_shfl_xor(mx, 1));
+        mx = fmaxf(mx, wl_shfl_xor(mx, 2));
+        const float n = fmaxf(m[e], mx * scale2);
+        // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not be NaN.
+        const float base = n == -WL_INF ? 0.0f : n;
+        corr[e] = wl_exp2_approx(m[e] - base);
+        float t = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const float p = wl_exp2_approx(fmaf(s[4 * j + 2 * e + c], scale2, -base));
+                s[4 * j + 2 * e + c] = p;
+                t += p;
+            }
+        }
+        sum[e] = t;
+        n_out[e] = n;
+    }
+}
+
+// Applies a tile's softmax step to the running state: row sums and maxima, and the output
+// accumulators (64 × 128, wgmma layout) rescaled to the new maxima.
+WL_DEVICE void fw_rescale(float* o, float* m, float* l, const float* n, const float* corr, const float* sum) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        l[e] = l[e] * corr[e] + sum[e];
+        m[e] = n[e];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            o[4 * j + 2 * e] *= corr[e];
+            o[4 * j + 2 * e + 1] *= corr[e];
+        }
+    }
+}
+
 template <int BC>
 WL_DEVICE void flash_wgmma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt, int lq,
                                 int kv_len, int vt_stride, int heads, int block_tokens, float scale) {
     constexpr int TILE = BC * 128;  // elements of one K or Vᵀ tile
-    constexpr int NJ = BC / 8;
     extern __shared__ __align__(128) unsigned char fw_smem[];
     wl_bf16* qs = (wl_bf16*)fw_smem;
     wl_bf16* tiles = qs + FW_BR * 128;  // [stage][K|Vᵀ][TILE]
@@ -409,44 +464,9 @@ WL_DEVICE void flash_wgmma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k
         wl_wgmma_commit();
         wl_wgmma_wait_all();
 
-        const bool masked = kb + BC > wg_clear;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float mx = -WL_INF;
-            if (masked) {
-                const int rq = row0 + e * 8;
-                const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
-#pragma unroll
-                for (int j = 0; j < NJ; ++j)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c)
-                        if (kb + j * 8 + cq + c >= lim) s[4 * j + 2 * e + c] = -WL_INF;
-            }
-#pragma unroll
-            for (int j = 0; j < NJ; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
-            mx = fmaxf(mx, wl_shfl_xor(mx, 1));
-            mx = fmaxf(mx, wl_shfl_xor(mx, 2));
-            const float n = fmaxf(m[e], mx * scale2);
-            const float base = n == -WL_INF ? 0.0f : n;
-            const float corr = wl_exp2_approx(m[e] - base);
-            float sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const float p = wl_exp2_approx(fmaf(s[4 * j + 2 * e + c], scale2, -base));
-                    s[4 * j + 2 * e + c] = p;
-                    sum += p;
-                }
-            }
-            l[e] = l[e] * corr + sum;
-            m[e] = n;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                o[4 * j + 2 * e] *= corr;
-                o[4 * j + 2 * e + 1] *= corr;
-            }
-        }
+        float n[2], corr[2], sum[2];
+        fw_softmax<BC>(s, m, n, corr, sum, kb + BC > wg_clear, kb, row0, cq, kv_len, block_tokens, scale2);
+        fw_rescale(o, m, l, n, corr, sum);
         // P as the A operand, all packed before the fence so no wgmma waits on a register write.
         unsigned int pa[BC / 16][4];
 #pragma unroll
@@ -480,47 +500,6 @@ WL_DEVICE void flash_wgmma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k
                 *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * 128 + j * 8 + cq) =
                     wl_cvt_bf16x2(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
         }
-    }
-}
-
-// One tile's online-softmax step for this thread's two rows (e = 0: row0, 1: row0 + 8) of a
-// 64×BC score block in the wgmma accumulator layout: masks, turns scores into probabilities in
-// place, and returns each row's new max, rescale factor and partial sum (this lane's share).
-template <int BC>
-WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, bool masked, int kb,
-                          int row0, int cq, int kv_len, int block_tokens, float scale2) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        if (masked) {
-            const int rq = row0 + e * 8;
-            const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
-#pragma unroll
-            for (int j = 0; j < BC / 8; ++j)
-#pragma unroll
-                for (int c = 0; c < 2; ++c)
-                    if (kb + j * 8 + cq + c >= lim) s[4 * j + 2 * e + c] = -WL_INF;
-        }
-        float mx = -WL_INF;
-#pragma unroll
-        for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
-        mx = fmaxf(mx, wl_shfl_xor(mx, 1));
-        mx = fmaxf(mx, wl_shfl_xor(mx, 2));
-        const float n = fmaxf(m[e], mx * scale2);
-        // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not be NaN.
-        const float base = n == -WL_INF ? 0.0f : n;
-        corr[e] = wl_exp2_approx(m[e] - base);
-        float t = 0.0f;
-#pragma unroll
-        for (int j = 0; j < BC / 8; ++j) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const float p = wl_exp2_approx(fmaf(s[4 * j + 2 * e + c], scale2, -base));
-                s[4 * j + 2 * e + c] = p;
-                t += p;
-            }
-        }
-        sum[e] = t;
-        n_out[e] = n;
     }
 }
 
@@ -597,16 +576,7 @@ WL_DEVICE void vsa_fine_wgmma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, 
         float n[2], corr[2], sum[2];
         // Slots at or past the tile's size are masked (kv_len = kn, no chunk mask).
         fw_softmax<64>(sc, m, n, corr, sum, kn < 64, 0, r0, cq, kn, 0, scale2);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            l[e] = l[e] * corr[e] + sum[e];
-            m[e] = n[e];
-#pragma unroll
-            for (int jj = 0; jj < 16; ++jj) {
-                o[4 * jj + 2 * e] *= corr[e];
-                o[4 * jj + 2 * e + 1] *= corr[e];
-            }
-        }
+        fw_rescale(o, m, l, n, corr, sum);
         unsigned int pa[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
