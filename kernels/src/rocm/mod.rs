@@ -190,14 +190,19 @@ fn probe_with(lib: &libloading::Library, name: &str) -> Result<Probe, String> {
     })
 }
 
-/// One line for `/status` and the log: what was found, and that the backend is not there yet.
+/// One line for `/status` and the log: what was found, whether hipRTC can compile our kernels
+/// here, and that the backend is not there yet.
 pub fn status_line() -> String {
+    let backend = "the ROCm op backend is not in this build (never run)";
+    let rtc = match compile::hiprtc_version() {
+        Ok((lib, major, minor)) => format!("hipRTC {major}.{minor} ({lib})"),
+        Err(_) => "no hipRTC".to_string(),
+    };
     match probe() {
-        Err(e) => format!("unavailable: {e}; the ROCm op backend is not in this build (never run)"),
-        Ok(p) if p.devices.is_empty() => format!(
-            "{} loaded, no devices; the ROCm op backend is not in this build (never run)",
-            p.library
-        ),
+        Err(e) => format!("unavailable: {e}; {rtc}; {backend}"),
+        Ok(p) if p.devices.is_empty() => {
+            format!("{} loaded, no devices; {rtc}; {backend}", p.library)
+        }
         Ok(p) => {
             let devs: Vec<String> = p
                 .devices
@@ -207,11 +212,7 @@ pub fn status_line() -> String {
                     None => format!("{} {}", d.index, d.name),
                 })
                 .collect();
-            format!(
-                "found {}: {}; the ROCm op backend is not in this build (never run)",
-                p.library,
-                devs.join(", ")
-            )
+            format!("found {}: {}; {rtc}; {backend}", p.library, devs.join(", "))
         }
     }
 }
@@ -266,6 +267,10 @@ mod tests {
         // Whatever this machine has, the line says the op backend is absent and never ran.
         let line = status_line();
         assert!(line.contains("not in this build (never run)"), "{line}");
+        // And whether hipRTC is there, as found.
+        let rtc = compile::hiprtc_version().is_ok();
+        assert_eq!(line.contains("hipRTC "), rtc, "{line}");
+        assert_eq!(line.contains("no hipRTC"), !rtc, "{line}");
         if let Err(e) = probe() {
             assert!(e.contains("libamdhip64"), "{e}");
         }
