@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The GPU checks and benchmarks of the issues, in one call on a GPU machine.
+#
+#   deploy/gpu-suite.sh stage            # here: build and strip what the GPU machine runs
+#   deploy/gpu-suite.sh run [parts...]   # there: run it, logs and JSON under $OUT (or ./gpu-out)
+#
+# `stage` builds the worker without FFmpeg (the GPU host lacks it) and every test binary that has
+# GPU checks, and copies them, stripped, into target/gpu-suite/ (carry that folder). `run` goes
+# through the parts in order, each under its own time limit, and prints one summary line per part
+# at the end; a part that fails or times out does not stop the others. Parts (default: all that
+# the machine can run): tests, kernels, codecs, sp. `sp` needs two GPUs; the PyTorch peers need
+# the machine's python3 with torch.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dir=target/gpu-suite
+tests=(kernels:backend_consistency kernels:vsa pipeline:gpu pipeline:gpu_codecs
+  pipeline:fp8_linears pipeline:gpu_sequence_parallel sp:nccl)
+
+stage() {
+  set -e
+  cargo build --release -p worker --no-default-features
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp target/release/worker "$dir/"
+  for t in "${tests[@]}"; do
+    local crate=${t%%:*} name=${t#*:}
+    # The executable's path is in cargo's JSON messages.
+    local exe
+    exe=$(cargo test --no-run -p "$crate" --test "$name" --message-format=json 2>/dev/null |
+      python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
+    [ -n "$exe" ] || { echo "no executable for $t" >&2; exit 1; }
+    cp "$exe" "$dir/$name"
+  done
+  strip "$dir"/* 2>/dev/null || true
+  du -sh "$dir"
+}
+
+summary=()
+part() { # name, seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  # The test result line (with how many checks skipped for want of a device), else the last line.
+  local said skipped
+  said=$(grep -E '^test result' "$out/$name.log" | tail -1)
+  [ -n "$said" ] || said=$(grep -m1 -E '^Error|^error' "$out/$name.log")
+  [ -n "$said" ] || said=$(grep -v '^\s*$' "$out/$name.log" | tail -1)
+  skipped=$(grep -ciE 'skipping|skipped' "$out/$name.log")
+  [ "$skipped" = 0 ] || said="$said [$skipped skipped]"
+  summary+=("$(printf '%-28s rc %-3s %4ss  %s' "$name" "$rc" $((SECONDS - t0)) "${said:0:110}")")
+}
+
+run() {
+  out=${OUT:-gpu-out}
+  mkdir -p "$out"
+  export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export WORLDLINE_KERNEL_CACHE=${WORLDLINE_KERNEL_CACHE:-/tmp/worldline-kernels}
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  local parts=("$@")
+  [ ${#parts[@]} -gt 0 ] || parts=(tests kernels codecs sp)
+  nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv >"$out/gpus.csv" 2>&1
+  for p in "${parts[@]}"; do
+    case $p in
+    tests)
+      for t in "${tests[@]}"; do
+        local name=${t#*:}
+        part "test-$name" 300 "$dir/$name" --test-threads=1 --nocapture
+      done
+      ;;
+    kernels)
+      part bench-kernels 300 "$dir/worker" bench kernels --device cuda --repeat 3 --json "$out/kernels.json"
+      part peer-kernels 200 python3 worker/bench/peer.py "$out/peer.json"
+      ;;
+    codecs)
+      part bench-codecs 300 "$dir/worker" bench codecs --device cuda --repeat 3 --json "$out/codecs.json"
+      part peer-codecs 300 python3 worker/bench/codecs_peer.py "$out/codecs_peer.json"
+      ;;
+    sp)
+      if [ "$gpus" -ge 2 ]; then
+        part bench-sp-14b 400 "$dir/worker" bench sp --model lingbot-14b --device cuda --cards 2 \
+          --dtype bf16 --chunks 5 --json "$out/sp14.json"
+        part bench-sp-1.3b 200 "$dir/worker" bench sp --model lingbot-1.3b --device cuda --cards 2 \
+          --dtype bf16 --chunks 5 --json "$out/sp13.json"
+      else
+        summary+=("sp: skipped, $gpus GPU(s) here (needs 2)")
+      fi
+      ;;
+    *) echo "unknown part $p (tests, kernels, codecs, sp)" >&2 ;;
+    esac
+  done
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+}
+
+case ${1:-} in
+stage) stage ;;
+run) shift && run "$@" ;;
+*) sed -n '2,12p' "$0" && exit 2 ;;
+esac
