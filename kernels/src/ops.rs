@@ -7,7 +7,7 @@
 use crate::error::shape_err;
 use crate::tensor::CpuStorage;
 use crate::{
-    cpu, cuda, fp8, DType, Error, Fp8Scale, Result, RopeTable, ScaleKind, Storage, Tensor,
+    cpu, cuda, fp8, rocm, DType, Error, Fp8Scale, Result, RopeTable, ScaleKind, Storage, Tensor,
 };
 
 /// Which keys each query may see.
@@ -103,6 +103,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
             finish(out, &shape, out_dtype(x))
         }
         Storage::Cuda(_) => cuda::ops::linear(x, w, b, out_dtype(x)),
+        Storage::Rocm(_) => rocm::ops::linear(x, w, b, out_dtype(x)),
     }
 }
 
@@ -125,6 +126,7 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::layer_norm(x, w, b, eps),
+        Storage::Rocm(_) => rocm::ops::layer_norm(x, w, b, eps),
     }
 }
 
@@ -144,6 +146,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::rms_norm(x, w, eps),
+        Storage::Rocm(_) => rocm::ops::rms_norm(x, w, eps),
     }
 }
 
@@ -154,7 +157,7 @@ fn rowwise3(
     a: &Tensor,
     b: &Tensor,
     f: impl Fn(f32, f32, f32) -> f32 + Sync,
-    on_cuda: impl FnOnce() -> Result<Tensor>,
+    on_gpu: impl FnOnce() -> Result<Tensor>,
 ) -> Result<Tensor> {
     no_fp8(op, x)?;
     check_rowparam(op, x, a)?;
@@ -170,7 +173,7 @@ fn rowwise3(
                 .collect();
             finish(out, x.shape(), x.dtype())
         }
-        Storage::Cuda(_) => on_cuda(),
+        Storage::Cuda(_) | Storage::Rocm(_) => on_gpu(),
     }
 }
 
@@ -183,7 +186,10 @@ pub fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
         shift,
         scale,
         |x, sh, sc| x * (1.0 + sc) + sh,
-        || cuda::ops::modulate(x, shift, scale),
+        || match x.storage() {
+            Storage::Rocm(_) => rocm::ops::modulate(x, shift, scale),
+            _ => cuda::ops::modulate(x, shift, scale),
+        },
     )
 }
 
@@ -234,6 +240,7 @@ pub fn norm_modulate(
             }
         }
         Storage::Cuda(_) => cuda::ops::norm_modulate(x, shift, scale, eps, out),
+        Storage::Rocm(_) => rocm::ops::norm_modulate(x, shift, scale, eps, out),
     }
 }
 
@@ -261,6 +268,7 @@ pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
             finish(out.collect(), x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::gated_residual(x, y, gate),
+        Storage::Rocm(_) => rocm::ops::gated_residual(x, y, gate),
     }
 }
 
@@ -277,6 +285,7 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             finish(out, a.shape(), a.dtype())
         }
         Storage::Cuda(_) => cuda::ops::add(a, b),
+        Storage::Rocm(_) => rocm::ops::add(a, b),
     }
 }
 
@@ -303,6 +312,7 @@ pub fn axpby(alpha: f64, x: &Tensor, beta: f64, y: &Tensor) -> Result<Tensor> {
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::axpby(alpha, x, beta, y),
+        Storage::Rocm(_) => rocm::ops::axpby(alpha, x, beta, y),
     }
 }
 
@@ -314,6 +324,7 @@ fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32) -> Result<Tensor>
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::unary(op, x),
+        Storage::Rocm(_) => rocm::ops::unary(op, x),
     }
 }
 
@@ -362,6 +373,7 @@ pub fn rope_3d(x: &Tensor, grid: [usize; 3], t_offset: usize, table: &RopeTable)
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::rope_3d(x, grid, t_offset, table),
+        Storage::Rocm(_) => rocm::ops::rope_3d(x, grid, t_offset, table),
     }
 }
 
@@ -409,6 +421,10 @@ pub fn attention(
         AttnMask::None => kv_len,
         AttnMask::BlockCausal { block_tokens } => (i / block_tokens + 1) * block_tokens,
     };
+    let block_tokens = match mask {
+        AttnMask::None => 0,
+        AttnMask::BlockCausal { block_tokens } => block_tokens,
+    };
     match q.storage() {
         Storage::Cpu(_) => {
             let (qs, ks, vs) = (q.cpu_f32(), k.cpu_f32(), v.cpu_f32());
@@ -421,16 +437,8 @@ pub fn attention(
             let out = cpu::attention::attention(&qs, &ks, &vs, dims, limit);
             finish(out, q.shape(), q.dtype())
         }
-        Storage::Cuda(_) => cuda::ops::attention(
-            q,
-            k,
-            v,
-            kv_len,
-            match mask {
-                AttnMask::None => 0,
-                AttnMask::BlockCausal { block_tokens } => block_tokens,
-            },
-        ),
+        Storage::Cuda(_) => cuda::ops::attention(q, k, v, kv_len, block_tokens),
+        Storage::Rocm(_) => rocm::ops::attention(q, k, v, kv_len, block_tokens),
     }
 }
 
@@ -599,6 +607,7 @@ pub fn conv3d_fused(
             (y, true) => return Ok(y),
             (y, false) => y,
         },
+        Storage::Rocm(_) => rocm::ops::conv3d(x, w, b, &dims)?,
     };
     let y = match epi.residual {
         Some(r) => add(&y, r)?,
@@ -635,6 +644,7 @@ pub fn softmax_rows(x: &Tensor, scale: f32) -> Result<Tensor> {
             finish(v, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::softmax_rows(x, scale),
+        Storage::Rocm(_) => rocm::ops::softmax_rows(x, scale),
     }
 }
 
@@ -660,6 +670,7 @@ pub fn upsample_nearest_2d(x: &Tensor, factors: [usize; 2]) -> Result<Tensor> {
             finish(out, &shape, x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::upsample_nearest_2d(x, &shape, factors),
+        Storage::Rocm(_) => rocm::ops::upsample_nearest_2d(x, &shape, factors),
     }
 }
 
@@ -693,6 +704,7 @@ pub fn channel_rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<Tensor> 
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::channel_rms_norm(x, gamma, eps),
+        Storage::Rocm(_) => rocm::ops::channel_rms_norm(x, gamma, eps),
     }
 }
 
@@ -708,6 +720,7 @@ pub fn channel_affine(x: &Tensor, mul: &Tensor, add: &Tensor) -> Result<Tensor> 
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::channel_affine(x, mul, add),
+        Storage::Rocm(_) => rocm::ops::channel_affine(x, mul, add),
     }
 }
 
@@ -726,6 +739,7 @@ pub fn clamp(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::clamp(x, lo, hi),
+        Storage::Rocm(_) => rocm::ops::clamp(x, lo, hi),
     }
 }
 
@@ -749,6 +763,7 @@ pub fn soft_clamp(x: &Tensor, limit: f32) -> Result<Tensor> {
             finish(out, x.shape(), x.dtype())
         }
         Storage::Cuda(_) => cuda::ops::soft_clamp(x, limit),
+        Storage::Rocm(_) => rocm::ops::soft_clamp(x, limit),
     }
 }
 
@@ -780,6 +795,7 @@ pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
             Tensor::from_cpu_storage(CpuStorage::F8E4M3 { codes, scale }, x.shape())
         }
         Storage::Cuda(_) => cuda::ops::quantize_fp8(x, kind),
+        Storage::Rocm(_) => rocm::ops::quantize_fp8(x, kind),
     }
 }
 
@@ -809,11 +825,15 @@ pub fn write_rows(dst: &mut Tensor, row: usize, src: &Tensor) -> Result<()> {
             b: src.device().to_string(),
         });
     }
-    if !dst.device().is_cpu() {
-        return cuda::ops::write_rows(dst, row, src);
+    match dst.device() {
+        crate::Device::Cuda(_) => return cuda::ops::write_rows(dst, row, src),
+        crate::Device::Rocm(_) => return rocm::ops::write_rows(dst, row, src),
+        crate::Device::Cpu => {}
     }
     match (dst.storage_mut(), src.storage()) {
-        (Storage::Cuda(_), _) | (_, Storage::Cuda(_)) => unreachable!("checked above"),
+        (Storage::Cuda(_) | Storage::Rocm(_), _) | (_, Storage::Cuda(_) | Storage::Rocm(_)) => {
+            unreachable!("checked above")
+        }
         (Storage::Cpu(d), Storage::Cpu(s)) => match (d, s) {
             (CpuStorage::F32(d), CpuStorage::F32(s)) => d[at..at + n].copy_from_slice(s),
             (CpuStorage::BF16(d), CpuStorage::BF16(s)) => d[at..at + n].copy_from_slice(s),
@@ -841,11 +861,13 @@ pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()>
     }
     let inner: usize = t.shape()[1..].iter().product();
     let (src, dst, len) = (from * inner, to * inner, n * inner);
-    if !t.device().is_cpu() {
-        return cuda::ops::move_rows(t, from, to, n);
+    match t.device() {
+        crate::Device::Cuda(_) => return cuda::ops::move_rows(t, from, to, n),
+        crate::Device::Rocm(_) => return rocm::ops::move_rows(t, from, to, n),
+        crate::Device::Cpu => {}
     }
     match t.storage_mut() {
-        Storage::Cuda(_) => unreachable!("checked above"),
+        Storage::Cuda(_) | Storage::Rocm(_) => unreachable!("checked above"),
         Storage::Cpu(CpuStorage::F32(d)) => d.copy_within(src..src + len, dst),
         Storage::Cpu(CpuStorage::BF16(d)) => d.copy_within(src..src + len, dst),
         Storage::Cpu(CpuStorage::F16(d)) => d.copy_within(src..src + len, dst),
@@ -969,9 +991,8 @@ pub fn assemble(
         crate::Device::Cuda(i) => {
             cuda::ops::assemble(&cuda::backend(i)?, shape, dtype, covered == n, pieces)
         }
-        d => Err(d.ensure_available().err().unwrap_or(Error::Device {
-            device: d.to_string(),
-            msg: "unavailable".into(),
-        })),
+        crate::Device::Rocm(i) => {
+            rocm::ops::assemble(&rocm::backend(i)?, shape, dtype, covered == n, pieces)
+        }
     }
 }

@@ -21,6 +21,18 @@ pub enum CpuStorage {
 pub enum Storage {
     Cpu(CpuStorage),
     Cuda(crate::cuda::CudaStorage),
+    Rocm(crate::rocm::RocmStorage),
+}
+
+impl Storage {
+    /// The backend's name, for errors.
+    pub fn device_name(&self) -> &'static str {
+        match self {
+            Storage::Cpu(_) => "cpu",
+            Storage::Cuda(_) => "cuda",
+            Storage::Rocm(_) => "rocm",
+        }
+    }
 }
 
 /// A dense, contiguous, row-major tensor. Cloning and reshaping share the storage; ops return
@@ -185,6 +197,7 @@ impl Tensor {
         match &*self.storage {
             Storage::Cpu(s) => s.dtype(),
             Storage::Cuda(s) => s.data.dtype(),
+            Storage::Rocm(s) => s.data.dtype(),
         }
     }
 
@@ -192,6 +205,7 @@ impl Tensor {
         match &*self.storage {
             Storage::Cpu(_) => Device::Cpu,
             Storage::Cuda(s) => Device::Cuda(s.dev.ordinal),
+            Storage::Rocm(s) => Device::Rocm(s.dev.ordinal),
         }
     }
 
@@ -203,6 +217,7 @@ impl Tensor {
         let cpu = match &*self.storage {
             Storage::Cpu(s) => s.clone(),
             Storage::Cuda(s) => s.download()?,
+            Storage::Rocm(s) => s.download()?,
         };
         let storage = match device {
             Device::Cpu => Storage::Cpu(cpu),
@@ -210,12 +225,10 @@ impl Tensor {
                 &crate::cuda::backend(i)?,
                 &cpu,
             )?),
-            Device::Rocm(_) => {
-                return Err(device.ensure_available().err().unwrap_or(Error::Device {
-                    device: device.to_string(),
-                    msg: "unavailable".into(),
-                }))
-            }
+            Device::Rocm(i) => Storage::Rocm(crate::rocm::RocmStorage::upload(
+                &crate::rocm::backend(i)?,
+                &cpu,
+            )?),
         };
         Ok(Tensor {
             shape: self.shape.clone(),
@@ -228,6 +241,7 @@ impl Tensor {
         match &*self.storage {
             Storage::Cpu(s) => Ok(s.to_f32(self.cols()).into_owned()),
             Storage::Cuda(s) => Ok(s.download()?.to_f32(self.cols()).into_owned()),
+            Storage::Rocm(s) => Ok(s.download()?.to_f32(self.cols()).into_owned()),
         }
     }
 
@@ -259,12 +273,16 @@ impl Tensor {
     pub fn cpu_f32(&self) -> Cow<'_, [f32]> {
         match &*self.storage {
             Storage::Cpu(s) => s.to_f32(self.cols()),
-            Storage::Cuda(_) => Cow::Owned(self.to_vec_f32()),
+            Storage::Cuda(_) | Storage::Rocm(_) => Cow::Owned(self.to_vec_f32()),
         }
     }
 
     fn on_cuda(&self) -> bool {
         matches!(&*self.storage, Storage::Cuda(_))
+    }
+
+    fn on_rocm(&self) -> bool {
+        matches!(&*self.storage, Storage::Rocm(_))
     }
 
     /// Same data, new shape (no copy).
@@ -306,6 +324,9 @@ impl Tensor {
         if self.on_cuda() {
             return crate::cuda::ops::cast(self, dtype);
         }
+        if self.on_rocm() {
+            return crate::rocm::ops::cast(self, dtype);
+        }
         Tensor::from_f32(self.to_vec_f32(), &self.shape, dtype)
     }
 
@@ -320,6 +341,10 @@ impl Tensor {
         if self.on_cuda() {
             self.plain_dtype("narrow")?;
             return crate::cuda::ops::narrow(self, dim, start, len);
+        }
+        if self.on_rocm() {
+            self.plain_dtype("narrow")?;
+            return crate::rocm::ops::narrow(self, dim, start, len);
         }
         let outer: usize = self.shape[..dim].iter().product();
         let inner: usize = self.shape[dim + 1..].iter().product();
@@ -372,6 +397,9 @@ impl Tensor {
         if first.on_cuda() {
             return crate::cuda::ops::cat(parts, dim, &shape);
         }
+        if first.on_rocm() {
+            return crate::rocm::ops::cat(parts, dim, &shape);
+        }
         let outer: usize = shape[..dim].iter().product();
         let inner: usize = shape[dim + 1..].iter().product();
         let srcs: Vec<_> = parts.iter().map(|p| p.cpu_f32()).collect();
@@ -408,6 +436,10 @@ impl Tensor {
         if self.on_cuda() {
             self.plain_dtype("permute")?;
             return crate::cuda::ops::permute(self, &shape, &strides);
+        }
+        if self.on_rocm() {
+            self.plain_dtype("permute")?;
+            return crate::rocm::ops::permute(self, &shape, &strides);
         }
         let src = self.cpu_f32();
         let n = numel(&shape);

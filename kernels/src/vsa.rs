@@ -139,6 +139,7 @@ pub fn attention(
             Tensor::from_f32(out, q.shape(), q.dtype())
         }
         Storage::Cuda(_) => crate::cuda::ops::vsa_attention(q, k, v, gate, &qt, &kt, top_k),
+        Storage::Rocm(_) => crate::rocm::ops::vsa_attention(q, k, v, gate, &qt, &kt, top_k),
     }
 }
 

@@ -243,6 +243,21 @@ impl CudaBackend {
             .map_err(|e| self.err(format!("kernel {name}: {e}")))
     }
 
+    /// Lets `func` take `bytes` of dynamic shared memory (over the default 48 KiB needs asking).
+    pub(crate) fn allow_dynamic_smem(&self, func: &CudaFunction, bytes: u32) -> Result<()> {
+        use cudarc::driver::sys::CUfunction_attribute_enum as Attr;
+        func.set_attribute(
+            Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(|e| self.err(e))
+    }
+
+    /// Lanes per warp, for launch shapes of kernels written per warp.
+    pub fn warp_size(&self) -> usize {
+        32
+    }
+
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| self.err(e))

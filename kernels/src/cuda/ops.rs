@@ -1,129 +1,57 @@
-//! The op set on CUDA: launches of `kernels/gpu/*.cu` and cuBLASLt GEMMs. Shapes and dtypes
-//! were checked by `crate::ops` before these run.
+//! The op set on CUDA: the shared launches of `portable_ops.rs`, plus what only CUDA has here:
+//! cuBLASLt GEMMs, the tensor-core attention kernels, the implicit-GEMM convolution.
 
 use cudarc::cublaslt::{Matmul, MatmulConfig};
-use cudarc::driver::{DevicePtr, LaunchArgs, LaunchConfig, PushKernelArg};
+pub(crate) use cudarc::driver::{
+    CudaSlice as DeviceBuf, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 
-use super::{CudaBackend, CudaData, CudaStorage};
-use crate::{DType, Error, Result, RopeTable, ScaleKind, Storage, Tensor};
+pub(crate) use super::{CudaBackend as Backend, CudaData as GpuData, CudaStorage as GpuStorage};
+use super::{CudaData, CudaStorage};
+use crate::{DType, Error, Result, Storage, Tensor};
 
-const THREADS: u32 = 256;
+#[macro_use]
+// One source compiled once per vendor, on purpose.
+#[allow(clippy::duplicate_mod)]
+#[path = "../portable_ops.rs"]
+mod portable;
+pub use portable::*;
+use portable::{grid, map, push, push_mut, rows_cfg, suffix};
 
 pub(crate) fn storage(t: &Tensor) -> Result<&CudaStorage> {
     match t.storage() {
         Storage::Cuda(s) => Ok(s),
-        Storage::Cpu(_) => Err(Error::DeviceMismatch {
+        other => Err(Error::DeviceMismatch {
             op: "cuda op",
             a: "cuda".into(),
-            b: "cpu".into(),
+            b: other.device_name().into(),
         }),
     }
 }
 
-fn suffix(d: DType) -> Result<&'static str> {
-    match d {
-        DType::F32 => Ok("f32"),
-        DType::BF16 => Ok("bf16"),
-        d => Err(Error::DType {
-            op: "cuda kernel",
-            got: d,
-            msg: "f32 or bf16",
+fn storage_mut(t: &mut Tensor) -> Result<&mut CudaStorage> {
+    let name = t.storage().device_name();
+    match t.storage_mut() {
+        Storage::Cuda(s) => Ok(s),
+        _ => Err(Error::DeviceMismatch {
+            op: "write_rows",
+            a: name.into(),
+            b: "cuda".into(),
         }),
     }
-}
-
-fn grid(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
-    LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn rows_cfg(rows: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows.max(1) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn push<'a>(b: &mut LaunchArgs<'a>, d: &'a CudaData) {
-    match d {
-        CudaData::F32(s) => b.arg(s),
-        CudaData::BF16(s) => b.arg(s),
-        CudaData::F8 { codes, .. } => b.arg(codes),
-    };
-}
-
-fn push_mut<'a>(b: &mut LaunchArgs<'a>, d: &'a mut CudaData) {
-    match d {
-        CudaData::F32(s) => b.arg(s),
-        CudaData::BF16(s) => b.arg(s),
-        CudaData::F8 { codes, .. } => b.arg(codes),
-    };
 }
 
 fn wrap(st: CudaStorage, shape: &[usize]) -> Tensor {
     Tensor::from_storage(Storage::Cuda(st), shape.to_vec())
 }
 
-/// Launches kernel `$name` of `$module`; the body pushes the arguments its kernel declares, in
-/// order, through `$b: &mut LaunchArgs` (buffers are sized by the shape checks in `crate::ops`).
-macro_rules! launch {
-    ($dev:expr, $module:expr, $name:expr, $cfg:expr, |$b:ident| $body:block) => {{
-        let name: &str = &$name;
-        let func = $dev.func($module, name)?;
-        let mut builder = $dev.stream.launch_builder(&func);
-        {
-            let $b = &mut builder;
-            $body
-        }
-        $dev.timed($module, || {
-            // SAFETY: the argument list matches the kernel's parameters; sizes were checked.
-            unsafe { builder.launch($cfg) }.map_err(|e| $dev.err(format!("{name}: {e}")))?;
-            Ok(())
-        })?;
-    }};
-}
-
-/// `x` converted to `dtype` on the device (a copy only when it differs).
-pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
-    if x.dtype() == dtype {
-        return Ok(x.clone());
-    }
-    let s = storage(x)?;
-    let n = x.elem_count();
-    if let CudaData::F8 {
-        codes,
-        scales,
-        rowwise,
-    } = &s.data
-    {
-        let mut out = CudaStorage::alloc(&s.dev, dtype, n)?;
-        let (n64, cols, rw) = (n as u64, x.cols() as u64, *rowwise as i32);
-        launch!(
-            &s.dev,
-            "fp8",
-            &format!("dequant_{}", suffix(dtype)?),
-            grid(n),
-            |b| {
-                push_mut(b, &mut out.data);
-                b.arg(codes).arg(scales).arg(&n64).arg(&cols).arg(&rw);
-            }
-        );
-        return Ok(wrap(out, x.shape()));
-    }
-    let mut out = CudaStorage::alloc(&s.dev, dtype, n)?;
-    let name = format!("cast_{}_{}", suffix(x.dtype())?, suffix(dtype)?);
-    let n64 = n as u64;
-    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
-        push_mut(b, &mut out.data);
-        push(b, &s.data);
-        b.arg(&n64);
-    });
-    Ok(wrap(out, x.shape()))
+/// Zeroes the first `bytes` bytes of `out`, in stream order.
+fn zero(dev: &Backend, out: &mut CudaStorage, bytes: usize) -> Result<()> {
+    let ptr = out.device_ptr_mut()?;
+    // SAFETY: `ptr` addresses at least `bytes` bytes allocated on this stream.
+    unsafe { cudarc::driver::sys::cuMemsetD8Async(ptr, 0, bytes, dev.stream.cu_stream()) }
+        .result()
+        .map_err(|e| dev.err(e))
 }
 
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
@@ -202,306 +130,7 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
     cast(&y, out_dtype)
 }
 
-/// Per-row parameters as one dtype (the kernels take a pair of the same type).
-fn params_alike(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
-    if a.dtype() == b.dtype() {
-        Ok((a.clone(), b.clone()))
-    } else {
-        Ok((cast(a, DType::F32)?, cast(b, DType::F32)?))
-    }
-}
-
-pub fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
-    let s = storage(x)?;
-    let (shift, scale) = params_alike(shift, scale)?;
-    let name = format!("modulate_{}_{}", suffix(x.dtype())?, suffix(shift.dtype())?);
-    let n = x.elem_count();
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), n)?;
-    let (n64, sn, cn) = (
-        n as u64,
-        shift.elem_count() as u64,
-        scale.elem_count() as u64,
-    );
-    let (sh, sc) = (storage(&shift)?, storage(&scale)?);
-    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
-        push_mut(b, &mut out.data);
-        push(b, &s.data);
-        push(b, &sh.data);
-        push(b, &sc.data);
-        b.arg(&n64).arg(&sn).arg(&cn);
-    });
-    Ok(wrap(out, x.shape()))
-}
-
-pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
-    let s = storage(x)?;
-    let y = cast(y, x.dtype())?;
-    let name = format!(
-        "gated_residual_{}_{}",
-        suffix(x.dtype())?,
-        suffix(gate.dtype())?
-    );
-    let n = x.elem_count();
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), n)?;
-    let (n64, gn) = (n as u64, gate.elem_count() as u64);
-    let (ys, gs) = (storage(&y)?, storage(gate)?);
-    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
-        push_mut(b, &mut out.data);
-        push(b, &s.data);
-        push(b, &ys.data);
-        push(b, &gs.data);
-        b.arg(&n64).arg(&gn);
-    });
-    Ok(wrap(out, x.shape()))
-}
-
-pub fn add(a: &Tensor, bt: &Tensor) -> Result<Tensor> {
-    let s = storage(a)?;
-    let name = format!("add_{}_{}", suffix(a.dtype())?, suffix(bt.dtype())?);
-    let n = a.elem_count();
-    let mut out = CudaStorage::alloc(&s.dev, a.dtype(), n)?;
-    let (n64, bn) = (n as u64, bt.elem_count() as u64);
-    let bs = storage(bt)?;
-    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
-        push_mut(b, &mut out.data);
-        push(b, &s.data);
-        push(b, &bs.data);
-        b.arg(&n64).arg(&bn);
-    });
-    Ok(wrap(out, a.shape()))
-}
-
-pub fn axpby(alpha: f64, x: &Tensor, beta: f64, y: &Tensor) -> Result<Tensor> {
-    let s = storage(x)?;
-    let y = cast(y, x.dtype())?;
-    let n = x.elem_count();
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), n)?;
-    let n64 = n as u64;
-    let ys = storage(&y)?;
-    launch!(
-        &s.dev,
-        "elementwise",
-        &format!("axpby_{}", suffix(x.dtype())?),
-        grid(n),
-        |b| {
-            push_mut(b, &mut out.data);
-            b.arg(&alpha);
-            push(b, &s.data);
-            b.arg(&beta);
-            push(b, &ys.data);
-            b.arg(&n64);
-        }
-    );
-    Ok(wrap(out, x.shape()))
-}
-
-pub fn unary(name: &str, x: &Tensor) -> Result<Tensor> {
-    map("elementwise", name, x, &[])
-}
-
-/// `out[i] = f(x[i])` by kernel `{kernel}_{dtype}` of `module`, whose parameters are
-/// `(out, x, n, scalars…)`: the scalars are pushed as given.
-fn map(module: &'static str, kernel: &str, x: &Tensor, scalars: &[f32]) -> Result<Tensor> {
-    let s = storage(x)?;
-    let n = x.elem_count();
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), n)?;
-    let n64 = n as u64;
-    launch!(
-        &s.dev,
-        module,
-        &format!("{kernel}_{}", suffix(x.dtype())?),
-        grid(n),
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            b.arg(&n64);
-            for v in scalars {
-                b.arg(v);
-            }
-        }
-    );
-    Ok(wrap(out, x.shape()))
-}
-
-pub fn layer_norm(
-    x: &Tensor,
-    w: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    eps: f32,
-) -> Result<Tensor> {
-    let s = storage(x)?;
-    let cols = x.cols();
-    let rows = x.elem_count() / cols;
-    let w = w.map(|t| cast(t, DType::F32)).transpose()?;
-    let bias = bias.map(|t| cast(t, DType::F32)).transpose()?;
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
-    let null: u64 = 0;
-    let cols64 = cols as u64;
-    let (ws, bs) = (
-        w.as_ref().map(storage).transpose()?,
-        bias.as_ref().map(storage).transpose()?,
-    );
-    launch!(
-        &s.dev,
-        "norm",
-        &format!("layer_norm_{}", suffix(x.dtype())?),
-        rows_cfg(rows),
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            match ws {
-                Some(w) => push(b, &w.data),
-                None => {
-                    b.arg(&null);
-                }
-            }
-            match bs {
-                Some(w) => push(b, &w.data),
-                None => {
-                    b.arg(&null);
-                }
-            }
-            b.arg(&cols64).arg(&eps);
-        }
-    );
-    Ok(wrap(out, x.shape()))
-}
-
-pub fn norm_modulate(
-    x: &Tensor,
-    shift: &Tensor,
-    scale: &Tensor,
-    eps: f32,
-    out: crate::NormOut,
-) -> Result<Tensor> {
-    let s = storage(x)?;
-    let dev = &s.dev;
-    let (shift, scale) = params_alike(shift, scale)?;
-    let cols = x.cols();
-    let rows = x.elem_count() / cols;
-    let base = format!(
-        "norm_modulate_{}_{}",
-        suffix(x.dtype())?,
-        suffix(shift.dtype())?
-    );
-    let (c64, sn, cn) = (
-        cols as u64,
-        shift.elem_count() as u64,
-        scale.elem_count() as u64,
-    );
-    let (sh, sc) = (storage(&shift)?, storage(&scale)?);
-    match out {
-        crate::NormOut::Dtype(d) => {
-            let mut o = CudaStorage::alloc(dev, d, x.elem_count())?;
-            launch!(
-                dev,
-                "norm",
-                &format!("{base}_{}", suffix(d)?),
-                rows_cfg(rows),
-                |b| {
-                    push_mut(b, &mut o.data);
-                    push(b, &s.data);
-                    push(b, &sh.data);
-                    push(b, &sc.data);
-                    b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
-                }
-            );
-            Ok(wrap(o, x.shape()))
-        }
-        crate::NormOut::Fp8Rowwise => {
-            let e = |e| dev.err(e);
-            // SAFETY: the kernel writes every code and every row's scale.
-            let mut codes = unsafe { dev.stream.alloc::<u8>(x.elem_count()) }.map_err(e)?;
-            let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
-            launch!(dev, "norm", &format!("{base}_fp8"), rows_cfg(rows), |b| {
-                b.arg(&mut codes).arg(&mut scales);
-                push(b, &s.data);
-                push(b, &sh.data);
-                push(b, &sc.data);
-                b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
-            });
-            Ok(wrap(
-                CudaStorage {
-                    dev: dev.clone(),
-                    data: CudaData::F8 {
-                        codes,
-                        scales,
-                        rowwise: true,
-                    },
-                },
-                x.shape(),
-            ))
-        }
-    }
-}
-
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
-    let s = storage(x)?;
-    let cols = x.cols();
-    let rows = x.elem_count() / cols;
-    let w = cast(w, DType::F32)?;
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
-    let cols64 = cols as u64;
-    let ws = storage(&w)?;
-    launch!(
-        &s.dev,
-        "norm",
-        &format!("rms_norm_{}", suffix(x.dtype())?),
-        rows_cfg(rows),
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            push(b, &ws.data);
-            b.arg(&cols64).arg(&eps);
-        }
-    );
-    Ok(wrap(out, x.shape()))
-}
-
-pub fn rope_3d(
-    x: &Tensor,
-    grid3: [usize; 3],
-    t_offset: usize,
-    table: &RopeTable,
-) -> Result<Tensor> {
-    let s = storage(x)?;
-    let (tokens, heads, d) = (x.dim(0) as u64, x.dim(1) as i32, x.dim(2) as i32);
-    let [pt, ph, _] = table.pairs();
-    let (gh, gw, off, pt, ph) = (
-        grid3[1] as i32,
-        grid3[2] as i32,
-        t_offset as i32,
-        pt as i32,
-        ph as i32,
-    );
-    let theta = table.theta();
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
-    let n = tokens as usize * (d as usize / 2);
-    launch!(
-        &s.dev,
-        "rope",
-        &format!("rope_3d_{}", suffix(x.dtype())?),
-        grid(n),
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            b.arg(&tokens)
-                .arg(&heads)
-                .arg(&d)
-                .arg(&gh)
-                .arg(&gw)
-                .arg(&off)
-                .arg(&pt)
-                .arg(&ph)
-                .arg(&theta);
-        }
-    );
-    Ok(wrap(out, x.shape()))
-}
-
-/// Largest head dim of the attention kernel.
-pub const MAX_HEAD_DIM: usize = 512;
-
+/// Attention over a KV cache: the tensor-core kernels at head dim 128, else the portable one.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -509,52 +138,10 @@ pub fn attention(
     kv_len: usize,
     block_tokens: usize,
 ) -> Result<Tensor> {
-    let s = storage(q)?;
-    let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
-    if d == FLASH_HEAD_DIM {
+    if q.dim(2) == FLASH_HEAD_DIM {
         return flash_attention(q, k, v, kv_len, block_tokens);
     }
-    if d > MAX_HEAD_DIM {
-        return Err(s
-            .dev
-            .err(format!("attention head_dim {d} > {MAX_HEAD_DIM}")));
-    }
-    let (k, v) = (cast(k, q.dtype())?, cast(v, q.dtype())?);
-    let mut out = CudaStorage::alloc(&s.dev, q.dtype(), q.elem_count())?;
-    const WARPS: usize = 4;
-    let cfg = LaunchConfig {
-        grid_dim: ((lq * heads).div_ceil(WARPS) as u32, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (lq32, kv32, h32, d32, bt) = (
-        lq as i32,
-        kv_len as i32,
-        heads as i32,
-        d as i32,
-        block_tokens as i32,
-    );
-    let scale = 1.0f32 / (d as f32).sqrt();
-    let (ks, vs) = (storage(&k)?, storage(&v)?);
-    launch!(
-        &s.dev,
-        "attention",
-        &format!("attention_{}", suffix(q.dtype())?),
-        cfg,
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            push(b, &ks.data);
-            push(b, &vs.data);
-            b.arg(&lq32)
-                .arg(&kv32)
-                .arg(&h32)
-                .arg(&d32)
-                .arg(&bt)
-                .arg(&scale);
-        }
-    );
-    Ok(wrap(out, q.shape()))
+    attention_portable(q, k, v, kv_len, block_tokens)
 }
 
 /// Head dim of the tensor-core kernel (Wan's).
@@ -728,305 +315,21 @@ pub fn flash_attention_with(
     cast(&wrap(out, q.shape()), q.dtype())
 }
 
-pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
-    let s = storage(x)?;
-    let dev = &s.dev;
-    let n = x.elem_count();
-    let cols = x.cols();
-    let rows = n / cols;
-    let t = suffix(x.dtype())?;
-    let e = |e| dev.err(e);
-    // SAFETY: the kernels below write every code and scale.
-    let mut codes = unsafe { dev.stream.alloc::<u8>(n) }.map_err(e)?;
-    let data = match kind {
-        ScaleKind::Rowwise => {
-            let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
-            let cols64 = cols as u64;
-            launch!(
-                dev,
-                "fp8",
-                &format!("quant_rows_{t}"),
-                rows_cfg(rows),
-                |b| {
-                    b.arg(&mut codes).arg(&mut scales);
-                    push(b, &s.data);
-                    b.arg(&cols64);
-                }
-            );
-            CudaData::F8 {
-                codes,
-                scales,
-                rowwise: true,
-            }
-        }
-        ScaleKind::Tensorwise => {
-            let cfg = grid(n.min(THREADS as usize * 1024));
-            let parts = cfg.grid_dim.0 as usize;
-            let mut partial = unsafe { dev.stream.alloc::<f32>(parts) }.map_err(e)?;
-            let mut scale = unsafe { dev.stream.alloc::<f32>(1) }.map_err(e)?;
-            let (n64, parts32) = (n as u64, parts as i32);
-            launch!(dev, "fp8", &format!("amax_partial_{t}"), cfg, |b| {
-                b.arg(&mut partial);
-                push(b, &s.data);
-                b.arg(&n64);
-            });
-            launch!(dev, "fp8", "amax_finish", rows_cfg(1), |b| {
-                b.arg(&mut scale).arg(&partial).arg(&parts32);
-            });
-            launch!(dev, "fp8", &format!("quant_tensor_{t}"), grid(n), |b| {
-                b.arg(&mut codes).arg(&scale);
-                push(b, &s.data);
-                b.arg(&n64);
-            });
-            CudaData::F8 {
-                codes,
-                scales: scale,
-                rowwise: false,
-            }
-        }
-    };
-    Ok(wrap(
-        CudaStorage {
-            dev: dev.clone(),
-            data,
-        },
-        x.shape(),
-    ))
-}
-
-/// Copies `rows × cols` elements from `src[src_off..]` (row pitch `src_pitch`) into
-/// `dst[dst_off..]` (row pitch `dst_pitch`). `src` and `dst` are different buffers.
-#[allow(clippy::too_many_arguments)]
-fn copy2d_t<T: cudarc::driver::DeviceRepr>(
-    dev: &CudaBackend,
-    bits: u32,
-    dst: &mut cudarc::driver::CudaSlice<T>,
-    dst_off: usize,
-    dst_pitch: usize,
-    src: &cudarc::driver::CudaSlice<T>,
-    src_off: usize,
-    src_pitch: usize,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    if rows * cols == 0 {
-        return Ok(());
-    }
-    let bytes = bits as usize / 8;
-    let bases = [
-        dst.device_ptr(&dev.stream).0 as usize,
-        src.device_ptr(&dev.stream).0 as usize,
-    ];
-    let lanes = 16 / bytes;
-    let aligned = bases.iter().all(|b| b % 16 == 0)
-        && [dst_off, src_off, dst_pitch, src_pitch, cols]
-            .iter()
-            .all(|v| v % lanes == 0);
-    let mut dv = dst.slice_mut(dst_off..);
-    let sv = src.slice(src_off..);
-    if aligned {
-        // 16-byte moves on a 2-D grid: rows on y, 16-byte columns on x.
-        let func = dev.func("layout", "copy2d_v16")?;
-        let cols16 = cols / lanes;
-        let tx = cols16.next_multiple_of(32).min(THREADS as usize);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                cols16.div_ceil(tx).min(65_535) as u32,
-                rows.min(65_535) as u32,
-                1,
-            ),
-            block_dim: (tx as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (dp, sp, r, c) = (
-            (dst_pitch / lanes) as u64,
-            (src_pitch / lanes) as u64,
-            rows as u64,
-            cols16 as u64,
-        );
-        let mut b = dev.stream.launch_builder(&func);
-        b.arg(&mut dv).arg(&dp).arg(&sv).arg(&sp).arg(&r).arg(&c);
-        return dev.timed("layout", || {
-            // SAFETY: the callers bound both regions by the tensors' shapes; offsets, pitches
-            // and widths are whole 16-byte units of 16-byte aligned buffers (checked above).
-            unsafe { b.launch(cfg) }.map_err(|e| dev.err(e))?;
-            Ok(())
-        });
-    }
-    let func = dev.func("layout", &format!("copy2d_b{bits}"))?;
-    let (dp, sp, r, c) = (dst_pitch as u64, src_pitch as u64, rows as u64, cols as u64);
-    let mut b = dev.stream.launch_builder(&func);
-    b.arg(&mut dv).arg(&dp).arg(&sv).arg(&sp).arg(&r).arg(&c);
-    dev.timed("layout", || {
-        // SAFETY: the callers bound both regions by the tensors' shapes.
-        unsafe { b.launch(grid(rows * cols)) }.map_err(|e| dev.err(e))?;
-        Ok(())
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn copy2d(
-    dev: &CudaBackend,
-    dst: &mut CudaData,
-    dst_off: usize,
-    dst_pitch: usize,
-    src: &CudaData,
-    src_off: usize,
-    src_pitch: usize,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    match (dst, src) {
-        (CudaData::F32(d), CudaData::F32(s)) => copy2d_t(
-            dev, 32, d, dst_off, dst_pitch, s, src_off, src_pitch, rows, cols,
-        ),
-        (CudaData::BF16(d), CudaData::BF16(s)) => copy2d_t(
-            dev, 16, d, dst_off, dst_pitch, s, src_off, src_pitch, rows, cols,
-        ),
-        _ => Err(dev.err("copy between different dtypes")),
-    }
-}
-
-pub fn narrow(x: &Tensor, dim: usize, start: usize, len: usize) -> Result<Tensor> {
-    let s = storage(x)?;
-    let outer: usize = x.shape()[..dim].iter().product();
-    let inner: usize = x.shape()[dim + 1..].iter().product();
-    let mut shape = x.shape().to_vec();
-    shape[dim] = len;
-    let mut out = CudaStorage::alloc(&s.dev, x.dtype(), outer * len * inner)?;
-    copy2d(
-        &s.dev,
-        &mut out.data,
-        0,
-        len * inner,
-        &s.data,
-        start * inner,
-        x.dim(dim as isize) * inner,
-        outer,
-        len * inner,
-    )?;
-    Ok(wrap(out, &shape))
-}
-
-pub fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tensor> {
-    let first = storage(parts[0])?;
-    let outer: usize = shape[..dim].iter().product();
-    let inner: usize = shape[dim + 1..].iter().product();
-    let total = shape[dim] * inner;
-    let mut out = CudaStorage::alloc(&first.dev, parts[0].dtype(), outer * total)?;
-    let mut at = 0;
-    for p in parts {
-        let n = p.dim(dim as isize) * inner;
-        copy2d(
-            &first.dev,
-            &mut out.data,
-            at,
-            total,
-            &storage(p)?.data,
-            0,
-            n,
-            outer,
-            n,
-        )?;
-        at += n;
-    }
-    Ok(wrap(out, shape))
-}
-
-pub fn permute(x: &Tensor, shape: &[usize], strides: &[usize]) -> Result<Tensor> {
-    let s = storage(x)?;
-    let dev = &s.dev;
-    let n = x.elem_count();
-    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-    let st: Vec<u64> = strides.iter().map(|&d| d as u64).collect();
-    let dims_d = dev.stream.clone_htod(&dims).map_err(|e| dev.err(e))?;
-    let st_d = dev.stream.clone_htod(&st).map_err(|e| dev.err(e))?;
-    let mut out = CudaStorage::alloc(dev, x.dtype(), n)?;
-    let bits = if x.dtype() == DType::F32 { 32 } else { 16 };
-    let (n64, rank) = (n as u64, shape.len() as i32);
-    launch!(dev, "layout", &format!("permute_b{bits}"), grid(n), |b| {
-        push_mut(b, &mut out.data);
-        push(b, &s.data);
-        b.arg(&n64).arg(&rank).arg(&dims_d).arg(&st_d);
-    });
-    Ok(wrap(out, shape))
-}
-
-/// Copies `src` into rows starting at `row` of `dst` (dim 0 rows).
-pub fn write_rows(dst: &mut Tensor, row: usize, src: &Tensor) -> Result<()> {
-    let inner: usize = dst.shape()[1..].iter().product();
-    // Borrowed, not cloned: a `CudaStorage` clone is a device copy of the whole source.
-    let src_st = storage(src)?;
-    let n = src.elem_count();
-    let Storage::Cuda(d) = dst.storage_mut() else {
-        return Err(Error::DeviceMismatch {
-            op: "write_rows",
-            a: "cpu".into(),
-            b: "cuda".into(),
-        });
-    };
-    let dev = d.dev.clone();
-    copy2d(&dev, &mut d.data, row * inner, n, &src_st.data, 0, n, 1, n)
-}
-
-/// Moves rows `[from, from + n)` to start at `to` (overlap allowed: goes through a copy).
-pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()> {
-    let inner: usize = t.shape()[1..].iter().product();
-    let staged = narrow(t, 0, from, n)?;
-    let _ = inner;
-    write_rows(t, to, &staged)
-}
-
-/// [`crate::ops::assemble`] on the device: zeroed first unless the pieces cover everything,
-/// then one 2-D copy per piece.
-pub fn assemble(
-    dev: &std::sync::Arc<CudaBackend>,
-    shape: &[usize],
-    dtype: DType,
-    covered: bool,
-    pieces: &[crate::ops::Piece],
-) -> Result<Tensor> {
-    let n: usize = shape.iter().product();
-    let cols = n.checked_div(shape[0]).unwrap_or(0);
-    let mut out = CudaStorage::alloc(dev, dtype, n)?;
-    if !covered && n > 0 {
-        let ptr = out.device_ptr_mut()?;
-        dev.timed("layout", || {
-            // SAFETY: `ptr` addresses the `n` elements just allocated on this stream.
-            unsafe {
-                cudarc::driver::sys::cuMemsetD8Async(
-                    ptr,
-                    0,
-                    n * dtype.size_in_bytes(),
-                    dev.stream.cu_stream(),
-                )
-            }
-            .result()
-            .map_err(|e| dev.err(e))
-        })?;
-    }
-    for p in pieces {
-        let src_cols = p.src.elem_count() / p.src.dim(0).max(1);
-        copy2d(
-            dev,
-            &mut out.data,
-            p.dst_row * cols + p.dst_col,
-            cols,
-            &storage(p.src)?.data,
-            p.src_row * src_cols + p.src_col,
-            src_cols,
-            p.rows,
-            p.cols,
-        )?;
-    }
-    Ok(wrap(out, shape))
-}
+// One source compiled once per vendor, on purpose.
+#[allow(clippy::duplicate_mod)]
+#[path = "../portable_conv.rs"]
+mod portable_conv;
+pub use portable_conv::{
+    channel_affine, channel_rms_norm, clamp, soft_clamp, softmax_rows, upsample_nearest_2d,
+};
+use portable_conv::{conv3d, f32_param, f32_slice, i32_of};
 
 mod conv;
-pub use conv::{
-    channel_affine, channel_rms_norm, clamp, conv3d_fused, soft_clamp, softmax_rows,
-    upsample_nearest_2d,
-};
+pub use conv::conv3d_fused;
+use conv::tile_gemm;
 
+// One source compiled once per vendor, on purpose.
+#[allow(clippy::duplicate_mod)]
+#[path = "../portable_vsa.rs"]
 mod vsa;
 pub use vsa::vsa_attention;

@@ -1,10 +1,14 @@
-//! VSA on CUDA (`kernels/gpu/vsa.cu`): tile means, the coarse branch with the top-k selection,
-//! the fine branch over the kept tiles. The tiling travels as index arrays.
+//! VSA on a GPU (`kernels/gpu/vsa.cu`), one source for both vendors (declared by `cuda::ops`
+//! and `rocm::ops` with `#[path]`): tile means, the coarse branch with the top-k selection, the
+//! fine branch over the kept tiles (on sm_90a the wgmma kernel of attention.cu). The tiling
+//! travels as index arrays.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-
-use super::{cast, push, push_mut, storage, suffix, wrap};
-use crate::cuda::{CudaBackend, CudaData, CudaStorage};
+#[allow(unused_imports)] // the ROCm side has these as inherent methods
+use super::PushKernelArg;
+use super::{
+    cast, push, push_mut, storage, suffix, wrap, Backend as CudaBackend, DeviceBuf as CudaSlice,
+    GpuData as CudaData, GpuStorage as CudaStorage, LaunchConfig,
+};
 use crate::vsa::Tiling;
 use crate::{DType, Result, Tensor};
 
@@ -147,11 +151,7 @@ pub fn vsa_attention(
         });
         let smem = WGMMA_FINE_SMEM;
         let func = dev.func("attention", "vsa_fine_wgmma_bf16_d128")?;
-        func.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| dev.err(e))?;
+        dev.allow_dynamic_smem(&func, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (nq as u32, heads as u32, 1),
             block_dim: (128, 1, 1),
@@ -178,7 +178,7 @@ pub fn vsa_attention(
     let jobs = lq * heads;
     let cfg = LaunchConfig {
         grid_dim: (jobs.div_ceil(FINE_WARPS) as u32, 1, 1),
-        block_dim: ((FINE_WARPS * 32) as u32, 1, 1),
+        block_dim: ((FINE_WARPS * dev.warp_size()) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     let (ks, vs) = (storage(&k)?, storage(&v)?);

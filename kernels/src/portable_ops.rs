@@ -1,0 +1,753 @@
+//! The op set as launches of `kernels/gpu/*.cu` that both vendors run: one source, compiled
+//! into `cuda::ops` and `rocm::ops` (each declares it with `#[path]`). The parent module brings
+//! its backend's types under neutral names (`Backend`, `GpuStorage`, `GpuData`, `DeviceBuf`,
+//! `LaunchArgs`, `LaunchConfig`) and the helpers that differ (`storage`, `storage_mut`, `wrap`,
+//! `zero`); the ROCm driver layer mirrors cudarc's call shapes so this text needs no `cfg`.
+//! Shapes and dtypes were checked by `crate::ops` before these run.
+
+use super::{
+    storage, storage_mut, wrap, zero, Backend, DeviceBuf, DeviceRepr, GpuData, GpuStorage,
+    LaunchArgs, LaunchConfig,
+};
+#[allow(unused_imports)] // the ROCm side has these as inherent methods
+use super::{DevicePtr, PushKernelArg};
+use crate::{DType, Error, Result, RopeTable, ScaleKind, Tensor};
+
+const THREADS: u32 = 256;
+
+pub(super) fn suffix(d: DType) -> Result<&'static str> {
+    match d {
+        DType::F32 => Ok("f32"),
+        DType::BF16 => Ok("bf16"),
+        d => Err(Error::DType {
+            op: "gpu kernel",
+            got: d,
+            msg: "f32 or bf16",
+        }),
+    }
+}
+
+pub(super) fn grid(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+pub(super) fn rows_cfg(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.max(1) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+pub(super) fn push<'a>(b: &mut LaunchArgs<'a>, d: &'a GpuData) {
+    match d {
+        GpuData::F32(s) => b.arg(s),
+        GpuData::BF16(s) => b.arg(s),
+        GpuData::F8 { codes, .. } => b.arg(codes),
+    };
+}
+
+pub(super) fn push_mut<'a>(b: &mut LaunchArgs<'a>, d: &'a mut GpuData) {
+    match d {
+        GpuData::F32(s) => b.arg(s),
+        GpuData::BF16(s) => b.arg(s),
+        GpuData::F8 { codes, .. } => b.arg(codes),
+    };
+}
+
+/// Launches kernel `$name` of `$module`; the body pushes the arguments its kernel declares, in
+/// order, through `$b: &mut LaunchArgs` (buffers are sized by the shape checks in `crate::ops`).
+macro_rules! launch {
+    ($dev:expr, $module:expr, $name:expr, $cfg:expr, |$b:ident| $body:block) => {{
+        let name: &str = &$name;
+        let func = $dev.func($module, name)?;
+        let mut builder = $dev.stream.launch_builder(&func);
+        {
+            let $b = &mut builder;
+            $body
+        }
+        $dev.timed($module, || {
+            // SAFETY: the argument list matches the kernel's parameters; sizes were checked.
+            unsafe { builder.launch($cfg) }.map_err(|e| $dev.err(format!("{name}: {e}")))?;
+            Ok(())
+        })?;
+    }};
+}
+
+/// `x` converted to `dtype` on the device (a copy only when it differs).
+pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if x.dtype() == dtype {
+        return Ok(x.clone());
+    }
+    let s = storage(x)?;
+    let n = x.elem_count();
+    if let GpuData::F8 {
+        codes,
+        scales,
+        rowwise,
+    } = &s.data
+    {
+        let mut out = GpuStorage::alloc(&s.dev, dtype, n)?;
+        let (n64, cols, rw) = (n as u64, x.cols() as u64, *rowwise as i32);
+        launch!(
+            &s.dev,
+            "fp8",
+            &format!("dequant_{}", suffix(dtype)?),
+            grid(n),
+            |b| {
+                push_mut(b, &mut out.data);
+                b.arg(codes).arg(scales).arg(&n64).arg(&cols).arg(&rw);
+            }
+        );
+        return Ok(wrap(out, x.shape()));
+    }
+    let mut out = GpuStorage::alloc(&s.dev, dtype, n)?;
+    let name = format!("cast_{}_{}", suffix(x.dtype())?, suffix(dtype)?);
+    let n64 = n as u64;
+    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
+        push_mut(b, &mut out.data);
+        push(b, &s.data);
+        b.arg(&n64);
+    });
+    Ok(wrap(out, x.shape()))
+}
+
+/// Per-row parameters as one dtype (the kernels take a pair of the same type).
+pub(super) fn params_alike(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    if a.dtype() == b.dtype() {
+        Ok((a.clone(), b.clone()))
+    } else {
+        Ok((cast(a, DType::F32)?, cast(b, DType::F32)?))
+    }
+}
+
+pub fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    let s = storage(x)?;
+    let (shift, scale) = params_alike(shift, scale)?;
+    let name = format!("modulate_{}_{}", suffix(x.dtype())?, suffix(shift.dtype())?);
+    let n = x.elem_count();
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
+    let (n64, sn, cn) = (
+        n as u64,
+        shift.elem_count() as u64,
+        scale.elem_count() as u64,
+    );
+    let (sh, sc) = (storage(&shift)?, storage(&scale)?);
+    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
+        push_mut(b, &mut out.data);
+        push(b, &s.data);
+        push(b, &sh.data);
+        push(b, &sc.data);
+        b.arg(&n64).arg(&sn).arg(&cn);
+    });
+    Ok(wrap(out, x.shape()))
+}
+
+pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    let s = storage(x)?;
+    let y = cast(y, x.dtype())?;
+    let name = format!(
+        "gated_residual_{}_{}",
+        suffix(x.dtype())?,
+        suffix(gate.dtype())?
+    );
+    let n = x.elem_count();
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
+    let (n64, gn) = (n as u64, gate.elem_count() as u64);
+    let (ys, gs) = (storage(&y)?, storage(gate)?);
+    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
+        push_mut(b, &mut out.data);
+        push(b, &s.data);
+        push(b, &ys.data);
+        push(b, &gs.data);
+        b.arg(&n64).arg(&gn);
+    });
+    Ok(wrap(out, x.shape()))
+}
+
+pub fn add(a: &Tensor, bt: &Tensor) -> Result<Tensor> {
+    let s = storage(a)?;
+    let name = format!("add_{}_{}", suffix(a.dtype())?, suffix(bt.dtype())?);
+    let n = a.elem_count();
+    let mut out = GpuStorage::alloc(&s.dev, a.dtype(), n)?;
+    let (n64, bn) = (n as u64, bt.elem_count() as u64);
+    let bs = storage(bt)?;
+    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
+        push_mut(b, &mut out.data);
+        push(b, &s.data);
+        push(b, &bs.data);
+        b.arg(&n64).arg(&bn);
+    });
+    Ok(wrap(out, a.shape()))
+}
+
+pub fn axpby(alpha: f64, x: &Tensor, beta: f64, y: &Tensor) -> Result<Tensor> {
+    let s = storage(x)?;
+    let y = cast(y, x.dtype())?;
+    let n = x.elem_count();
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
+    let n64 = n as u64;
+    let ys = storage(&y)?;
+    launch!(
+        &s.dev,
+        "elementwise",
+        &format!("axpby_{}", suffix(x.dtype())?),
+        grid(n),
+        |b| {
+            push_mut(b, &mut out.data);
+            b.arg(&alpha);
+            push(b, &s.data);
+            b.arg(&beta);
+            push(b, &ys.data);
+            b.arg(&n64);
+        }
+    );
+    Ok(wrap(out, x.shape()))
+}
+
+pub fn unary(name: &str, x: &Tensor) -> Result<Tensor> {
+    map("elementwise", name, x, &[])
+}
+
+/// `out[i] = f(x[i])` by kernel `{kernel}_{dtype}` of `module`, whose parameters are
+/// `(out, x, n, scalars…)`: the scalars are pushed as given.
+pub(super) fn map(
+    module: &'static str,
+    kernel: &str,
+    x: &Tensor,
+    scalars: &[f32],
+) -> Result<Tensor> {
+    let s = storage(x)?;
+    let n = x.elem_count();
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
+    let n64 = n as u64;
+    launch!(
+        &s.dev,
+        module,
+        &format!("{kernel}_{}", suffix(x.dtype())?),
+        grid(n),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            b.arg(&n64);
+            for v in scalars {
+                b.arg(v);
+            }
+        }
+    );
+    Ok(wrap(out, x.shape()))
+}
+
+pub fn layer_norm(
+    x: &Tensor,
+    w: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f32,
+) -> Result<Tensor> {
+    let s = storage(x)?;
+    let cols = x.cols();
+    let rows = x.elem_count() / cols;
+    let w = w.map(|t| cast(t, DType::F32)).transpose()?;
+    let bias = bias.map(|t| cast(t, DType::F32)).transpose()?;
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
+    let null: u64 = 0;
+    let cols64 = cols as u64;
+    let (ws, bs) = (
+        w.as_ref().map(storage).transpose()?,
+        bias.as_ref().map(storage).transpose()?,
+    );
+    launch!(
+        &s.dev,
+        "norm",
+        &format!("layer_norm_{}", suffix(x.dtype())?),
+        rows_cfg(rows),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            match ws {
+                Some(w) => push(b, &w.data),
+                None => {
+                    b.arg(&null);
+                }
+            }
+            match bs {
+                Some(w) => push(b, &w.data),
+                None => {
+                    b.arg(&null);
+                }
+            }
+            b.arg(&cols64).arg(&eps);
+        }
+    );
+    Ok(wrap(out, x.shape()))
+}
+
+pub fn norm_modulate(
+    x: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+    eps: f32,
+    out: crate::NormOut,
+) -> Result<Tensor> {
+    let s = storage(x)?;
+    let dev = &s.dev;
+    let (shift, scale) = params_alike(shift, scale)?;
+    let cols = x.cols();
+    let rows = x.elem_count() / cols;
+    let base = format!(
+        "norm_modulate_{}_{}",
+        suffix(x.dtype())?,
+        suffix(shift.dtype())?
+    );
+    let (c64, sn, cn) = (
+        cols as u64,
+        shift.elem_count() as u64,
+        scale.elem_count() as u64,
+    );
+    let (sh, sc) = (storage(&shift)?, storage(&scale)?);
+    match out {
+        crate::NormOut::Dtype(d) => {
+            let mut o = GpuStorage::alloc(dev, d, x.elem_count())?;
+            launch!(
+                dev,
+                "norm",
+                &format!("{base}_{}", suffix(d)?),
+                rows_cfg(rows),
+                |b| {
+                    push_mut(b, &mut o.data);
+                    push(b, &s.data);
+                    push(b, &sh.data);
+                    push(b, &sc.data);
+                    b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
+                }
+            );
+            Ok(wrap(o, x.shape()))
+        }
+        crate::NormOut::Fp8Rowwise => {
+            let e = |e| dev.err(e);
+            // SAFETY: the kernel writes every code and every row's scale.
+            let mut codes = unsafe { dev.stream.alloc::<u8>(x.elem_count()) }.map_err(e)?;
+            let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
+            launch!(dev, "norm", &format!("{base}_fp8"), rows_cfg(rows), |b| {
+                b.arg(&mut codes).arg(&mut scales);
+                push(b, &s.data);
+                push(b, &sh.data);
+                push(b, &sc.data);
+                b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
+            });
+            Ok(wrap(
+                GpuStorage {
+                    dev: dev.clone(),
+                    data: GpuData::F8 {
+                        codes,
+                        scales,
+                        rowwise: true,
+                    },
+                },
+                x.shape(),
+            ))
+        }
+    }
+}
+
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let s = storage(x)?;
+    let cols = x.cols();
+    let rows = x.elem_count() / cols;
+    let w = cast(w, DType::F32)?;
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
+    let cols64 = cols as u64;
+    let ws = storage(&w)?;
+    launch!(
+        &s.dev,
+        "norm",
+        &format!("rms_norm_{}", suffix(x.dtype())?),
+        rows_cfg(rows),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            push(b, &ws.data);
+            b.arg(&cols64).arg(&eps);
+        }
+    );
+    Ok(wrap(out, x.shape()))
+}
+
+pub fn rope_3d(
+    x: &Tensor,
+    grid3: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+) -> Result<Tensor> {
+    let s = storage(x)?;
+    let (tokens, heads, d) = (x.dim(0) as u64, x.dim(1) as i32, x.dim(2) as i32);
+    let [pt, ph, _] = table.pairs();
+    let (gh, gw, off, pt, ph) = (
+        grid3[1] as i32,
+        grid3[2] as i32,
+        t_offset as i32,
+        pt as i32,
+        ph as i32,
+    );
+    let theta = table.theta();
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
+    let n = tokens as usize * (d as usize / 2);
+    launch!(
+        &s.dev,
+        "rope",
+        &format!("rope_3d_{}", suffix(x.dtype())?),
+        grid(n),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            b.arg(&tokens)
+                .arg(&heads)
+                .arg(&d)
+                .arg(&gh)
+                .arg(&gw)
+                .arg(&off)
+                .arg(&pt)
+                .arg(&ph)
+                .arg(&theta);
+        }
+    );
+    Ok(wrap(out, x.shape()))
+}
+
+/// Largest head dim of the attention kernel.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// The portable kernel: one logical warp per (query, head), any head dim up to
+/// [`MAX_HEAD_DIM`], f32 or bf16.
+pub fn attention_portable(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    block_tokens: usize,
+) -> Result<Tensor> {
+    let s = storage(q)?;
+    let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
+    if d > MAX_HEAD_DIM {
+        return Err(s
+            .dev
+            .err(format!("attention head_dim {d} > {MAX_HEAD_DIM}")));
+    }
+    let (k, v) = (cast(k, q.dtype())?, cast(v, q.dtype())?);
+    let mut out = GpuStorage::alloc(&s.dev, q.dtype(), q.elem_count())?;
+    const WARPS: usize = 4;
+    let cfg = LaunchConfig {
+        grid_dim: ((lq * heads).div_ceil(WARPS) as u32, 1, 1),
+        block_dim: ((WARPS * s.dev.warp_size()) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (lq32, kv32, h32, d32, bt) = (
+        lq as i32,
+        kv_len as i32,
+        heads as i32,
+        d as i32,
+        block_tokens as i32,
+    );
+    let scale = 1.0f32 / (d as f32).sqrt();
+    let (ks, vs) = (storage(&k)?, storage(&v)?);
+    launch!(
+        &s.dev,
+        "attention",
+        &format!("attention_{}", suffix(q.dtype())?),
+        cfg,
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            push(b, &ks.data);
+            push(b, &vs.data);
+            b.arg(&lq32)
+                .arg(&kv32)
+                .arg(&h32)
+                .arg(&d32)
+                .arg(&bt)
+                .arg(&scale);
+        }
+    );
+    Ok(wrap(out, q.shape()))
+}
+
+pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
+    let s = storage(x)?;
+    let dev = &s.dev;
+    let n = x.elem_count();
+    let cols = x.cols();
+    let rows = n / cols;
+    let t = suffix(x.dtype())?;
+    let e = |e| dev.err(e);
+    // SAFETY: the kernels below write every code and scale.
+    let mut codes = unsafe { dev.stream.alloc::<u8>(n) }.map_err(e)?;
+    let data = match kind {
+        ScaleKind::Rowwise => {
+            let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
+            let cols64 = cols as u64;
+            launch!(
+                dev,
+                "fp8",
+                &format!("quant_rows_{t}"),
+                rows_cfg(rows),
+                |b| {
+                    b.arg(&mut codes).arg(&mut scales);
+                    push(b, &s.data);
+                    b.arg(&cols64);
+                }
+            );
+            GpuData::F8 {
+                codes,
+                scales,
+                rowwise: true,
+            }
+        }
+        ScaleKind::Tensorwise => {
+            let cfg = grid(n.min(THREADS as usize * 1024));
+            let parts = cfg.grid_dim.0 as usize;
+            let mut partial = unsafe { dev.stream.alloc::<f32>(parts) }.map_err(e)?;
+            let mut scale = unsafe { dev.stream.alloc::<f32>(1) }.map_err(e)?;
+            let (n64, parts32) = (n as u64, parts as i32);
+            launch!(dev, "fp8", &format!("amax_partial_{t}"), cfg, |b| {
+                b.arg(&mut partial);
+                push(b, &s.data);
+                b.arg(&n64);
+            });
+            launch!(dev, "fp8", "amax_finish", rows_cfg(1), |b| {
+                b.arg(&mut scale).arg(&partial).arg(&parts32);
+            });
+            launch!(dev, "fp8", &format!("quant_tensor_{t}"), grid(n), |b| {
+                b.arg(&mut codes).arg(&scale);
+                push(b, &s.data);
+                b.arg(&n64);
+            });
+            GpuData::F8 {
+                codes,
+                scales: scale,
+                rowwise: false,
+            }
+        }
+    };
+    Ok(wrap(
+        GpuStorage {
+            dev: dev.clone(),
+            data,
+        },
+        x.shape(),
+    ))
+}
+
+/// Copies `rows × cols` elements from `src[src_off..]` (row pitch `src_pitch`) into
+/// `dst[dst_off..]` (row pitch `dst_pitch`). `src` and `dst` are different buffers.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn copy2d_t<T: DeviceRepr>(
+    dev: &Backend,
+    bits: u32,
+    dst: &mut DeviceBuf<T>,
+    dst_off: usize,
+    dst_pitch: usize,
+    src: &DeviceBuf<T>,
+    src_off: usize,
+    src_pitch: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    if rows * cols == 0 {
+        return Ok(());
+    }
+    let bytes = bits as usize / 8;
+    let bases = [
+        dst.device_ptr(&dev.stream).0 as usize,
+        src.device_ptr(&dev.stream).0 as usize,
+    ];
+    let lanes = 16 / bytes;
+    let aligned = bases.iter().all(|b| b % 16 == 0)
+        && [dst_off, src_off, dst_pitch, src_pitch, cols]
+            .iter()
+            .all(|v| v % lanes == 0);
+    let mut dv = dst.slice_mut(dst_off..);
+    let sv = src.slice(src_off..);
+    if aligned {
+        // 16-byte moves on a 2-D grid: rows on y, 16-byte columns on x.
+        let func = dev.func("layout", "copy2d_v16")?;
+        let cols16 = cols / lanes;
+        let tx = cols16.next_multiple_of(32).min(THREADS as usize);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                cols16.div_ceil(tx).min(65_535) as u32,
+                rows.min(65_535) as u32,
+                1,
+            ),
+            block_dim: (tx as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (dp, sp, r, c) = (
+            (dst_pitch / lanes) as u64,
+            (src_pitch / lanes) as u64,
+            rows as u64,
+            cols16 as u64,
+        );
+        let mut b = dev.stream.launch_builder(&func);
+        b.arg(&mut dv).arg(&dp).arg(&sv).arg(&sp).arg(&r).arg(&c);
+        return dev.timed("layout", || {
+            // SAFETY: the callers bound both regions by the tensors' shapes; offsets, pitches
+            // and widths are whole 16-byte units of 16-byte aligned buffers (checked above).
+            unsafe { b.launch(cfg) }.map_err(|e| dev.err(e))?;
+            Ok(())
+        });
+    }
+    let func = dev.func("layout", &format!("copy2d_b{bits}"))?;
+    let (dp, sp, r, c) = (dst_pitch as u64, src_pitch as u64, rows as u64, cols as u64);
+    let mut b = dev.stream.launch_builder(&func);
+    b.arg(&mut dv).arg(&dp).arg(&sv).arg(&sp).arg(&r).arg(&c);
+    dev.timed("layout", || {
+        // SAFETY: the callers bound both regions by the tensors' shapes.
+        unsafe { b.launch(grid(rows * cols)) }.map_err(|e| dev.err(e))?;
+        Ok(())
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn copy2d(
+    dev: &Backend,
+    dst: &mut GpuData,
+    dst_off: usize,
+    dst_pitch: usize,
+    src: &GpuData,
+    src_off: usize,
+    src_pitch: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    match (dst, src) {
+        (GpuData::F32(d), GpuData::F32(s)) => copy2d_t(
+            dev, 32, d, dst_off, dst_pitch, s, src_off, src_pitch, rows, cols,
+        ),
+        (GpuData::BF16(d), GpuData::BF16(s)) => copy2d_t(
+            dev, 16, d, dst_off, dst_pitch, s, src_off, src_pitch, rows, cols,
+        ),
+        _ => Err(dev.err("copy between different dtypes")),
+    }
+}
+
+pub fn narrow(x: &Tensor, dim: usize, start: usize, len: usize) -> Result<Tensor> {
+    let s = storage(x)?;
+    let outer: usize = x.shape()[..dim].iter().product();
+    let inner: usize = x.shape()[dim + 1..].iter().product();
+    let mut shape = x.shape().to_vec();
+    shape[dim] = len;
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), outer * len * inner)?;
+    copy2d(
+        &s.dev,
+        &mut out.data,
+        0,
+        len * inner,
+        &s.data,
+        start * inner,
+        x.dim(dim as isize) * inner,
+        outer,
+        len * inner,
+    )?;
+    Ok(wrap(out, &shape))
+}
+
+pub fn cat(parts: &[&Tensor], dim: usize, shape: &[usize]) -> Result<Tensor> {
+    let first = storage(parts[0])?;
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product();
+    let total = shape[dim] * inner;
+    let mut out = GpuStorage::alloc(&first.dev, parts[0].dtype(), outer * total)?;
+    let mut at = 0;
+    for p in parts {
+        let n = p.dim(dim as isize) * inner;
+        copy2d(
+            &first.dev,
+            &mut out.data,
+            at,
+            total,
+            &storage(p)?.data,
+            0,
+            n,
+            outer,
+            n,
+        )?;
+        at += n;
+    }
+    Ok(wrap(out, shape))
+}
+
+pub fn permute(x: &Tensor, shape: &[usize], strides: &[usize]) -> Result<Tensor> {
+    let s = storage(x)?;
+    let dev = &s.dev;
+    let n = x.elem_count();
+    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    let st: Vec<u64> = strides.iter().map(|&d| d as u64).collect();
+    let dims_d = dev.stream.clone_htod(&dims).map_err(|e| dev.err(e))?;
+    let st_d = dev.stream.clone_htod(&st).map_err(|e| dev.err(e))?;
+    let mut out = GpuStorage::alloc(dev, x.dtype(), n)?;
+    let bits = if x.dtype() == DType::F32 { 32 } else { 16 };
+    let (n64, rank) = (n as u64, shape.len() as i32);
+    launch!(dev, "layout", &format!("permute_b{bits}"), grid(n), |b| {
+        push_mut(b, &mut out.data);
+        push(b, &s.data);
+        b.arg(&n64).arg(&rank).arg(&dims_d).arg(&st_d);
+    });
+    Ok(wrap(out, shape))
+}
+
+/// Copies `src` into rows starting at `row` of `dst` (dim 0 rows).
+pub fn write_rows(dst: &mut Tensor, row: usize, src: &Tensor) -> Result<()> {
+    let inner: usize = dst.shape()[1..].iter().product();
+    // Borrowed, not cloned: a storage clone is a device copy of the whole source.
+    let src_st = storage(src)?;
+    let n = src.elem_count();
+    let d = storage_mut(dst)?;
+    let dev = d.dev.clone();
+    copy2d(&dev, &mut d.data, row * inner, n, &src_st.data, 0, n, 1, n)
+}
+
+/// Moves rows `[from, from + n)` to start at `to` (overlap allowed: goes through a copy).
+pub fn move_rows(t: &mut Tensor, from: usize, to: usize, n: usize) -> Result<()> {
+    let inner: usize = t.shape()[1..].iter().product();
+    let staged = narrow(t, 0, from, n)?;
+    let _ = inner;
+    write_rows(t, to, &staged)
+}
+
+/// [`crate::ops::assemble`] on the device: zeroed first unless the pieces cover everything,
+/// then one 2-D copy per piece.
+pub fn assemble(
+    dev: &std::sync::Arc<Backend>,
+    shape: &[usize],
+    dtype: DType,
+    covered: bool,
+    pieces: &[crate::ops::Piece],
+) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let cols = n.checked_div(shape[0]).unwrap_or(0);
+    let mut out = GpuStorage::alloc(dev, dtype, n)?;
+    if !covered && n > 0 {
+        let bytes = n * dtype.size_in_bytes();
+        dev.timed("layout", || zero(dev, &mut out, bytes))?;
+    }
+    for p in pieces {
+        let src_cols = p.src.elem_count() / p.src.dim(0).max(1);
+        copy2d(
+            dev,
+            &mut out.data,
+            p.dst_row * cols + p.dst_col,
+            cols,
+            &storage(p.src)?.data,
+            p.src_row * src_cols + p.src_col,
+            src_cols,
+            p.rows,
+            p.cols,
+        )?;
+    }
+    Ok(wrap(out, shape))
+}

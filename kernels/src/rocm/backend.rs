@@ -1,0 +1,325 @@
+//! One ROCm device as the op code sees it: its stream and memory pool, the kernel modules
+//! compiled for its architecture, hipBLASLt. The twin of `cuda/mod.rs`'s `CudaBackend`, with
+//! the same method names, so the shared op source runs on either.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::blaslt::BlasLt;
+use super::hip::{hip, DeviceBuf, HipEvent, HipFunction, HipModule, HipStream};
+use super::ArchInfo;
+use crate::{Error, Result};
+
+/// hipBLASLt's scratch: what its heuristics may pick from (the large-K GEMMs of the 14B model
+/// use split-K algorithms that want tens of MiB).
+const BLAS_WORKSPACE: usize = 64 << 20;
+
+/// One ROCm device.
+pub struct RocmBackend {
+    pub ordinal: usize,
+    pub name: String,
+    /// hipRTC target, e.g. `gfx942`.
+    pub arch: String,
+    pub info: ArchInfo,
+    pub(crate) stream: Arc<HipStream>,
+    /// Loaded on the first GEMM, so a machine without hipBLASLt still runs every other op (and
+    /// the error names the library when a GEMM is asked for).
+    blas: Mutex<Option<(BlasLt, DeviceBuf<u8>)>>,
+    modules: Mutex<HashMap<&'static str, Arc<HipModule>>>,
+    profiling: AtomicBool,
+    marks: Mutex<Vec<(&'static str, RocmMarker, RocmMarker)>>,
+}
+
+impl std::fmt::Debug for RocmBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RocmBackend(rocm:{}, {}, {})",
+            self.ordinal, self.name, self.arch
+        )
+    }
+}
+
+pub(crate) fn dev_err(ordinal: usize, e: impl std::fmt::Display) -> Error {
+    Error::Device {
+        device: format!("rocm:{ordinal}"),
+        msg: e.to_string(),
+    }
+}
+
+/// The backend of ROCm device `ordinal`, created on first use.
+pub fn backend(ordinal: usize) -> Result<Arc<RocmBackend>> {
+    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<RocmBackend>>>> = OnceLock::new();
+    let mut devices = DEVICES
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| dev_err(ordinal, "device registry poisoned"))?;
+    if let Some(b) = devices.get(&ordinal) {
+        return Ok(b.clone());
+    }
+    let b = Arc::new(RocmBackend::new(ordinal)?);
+    devices.insert(ordinal, b.clone());
+    Ok(b)
+}
+
+/// The architecture of HIP device `ordinal`: `WORLDLINE_ROCM_ARCH` if set (e.g. `gfx950`),
+/// else the KFD topology's GPU nodes in order, through `HIP_VISIBLE_DEVICES` /
+/// `ROCR_VISIBLE_DEVICES` when they renumber the devices. The runtime's own property struct
+/// changed layout across ROCm releases, so it is not read.
+fn arch_of(ordinal: usize, count: usize) -> std::result::Result<ArchInfo, String> {
+    if let Ok(name) = std::env::var("WORLDLINE_ROCM_ARCH") {
+        return super::arch_from_name(&name)
+            .ok_or_else(|| format!("WORLDLINE_ROCM_ARCH={name}: not a gfx architecture name"));
+    }
+    let gpus = super::kfd_gpus(std::path::Path::new("/sys/class/kfd/kfd/topology/nodes"))
+        .map_err(|e| format!("reading the KFD topology: {e}"))?;
+    let visible = ["HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok());
+    let physical = match &visible {
+        Some(list) => {
+            let ids: Vec<&str> = list.split(',').map(str::trim).collect();
+            let id = ids
+                .get(ordinal)
+                .ok_or_else(|| format!("device {ordinal} is not in the visible list {list:?}"))?;
+            id.parse::<usize>().map_err(|_| {
+                format!("visible device {id:?} is not an index; set WORLDLINE_ROCM_ARCH")
+            })?
+        }
+        None => ordinal,
+    };
+    if visible.is_none() && gpus.len() != count {
+        return Err(format!(
+            "KFD lists {} GPUs but HIP {count}; set WORLDLINE_ROCM_ARCH",
+            gpus.len()
+        ));
+    }
+    gpus.get(physical)
+        .cloned()
+        .ok_or_else(|| format!("no KFD GPU node {physical}; set WORLDLINE_ROCM_ARCH"))
+}
+
+impl RocmBackend {
+    fn new(ordinal: usize) -> Result<Self> {
+        let e = |m: String| dev_err(ordinal, m);
+        let hip = hip().map_err(e)?;
+        let count = hip.count().map_err(|x| e(x.to_string()))?;
+        if ordinal >= count {
+            return Err(e(format!(
+                "no such device ({count} ROCm device(s) present)"
+            )));
+        }
+        hip.set_device(ordinal).map_err(|x| e(x.to_string()))?;
+        let name = hip.device_name(ordinal).map_err(|x| e(x.to_string()))?;
+        let info = arch_of(ordinal, count).map_err(e)?;
+        // vendor/hip.h compiles every kernel for 64-lane wavefronts (CDNA); RDNA runs wave32.
+        if info.wave_size != 64 {
+            return Err(e(format!(
+                "{} ({}) runs {}-lane wavefronts; our kernels are built for CDNA's 64",
+                info.name, info.family, info.wave_size
+            )));
+        }
+        // The ops' stream at the lowest priority leaves the highest for collectives.
+        let stream = Arc::new(HipStream::new(hip, ordinal, true).map_err(|x| e(x.to_string()))?);
+        Ok(RocmBackend {
+            ordinal,
+            name,
+            arch: info.name.clone(),
+            info,
+            stream,
+            blas: Mutex::new(None),
+            modules: Mutex::new(HashMap::new()),
+            profiling: AtomicBool::new(false),
+            marks: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn err(&self, e: impl std::fmt::Display) -> Error {
+        dev_err(self.ordinal, e)
+    }
+
+    /// Kernel `name` of `module`, compiling (or reading the disk cache) on first use.
+    pub(crate) fn func(&self, module: &'static str, name: &str) -> Result<HipFunction> {
+        let m = {
+            let mut modules = self
+                .modules
+                .lock()
+                .map_err(|_| self.err("module table poisoned"))?;
+            match modules.get(module) {
+                Some(m) => m.clone(),
+                None => {
+                    let code =
+                        super::compile::code_object(module, &self.arch).map_err(|e| self.err(e))?;
+                    let hip = self.stream.hip;
+                    hip.set_device(self.ordinal).map_err(|e| self.err(e))?;
+                    let m = HipModule::load(hip, &code)
+                        .map_err(|e| self.err(format!("loading {module}: {e}")))?;
+                    modules.insert(module, m.clone());
+                    m
+                }
+            }
+        };
+        m.load_function(name)
+            .map_err(|e| self.err(format!("kernel {name}: {e}")))
+    }
+
+    /// Runs `f` with hipBLASLt and its workspace (loaded on first use), one call at a time:
+    /// a call may queue several kernels that share the workspace.
+    pub(crate) fn with_blas<R>(
+        &self,
+        f: impl FnOnce(&BlasLt, u64, usize) -> std::result::Result<R, String>,
+    ) -> Result<R> {
+        let mut blas = self
+            .blas
+            .lock()
+            .map_err(|_| self.err("hipBLASLt lock poisoned"))?;
+        if blas.is_none() {
+            self.stream
+                .hip
+                .set_device(self.ordinal)
+                .map_err(|e| self.err(e))?;
+            let lt = BlasLt::new().map_err(|e| self.err(e))?;
+            // SAFETY: scratch for hipBLASLt, which writes before it reads.
+            let ws = unsafe { self.stream.alloc::<u8>(BLAS_WORKSPACE) }.map_err(|e| self.err(e))?;
+            *blas = Some((lt, ws));
+        }
+        let Some((lt, ws)) = blas.as_ref() else {
+            return Err(self.err("hipBLASLt missing after loading"));
+        };
+        let (ptr, ()) = ws.device_ptr(&self.stream);
+        f(lt, ptr, ws.len()).map_err(|e| self.err(e))
+    }
+
+    /// Runs `f`, which enqueues one kind of work, between two timing marks when profiling.
+    pub fn timed<R>(&self, kind: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        if !self.profiling.load(Ordering::Relaxed) {
+            return f();
+        }
+        let start = self.timed_marker()?;
+        let r = f()?;
+        let end = self.timed_marker()?;
+        self.marks
+            .lock()
+            .map_err(|_| self.err("profile marks poisoned"))?
+            .push((kind, start, end));
+        Ok(r)
+    }
+
+    /// Starts (`true`) or stops profiling (see `CudaBackend::profile`).
+    pub fn profile(&self, on: bool) {
+        if on {
+            if let Ok(mut m) = self.marks.lock() {
+                m.clear();
+            }
+        }
+        self.profiling.store(on, Ordering::Relaxed);
+    }
+
+    /// The marks so far, summed by kind (waits for the stream), and clears them.
+    pub fn take_profile(&self) -> Result<crate::cuda::Profile> {
+        self.synchronize()?;
+        let marks = std::mem::take(
+            &mut *self
+                .marks
+                .lock()
+                .map_err(|_| self.err("profile marks poisoned"))?,
+        );
+        let mut p = crate::cuda::Profile::default();
+        if let (Some(first), Some(last)) = (marks.first(), marks.last()) {
+            p.span = last.2.elapsed_since(&first.1)?;
+        }
+        for (kind, a, b) in &marks {
+            let d = b.elapsed_since(a)?;
+            match p.kinds.iter_mut().find(|k| k.0 == *kind) {
+                Some(k) => {
+                    k.1 += d;
+                    k.2 += 1;
+                }
+                None => p.kinds.push((kind, d, 1)),
+            }
+        }
+        Ok(p)
+    }
+
+    /// Checks that `bytes` of dynamic shared memory (LDS) fit a workgroup: HIP needs no opt-in,
+    /// but CDNA3 has 64 KiB per workgroup (only the CUDA tensor-core kernels ask for more, and
+    /// they are not launched here).
+    pub(crate) fn allow_dynamic_smem(&self, _func: &HipFunction, bytes: u32) -> Result<()> {
+        if bytes > 64 << 10 {
+            return Err(self.err(format!(
+                "{bytes} bytes of LDS asked for; a {} workgroup has 64 KiB",
+                self.arch
+            )));
+        }
+        Ok(())
+    }
+
+    /// Lanes per wavefront (`WL_WARP_SIZE` of vendor/hip.h), for launch shapes of kernels
+    /// written per warp.
+    pub fn warp_size(&self) -> usize {
+        64
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| self.err(e))
+    }
+
+    /// `(free, total)` device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        let hip = self.stream.hip;
+        hip.set_device(self.ordinal).map_err(|e| self.err(e))?;
+        hip.mem_info().map_err(|e| self.err(e))
+    }
+
+    /// A marker after the work queued so far, to poll without blocking.
+    pub fn marker(&self) -> Result<RocmMarker> {
+        self.mark(false)
+    }
+
+    /// A [`marker`](Self::marker) that can also time the stream between two such markers.
+    pub fn timed_marker(&self) -> Result<RocmMarker> {
+        self.mark(true)
+    }
+
+    fn mark(&self, timing: bool) -> Result<RocmMarker> {
+        let event = self.stream.record_event(timing).map_err(|e| self.err(e))?;
+        Ok(RocmMarker {
+            event,
+            ordinal: self.ordinal,
+        })
+    }
+}
+
+/// A point in a device's stream (see [`RocmBackend::marker`]).
+pub struct RocmMarker {
+    event: HipEvent,
+    ordinal: usize,
+}
+
+impl std::fmt::Debug for RocmMarker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RocmMarker(rocm:{})", self.ordinal)
+    }
+}
+
+impl RocmMarker {
+    /// Whether the stream has passed the marker; an error of the work before it is returned.
+    pub fn is_done(&self) -> Result<bool> {
+        self.event
+            .is_complete()
+            .map_err(|e| dev_err(self.ordinal, e))
+    }
+
+    /// Stream time from `start` to this marker (both timed markers); waits for both.
+    pub fn elapsed_since(&self, start: &RocmMarker) -> Result<std::time::Duration> {
+        let ms = start
+            .event
+            .elapsed_ms(&self.event)
+            .map_err(|e| dev_err(self.ordinal, e))?;
+        Ok(std::time::Duration::from_secs_f64(
+            f64::from(ms.max(0.0)) / 1e3,
+        ))
+    }
+}
