@@ -4,9 +4,8 @@
 #   docker run --device /dev/kfd --device /dev/dri --group-add video -p 8080:8080 \
 #     -v worldline-cache:/cache -v /models:/weights:ro worldline/worker-rocm:0.1.0
 # The worker loads HIP, hipRTC, hipBLASLt and RCCL at run time; the runtime image carries them.
-# Unrun: the ROCm backend is not in this build yet (`/status` says so), and this image has never
-# been built (the project's machines have no container runtime). Until the backend lands the
-# image serves on the CPU.
+# Unrun: the ROCm backend is built but has never run on an AMD GPU (`/status` says so), and this
+# image has never been built (the project's machines have no container runtime).
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src

@@ -96,13 +96,17 @@ fn weights_source(args: &ModelArgs, cfg: &ModelConfig) -> WeightsSource {
 
 impl ModelArgs {
     /// `--device`, with `auto` resolved to the best device present: a CUDA GPU that answers,
-    /// else the CPU. (ROCm is not in this build, so `auto` never picks it.)
+    /// else a ROCm GPU (with a warning: that backend has never run on an AMD GPU), else the CPU.
     pub fn device(&self) -> Result<Device> {
         if self.device == "auto" {
-            return Ok(match Device::Cuda(0).ensure_available() {
-                Ok(()) => Device::Cuda(0),
-                Err(_) => Device::Cpu,
-            });
+            if Device::Cuda(0).ensure_available().is_ok() {
+                return Ok(Device::Cuda(0));
+            }
+            if Device::Rocm(0).ensure_available().is_ok() {
+                tracing::warn!("{}", kernels::rocm::UNRUN);
+                return Ok(Device::Rocm(0));
+            }
+            return Ok(Device::Cpu);
         }
         self.device.parse().map_err(anyhow::Error::msg)
     }
@@ -284,6 +288,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         );
     }
     device.ensure_available()?;
+    if let Device::Rocm(_) = device {
+        warn!(device = %device, "{}", kernels::rocm::UNRUN);
+    }
     let (dtype, fp8_linears) = run_dtype(&args.dtype)?;
     let source = weights_source(args, &cfg);
     let world = match source {
@@ -327,7 +334,11 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     };
     if multi_gpu {
         if let Device::Rocm(_) = device {
-            bail!("--cards on ROCm: the ROCm backend is not in this build yet");
+            bail!(
+                "--cards {} on ROCm: the rank group's RCCL path (collectives on the HIP stream) \
+                 is not written yet; ROCm runs one card (--cards 1)",
+                args.cards
+            );
         }
         check_idle(&gpus)?;
         let model_cfg = cfg.clone();

@@ -293,7 +293,7 @@ async fn status_tells_random_weights_and_the_token_gates_sessions() {
     assert!(backends.iter().any(|b| b["name"] == "rocm"
         && b["state"]
             .as_str()
-            .is_some_and(|s| s.ends_with("not in this build (never run)"))));
+            .is_some_and(|s| s.contains("has never run on an AMD GPU (unverified)"))));
     assert!(backends
         .iter()
         .any(|b| b["name"] == "cpu" && b["state"] == "ok"));

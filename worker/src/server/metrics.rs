@@ -391,6 +391,12 @@ impl Metrics {
                     set("total", total);
                 }
             }
+            Ok(kernels::Device::Rocm(i)) => {
+                if let Ok((free, total)) = kernels::rocm::backend(i).and_then(|b| b.memory()) {
+                    set("used", total.saturating_sub(free));
+                    set("total", total);
+                }
+            }
             Ok(kernels::Device::Cpu) => {
                 if let Some(rss) = resident_bytes() {
                     set("used", rss);

@@ -204,7 +204,7 @@ pub struct Server {
 }
 
 /// Every backend and its state here: CPU always, CUDA if a driver and GPU answer; for ROCm what
-/// the probe found (the op backend is not written yet, so never usable).
+/// the probe found and that the op backend has never run on an AMD GPU.
 fn backends() -> serde_json::Value {
     let cuda = match Device::Cuda(0).ensure_available() {
         Ok(()) => "available".to_string(),
