@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kernels::{Device, Tensor};
-use sp::{BoxError, CommStats, Communicator, LoopbackWorld, NcclComm, RankGroup, RankWorker};
+use sp::{
+    BoxError, CommStats, Communicator, LoopbackWorld, NcclComm, RankGroup, RankWorker, RcclComm,
+};
 
 use crate::{Chunk, ChunkInputs, Edit, Engine, EngineConfig, Error, ModelConfig, Result, WanModel};
 
@@ -127,13 +129,41 @@ impl EngineGroup {
             .into_iter()
             .map(|c| Arc::new(c) as Arc<dyn Communicator>)
             .collect();
+        Self::on_gpus(comms, load, cfg, gpus, Device::Cuda, timeout)
+    }
+
+    /// [`nccl`](Self::nccl) on ROCm devices over RCCL (rank `i` on `rocm:gpus[i]`). Never run:
+    /// no AMD GPU here.
+    pub fn rccl(
+        model: &ModelConfig,
+        load: Arc<ModelLoader>,
+        cfg: EngineConfig,
+        gpus: &[usize],
+    ) -> Result<Self> {
+        sp::heads_per_card(model.num_heads, gpus.len())?;
+        let comms = RcclComm::group(gpus, COLLECTIVE_TIMEOUT)?
+            .into_iter()
+            .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+            .collect();
+        Self::on_gpus(comms, load, cfg, gpus, Device::Rocm, COLLECTIVE_TIMEOUT)
+    }
+
+    /// The rank group over GPU communicators: rank `i` loads its model onto `device(gpus[i])`.
+    fn on_gpus(
+        comms: Vec<Arc<dyn Communicator>>,
+        load: Arc<ModelLoader>,
+        cfg: EngineConfig,
+        gpus: &[usize],
+        device: fn(usize) -> Device,
+        timeout: Duration,
+    ) -> Result<Self> {
         let gpus = gpus.to_vec();
         let group = RankGroup::spawn(comms, timeout, move |rank, comm| {
             let gpu = gpus
                 .get(rank)
                 .copied()
                 .ok_or_else(|| Error::Config(format!("no GPU for rank {rank}")))?;
-            let model = Arc::new(load(Device::Cuda(gpu))?);
+            let model = Arc::new(load(device(gpu))?);
             let engine = Engine::with_communicator(model, cfg.clone(), comm)?;
             Ok(RankEngine { engine, rank })
         })?;

@@ -1,19 +1,22 @@
 //! Sequence parallelism across cards (DESIGN.md §5): the [`Communicator`] collectives with a
 //! loopback backend (ranks as threads of one process, for CPU runs and CI), the [`RankGroup`]
 //! that runs one thread per rank in lockstep, and the data movement of [`Ulysses`] attention.
-//! The NCCL/RCCL backend ([`NcclComm`]) implements the same trait on GPU tensors.
+//! The NCCL backend ([`NcclComm`], CUDA) and the RCCL backend ([`RcclComm`], ROCm; never run:
+//! no AMD GPU here) implement the same trait on GPU tensors, from one source (`nccl.rs`).
 
 mod comm;
+mod cuda;
 mod group;
 mod loopback;
-mod nccl;
+mod rocm;
 mod ulysses;
 
 pub use comm::{tensor_bytes, CommStats, Communicator, Exchange, Kind, StatCounters};
+pub use cuda::nccl::{nccl_library, NcclComm};
 pub use group::{BoxError, RankGroup, RankWorker};
 pub use loopback::{LoopbackComm, LoopbackWorld};
-pub use nccl::{nccl_library, NcclComm};
 pub use rccl_sys;
+pub use rocm::nccl::{nccl_library as rccl_library, NcclComm as RcclComm};
 pub use ulysses::{pad_rows, Scatter, TokenShard, Ulysses};
 
 /// Errors of the communicators and the rank group.

@@ -1,4 +1,8 @@
-//! The NCCL/RCCL communicator: the ranks are GPUs of one process (one thread each). The
+//! The NCCL/RCCL communicator: the ranks are GPUs of one process (one thread each). One source
+//! for both vendors: `lib.rs` compiles it once over CUDA devices and NCCL ([`crate::NcclComm`])
+//! and once over ROCm devices and RCCL ([`crate::RcclComm`]), the parent module naming the
+//! backend's types (`Backend`, `Marker`, `GpuStorage`) and library (`FLAVOR`). The ROCm one has
+//! never run (no AMD GPU here). The
 //! collectives run on a second stream of each rank's device, after the work its ops' stream has
 //! queued; the ops' stream waits for a collective before anything reads what it delivered, at
 //! once, or, for [`Communicator::all_to_all_start`], when the exchange is finished, so the ops
@@ -18,23 +22,21 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use kernels::cuda::{CudaBackend, CudaMarker, CudaStorage};
-use kernels::{DType, Device, Storage, Tensor};
-use rccl_sys::{Comm, DataType, Flavor, Nccl, NcclResult, RedOp, UniqueId};
+use kernels::{DType, Device, Tensor};
+use rccl_sys::{Comm, DataType, Nccl, NcclResult, RedOp, UniqueId};
+
+use super::{Backend, GpuStorage, Marker, FLAVOR};
 
 use crate::comm::{tensor_bytes, CommStats, Communicator, Exchange, Kind, StatCounters};
 use crate::Error;
 
-/// The collectives library of this process, loaded on first use (NCCL for CUDA devices).
+/// The collectives library of this process for these devices, loaded on first use (NCCL for
+/// CUDA, RCCL for ROCm).
 pub fn nccl_library() -> Result<Arc<Nccl>, Error> {
     static LIB: OnceLock<Result<Arc<Nccl>, String>> = OnceLock::new();
-    LIB.get_or_init(|| {
-        Nccl::load(Flavor::Nccl)
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
-    })
-    .clone()
-    .map_err(Error::Library)
+    LIB.get_or_init(|| Nccl::load(FLAVOR).map(Arc::new).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Library)
 }
 
 /// A raw communicator handle.
@@ -48,7 +50,7 @@ unsafe impl Send for RawComm {}
 /// One rank's communicator handle, `None` once destroyed or aborted.
 #[derive(Debug)]
 struct Slot {
-    dev: Arc<CudaBackend>,
+    dev: Arc<Backend>,
     comm: Mutex<Option<RawComm>>,
 }
 
@@ -74,7 +76,7 @@ impl Slot {
         Self::abort_raw(&self.dev, nccl, taken);
     }
 
-    fn abort_raw(dev: &CudaBackend, nccl: &Nccl, taken: Option<RawComm>) {
+    fn abort_raw(dev: &Backend, nccl: &Nccl, taken: Option<RawComm>) {
         if let Some(c) = taken {
             // Best effort: NCCL binds the communicator's device itself as well.
             let _ = dev.bind_to_thread();
@@ -152,7 +154,7 @@ pub struct NcclComm {
     slot: Arc<Slot>,
     /// The marker after this rank's last collective, not yet seen complete.
     /// The last collective's start and end on the stream, until it is known to be done.
-    pending: Mutex<Option<(CudaMarker, CudaMarker)>>,
+    pending: Mutex<Option<(Marker, Marker)>>,
     stats: StatCounters,
 }
 
@@ -176,7 +178,7 @@ impl NcclComm {
         let nccl = nccl_library()?;
         let devs = gpus
             .iter()
-            .map(|&g| kernels::cuda::backend(g))
+            .map(|&g| super::open(g))
             .collect::<kernels::Result<Vec<_>>>()?;
         let id = nccl
             .unique_id()
@@ -243,7 +245,7 @@ impl NcclComm {
         shared: Arc<Shared>,
         rank: usize,
         n: usize,
-        dev: Arc<CudaBackend>,
+        dev: Arc<Backend>,
         id: UniqueId,
     ) -> Result<NcclComm, Error> {
         let nccl = shared.nccl.clone();
@@ -314,7 +316,7 @@ impl NcclComm {
 
     /// The GPU of this rank.
     pub fn device(&self) -> Device {
-        Device::Cuda(self.slot.dev.ordinal)
+        super::device(self.slot.dev.ordinal)
     }
 
     /// The loaded library (name and version).
@@ -322,10 +324,10 @@ impl NcclComm {
         &self.shared.nccl
     }
 
-    fn storage<'a>(&self, t: &'a Tensor) -> Result<&'a CudaStorage, Error> {
-        match t.storage() {
-            Storage::Cuda(s) if s.dev.ordinal == self.slot.dev.ordinal => Ok(s),
-            _ => Err(Error::Invalid(format!(
+    fn storage<'a>(&self, t: &'a Tensor) -> Result<&'a GpuStorage, Error> {
+        match super::on_device(t, self.slot.dev.ordinal) {
+            Some(s) => Ok(s),
+            None => Err(Error::Invalid(format!(
                 "{t:?} handed to the NCCL rank {} on {}",
                 self.rank,
                 self.device()
@@ -334,9 +336,9 @@ impl NcclComm {
     }
 
     /// A fresh `shape` buffer on this rank's GPU and its address.
-    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<(CudaStorage, u64), Error> {
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<(GpuStorage, u64), Error> {
         let n = shape.iter().product();
-        let mut st = CudaStorage::alloc(&self.slot.dev, dtype, n)?;
+        let mut st = GpuStorage::alloc(&self.slot.dev, dtype, n)?;
         let ptr = st.device_ptr_mut()?;
         Ok((st, ptr))
     }
@@ -461,9 +463,9 @@ impl NcclComm {
     /// Enqueues one group of NCCL calls on this rank's side stream, after the previous
     /// collective has finished (the host waits for it) and after the work queued so far on the
     /// ops' stream (the side stream waits for it). Returns the marker after the calls, for the
-    /// ops' stream to wait on ([`CudaBackend::main_waits`]) before reading what arrived; `wait`
+    /// ops' stream to wait on ([`Backend::main_waits`]) before reading what arrived; `wait`
     /// also waits for it on the host.
-    fn launch<F>(&self, what: &'static str, wait: bool, calls: F) -> Result<CudaMarker, Error>
+    fn launch<F>(&self, what: &'static str, wait: bool, calls: F) -> Result<Marker, Error>
     where
         F: FnOnce(&Nccl, Comm, rccl_sys::Stream) -> Result<(), rccl_sys::Error>,
     {
@@ -517,8 +519,8 @@ impl NcclComm {
 /// An all-to-all enqueued on the side stream: what arrives, and what is sent, kept until the
 /// ops' stream has waited for it (on [`finish`](Exchange::finish), or when dropped).
 struct NcclExchange {
-    dev: Arc<CudaBackend>,
-    done: Option<CudaMarker>,
+    dev: Arc<Backend>,
+    done: Option<Marker>,
     recv: Vec<Tensor>,
     _send: Vec<Tensor>,
 }

@@ -36,6 +36,26 @@ fn a_missing_library_is_an_error_naming_it() {
 }
 
 #[test]
+fn the_rccl_side_refuses_the_same_way() {
+    // The ROCm instantiation of the same source: RCCL by its own name, ROCm devices.
+    match sp::rccl_library() {
+        Ok(n) => println!("loaded {n:?}"),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains("librccl.so.1"), "{msg}");
+            let err = sp::RcclComm::group(&[0, 1], Duration::from_secs(5)).expect_err("no RCCL");
+            assert!(err.to_string().contains("librccl"), "{err}");
+        }
+    }
+    assert!(matches!(
+        sp::RcclComm::group(&[], Duration::from_secs(1)),
+        Err(Error::NoCards)
+    ));
+    let err = sp::RcclComm::group(&[2, 2], Duration::from_secs(1)).expect_err("duplicate");
+    assert!(err.to_string().contains("GPU 2 is listed twice"), "{err}");
+}
+
+#[test]
 fn bad_gpu_lists_are_refused_first() {
     assert!(matches!(
         NcclComm::group(&[], Duration::from_secs(1)),

@@ -219,7 +219,7 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
     let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
     let first_gpu = match device {
         Device::Cuda(i) => i,
-        _ => bail!("bench sp runs on CUDA GPUs: pass --device cuda (ROCm: the RCCL rank group is not written yet)"),
+        _ => bail!("bench sp runs on CUDA GPUs: pass --device cuda (its NCCL peers and PyTorch baselines are CUDA's)"),
     };
     let gpus: Vec<usize> = match &args.gpus {
         Some(g) => g.clone(),

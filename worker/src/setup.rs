@@ -123,8 +123,9 @@ pub struct Loaded {
     pub model: Option<Arc<WanModel>>,
     /// Ranks of the session (threads over the loopback communicator on the CPU).
     pub cards: usize,
-    /// A GPU rank group: its GPUs in rank order and how each rank loads its model.
-    pub gpu_group: Option<(Vec<usize>, Arc<ModelLoader>)>,
+    /// A GPU rank group: its GPUs in rank order (all CUDA or all ROCm) and how each rank loads
+    /// its model.
+    pub gpu_group: Option<(Vec<Device>, Arc<ModelLoader>)>,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -174,10 +175,25 @@ impl Loaded {
         out
     }
 
-    /// The rank group of a multi-card session: NCCL across GPUs, loopback threads on the CPU.
+    /// The rank group of a multi-card session: NCCL across CUDA GPUs, RCCL across ROCm GPUs,
+    /// loopback threads on the CPU.
     pub fn engine_group(&self, cfg: EngineConfig) -> Result<EngineGroup> {
         Ok(match (&self.gpu_group, &self.model) {
-            (Some((gpus, load)), _) => EngineGroup::nccl(&self.cfg, load.clone(), cfg, gpus)?,
+            (Some((gpus, load)), _) => {
+                let ordinals: Vec<usize> = gpus
+                    .iter()
+                    .map(|d| match d {
+                        Device::Cuda(i) | Device::Rocm(i) => Ok(*i),
+                        Device::Cpu => Err(anyhow::anyhow!("a CPU in a GPU rank group")),
+                    })
+                    .collect::<Result<_>>()?;
+                match gpus.first() {
+                    Some(Device::Rocm(_)) => {
+                        EngineGroup::rccl(&self.cfg, load.clone(), cfg, &ordinals)?
+                    }
+                    _ => EngineGroup::nccl(&self.cfg, load.clone(), cfg, &ordinals)?,
+                }
+            }
             (None, Some(model)) => EngineGroup::loopback(model.clone(), cfg, self.cards)?,
             (None, None) => bail!("no model and no rank group"),
         })
@@ -224,18 +240,29 @@ fn choose_gpus(args: &ModelArgs, device: Device) -> Result<Vec<usize>> {
     Ok(gpus)
 }
 
-/// Fails, naming the GPU, unless each of `gpus` is present and idle (memory in use below
-/// [`BUSY_GPU_BYTES`]).
-fn check_idle(gpus: &[usize]) -> Result<()> {
+/// Fails, naming the GPU, unless each of `gpus` (of `device`'s kind) is present and idle
+/// (memory in use below [`BUSY_GPU_BYTES`]).
+fn check_idle(device: Device, gpus: &[usize]) -> Result<()> {
     const GIB: f64 = (1u64 << 30) as f64;
     for &g in gpus {
-        let dev = kernels::cuda::backend(g).with_context(|| format!("GPU {g}"))?;
-        let (free, total) = dev.memory().with_context(|| format!("GPU {g}: memory"))?;
+        let (name, (free, total)) = match device {
+            Device::Rocm(_) => {
+                let dev = kernels::rocm::backend(g).with_context(|| format!("GPU {g}"))?;
+                let mem = dev.memory().with_context(|| format!("GPU {g}: memory"))?;
+                (dev.name.clone(), mem)
+            }
+            _ => {
+                let dev = kernels::cuda::backend(g).with_context(|| format!("GPU {g}"))?;
+                let mem = dev.memory().with_context(|| format!("GPU {g}: memory"))?;
+                (dev.name.clone(), mem)
+            }
+        };
         let used = total.saturating_sub(free);
         if used > BUSY_GPU_BYTES {
             bail!(
-                "GPU {g} ({}) is busy: {:.1} GiB of {:.1} GiB in use (idle is below {:.0} GiB);                  choose idle GPUs with --gpus",
-                dev.name,
+                "GPU {g} ({}) is busy: {:.1} GiB of {:.1} GiB in use (idle is below {:.0} GiB); \
+                 choose idle GPUs with --gpus",
+                name,
                 used as f64 / GIB,
                 total as f64 / GIB,
                 BUSY_GPU_BYTES as f64 / GIB
@@ -243,7 +270,7 @@ fn check_idle(gpus: &[usize]) -> Result<()> {
         }
         info!(
             gpu = g,
-            name = %dev.name,
+            name = %name,
             used_gib = format!("{:.1}", used as f64 / GIB),
             "GPU idle"
         );
@@ -333,14 +360,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         None => None,
     };
     if multi_gpu {
-        if let Device::Rocm(_) = device {
-            bail!(
-                "--cards {} on ROCm: the rank group's RCCL path (collectives on the HIP stream) \
-                 is not written yet; ROCm runs one card (--cards 1)",
-                args.cards
-            );
-        }
-        check_idle(&gpus)?;
+        check_idle(device, &gpus)?;
         let model_cfg = cfg.clone();
         let load: Arc<ModelLoader> = Arc::new(move |device| {
             let store = open(device).map_err(|e| pipeline::Error::Config(format!("{e:#}")))?;
@@ -358,7 +378,17 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             );
             Ok(model)
         });
-        info!(model = %cfg.name, ?gpus, "sequence parallel over NCCL");
+        let (library, gpus): (&str, Vec<Device>) = match device {
+            Device::Rocm(_) => {
+                warn!(
+                    "{}; its RCCL rank group has never run either",
+                    kernels::rocm::UNRUN
+                );
+                ("RCCL", gpus.iter().map(|&g| Device::Rocm(g)).collect())
+            }
+            _ => ("NCCL", gpus.iter().map(|&g| Device::Cuda(g)).collect()),
+        };
+        info!(model = %cfg.name, ?gpus, "sequence parallel over {library}");
         return Ok(Loaded {
             cfg,
             weights: source,

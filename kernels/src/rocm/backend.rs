@@ -23,6 +23,9 @@ pub struct RocmBackend {
     pub arch: String,
     pub info: ArchInfo,
     pub(crate) stream: Arc<HipStream>,
+    /// A second stream, made on first use, for collectives that may run while the ops' stream
+    /// computes (see [`side_waits_main`](Self::side_waits_main)).
+    side: Mutex<Option<Arc<HipStream>>>,
     /// Loaded on the first GEMM, so a machine without hipBLASLt still runs every other op (and
     /// the error names the library when a GEMM is asked for).
     blas: Mutex<Option<(BlasLt, DeviceBuf<u8>)>>,
@@ -128,6 +131,7 @@ impl RocmBackend {
             arch: info.name.clone(),
             info,
             stream,
+            side: Mutex::new(None),
             blas: Mutex::new(None),
             modules: Mutex::new(HashMap::new()),
             profiling: AtomicBool::new(false),
@@ -271,6 +275,71 @@ impl RocmBackend {
         let hip = self.stream.hip;
         hip.set_device(self.ordinal).map_err(|e| self.err(e))?;
         hip.mem_info().map_err(|e| self.err(e))
+    }
+
+    /// Makes this device current on the calling thread (HIP keeps one per thread; RCCL and
+    /// `hipMalloc` take it from there).
+    pub fn bind_to_thread(&self) -> Result<()> {
+        self.stream
+            .hip
+            .set_device(self.ordinal)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Whether [`profile`](Self::profile) is on.
+    pub fn profiling(&self) -> bool {
+        self.profiling.load(Ordering::Relaxed)
+    }
+
+    /// The raw `hipStream_t` all of this device's ops run on, for libraries that enqueue on it
+    /// (RCCL). Valid while this backend lives; never destroy it.
+    pub fn cu_stream(&self) -> *mut std::ffi::c_void {
+        self.stream.raw
+    }
+
+    /// The side stream, made on first use at the device's highest priority, so that a
+    /// collective's few blocks are scheduled as soon as the ops' kernels leave room.
+    fn side(&self) -> Result<Arc<HipStream>> {
+        let mut side = self
+            .side
+            .lock()
+            .map_err(|_| self.err("side stream poisoned"))?;
+        if let Some(s) = side.as_ref() {
+            return Ok(s.clone());
+        }
+        self.bind_to_thread()?;
+        let s = Arc::new(
+            HipStream::new(self.stream.hip, self.ordinal, false).map_err(|e| self.err(e))?,
+        );
+        *side = Some(s.clone());
+        Ok(s)
+    }
+
+    /// The raw `hipStream_t` of the side stream, for RCCL. Nothing orders it against the ops'
+    /// stream but [`side_waits_main`](Self::side_waits_main) and
+    /// [`main_waits`](Self::main_waits): memory the side stream reads or writes must stay
+    /// allocated until the ops' stream has waited for it.
+    pub fn side_cu_stream(&self) -> Result<*mut std::ffi::c_void> {
+        Ok(self.side()?.raw)
+    }
+
+    /// Makes the side stream wait for all the work queued on the ops' stream so far.
+    pub fn side_waits_main(&self) -> Result<()> {
+        self.side()?.join(&self.stream).map_err(|e| self.err(e))
+    }
+
+    /// A [`timed_marker`](Self::timed_marker) on the side stream.
+    pub fn side_timed_marker(&self) -> Result<RocmMarker> {
+        let event = self.side()?.record_event(true).map_err(|e| self.err(e))?;
+        Ok(RocmMarker {
+            event,
+            ordinal: self.ordinal,
+        })
+    }
+
+    /// Makes the ops' stream wait for `m` (a marker of either stream of this device).
+    pub fn main_waits(&self, m: &RocmMarker) -> Result<()> {
+        self.stream.wait(&m.event).map_err(|e| self.err(e))
     }
 
     /// A marker after the work queued so far, to poll without blocking.

@@ -64,6 +64,7 @@ pub(crate) struct Hip {
     stream_create: unsafe extern "C" fn(*mut Stream, c_uint, c_int) -> c_int,
     priority_range: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
     stream_sync: FnP,
+    stream_wait: unsafe extern "C" fn(Stream, Event, c_uint) -> c_int,
     event_create: unsafe extern "C" fn(*mut Event, c_uint) -> c_int,
     event_record: unsafe extern "C" fn(Event, Stream) -> c_int,
     event_query: FnP,
@@ -121,6 +122,7 @@ fn load_from(name: &'static str) -> Result<Hip, String> {
             stream_create: sym!("hipStreamCreateWithPriority"),
             priority_range: sym!("hipDeviceGetStreamPriorityRange"),
             stream_sync: sym!("hipStreamSynchronize"),
+            stream_wait: sym!("hipStreamWaitEvent"),
             event_create: sym!("hipEventCreateWithFlags"),
             event_record: sym!("hipEventRecord"),
             event_query: sym!("hipEventQuery"),
@@ -493,6 +495,22 @@ impl HipStream {
                 .check("hipEventRecord", (self.hip.event_record)(raw, self.raw))?;
             Ok(ev)
         }
+    }
+}
+
+impl HipStream {
+    /// Makes this stream wait for `ev` (recorded on any stream of the device).
+    pub(crate) fn wait(&self, ev: &HipEvent) -> Result<(), HipError> {
+        // SAFETY: live stream and event.
+        self.hip.check("hipStreamWaitEvent", unsafe {
+            (self.hip.stream_wait)(self.raw, ev.raw, 0)
+        })
+    }
+
+    /// Makes this stream wait for all the work queued on `other` so far.
+    pub(crate) fn join(&self, other: &Arc<HipStream>) -> Result<(), HipError> {
+        let ev = other.record_event(false)?;
+        self.wait(&ev)
     }
 }
 

@@ -77,8 +77,8 @@ fn raw(d: &RocmData, dev: &Backend) -> Result<u64> {
     }
 }
 
-/// One hipBLASLt GEMM on the device's stream: column-major `D = op(A)·op(B) (+ bias)` with
-/// `d_offset` elements into `d`.
+/// One hipBLASLt GEMM on the device's stream: column-major `D = op(A)·op(B)` with `d_offset`
+/// elements into `d`.
 #[allow(clippy::too_many_arguments)]
 fn gemm(
     dev: &Backend,
@@ -88,7 +88,6 @@ fn gemm(
     b: &RocmData,
     d: &mut RocmData,
     d_offset: usize,
-    bias: Option<&RocmData>,
 ) -> Result<()> {
     let elem = match ty {
         GemmType::F32 => 4,
@@ -96,7 +95,6 @@ fn gemm(
     };
     let (pa, pb) = (raw(a, dev)?, raw(b, dev)?);
     let pd = raw(d, dev)? + (d_offset * elem) as u64;
-    let pbias = bias.map(|x| raw(x, dev)).transpose()?;
     let stream = dev.stream.raw;
     dev.timed("gemm", || {
         dev.with_blas(|lt, ws, ws_bytes| {
@@ -110,7 +108,7 @@ fn gemm(
                     pa as *const _,
                     pb as *const _,
                     pd as *mut _,
-                    pbias.map(|p| p as *const _),
+                    None,
                     ws as *mut _,
                     ws_bytes,
                 )
@@ -130,11 +128,9 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
     let gemm_dtype = w.dtype();
     let ty = gemm_type(gemm_dtype, "rocm linear")?;
     let x = cast(x, gemm_dtype)?;
-    let bias = bias.map(|b| cast(b, gemm_dtype)).transpose()?;
     let (k, n) = (w.dim(1), w.dim(0));
     let m = x.elem_count() / k;
     let mut out = RocmStorage::alloc(&dev, gemm_dtype, m * n)?;
-    let bs = bias.as_ref().map(storage).transpose()?;
     gemm(
         &dev,
         ColMajor::linear(m, n, k),
@@ -143,13 +139,18 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
         &storage(&x)?.data,
         &mut out.data,
         0,
-        bs.map(|s| &s.data),
     )?;
     let mut shape = x.shape().to_vec();
     *shape
         .last_mut()
         .ok_or_else(|| dev.err("linear of a scalar"))? = n;
-    cast(&wrap(out, &shape), out_dtype)
+    // The bias is our add kernel, as on CUDA, not hipBLASLt's BIAS epilogue: its bias types
+    // differ across versions and it has never run here.
+    let mut y = wrap(out, &shape);
+    if let Some(b) = bias {
+        y = add(&y, b)?;
+    }
+    cast(&y, out_dtype)
 }
 
 /// Attention over a KV cache: the portable kernel (no MFMA flash kernel yet).
@@ -185,7 +186,6 @@ unsafe fn tile_gemm(
         b,
         d,
         at,
-        None,
     )
 }
 
