@@ -53,6 +53,29 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// The profile of `(kind, start, end)` marks in stream order, `elapsed(start, end)` timing
+    /// each pair.
+    pub(crate) fn from_marks<M>(
+        marks: &[(&'static str, M, M)],
+        elapsed: impl Fn(&M, &M) -> Result<std::time::Duration>,
+    ) -> Result<Profile> {
+        let mut p = Profile::default();
+        if let (Some(first), Some(last)) = (marks.first(), marks.last()) {
+            p.span = elapsed(&first.1, &last.2)?;
+        }
+        for (kind, a, b) in marks {
+            let d = elapsed(a, b)?;
+            match p.kinds.iter_mut().find(|k| k.0 == *kind) {
+                Some(k) => {
+                    k.1 += d;
+                    k.2 += 1;
+                }
+                None => p.kinds.push((kind, d, 1)),
+            }
+        }
+        Ok(p)
+    }
+
     /// Span time covered by no mark: the stream waiting for the host (or work outside the
     /// marked kinds).
     pub fn unmarked(&self) -> std::time::Duration {
@@ -198,21 +221,7 @@ impl CudaBackend {
                 .lock()
                 .map_err(|_| self.err("profile marks poisoned"))?,
         );
-        let mut p = Profile::default();
-        if let (Some(first), Some(last)) = (marks.first(), marks.last()) {
-            p.span = last.2.elapsed_since(&first.1)?;
-        }
-        for (kind, a, b) in &marks {
-            let d = b.elapsed_since(a)?;
-            match p.kinds.iter_mut().find(|k| k.0 == *kind) {
-                Some(k) => {
-                    k.1 += d;
-                    k.2 += 1;
-                }
-                None => p.kinds.push((kind, d, 1)),
-            }
-        }
-        Ok(p)
+        Profile::from_marks(&marks, |a, b| b.elapsed_since(a))
     }
 
     pub(crate) fn err(&self, e: impl std::fmt::Display) -> Error {

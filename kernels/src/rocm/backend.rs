@@ -229,21 +229,7 @@ impl RocmBackend {
                 .lock()
                 .map_err(|_| self.err("profile marks poisoned"))?,
         );
-        let mut p = crate::cuda::Profile::default();
-        if let (Some(first), Some(last)) = (marks.first(), marks.last()) {
-            p.span = last.2.elapsed_since(&first.1)?;
-        }
-        for (kind, a, b) in &marks {
-            let d = b.elapsed_since(a)?;
-            match p.kinds.iter_mut().find(|k| k.0 == *kind) {
-                Some(k) => {
-                    k.1 += d;
-                    k.2 += 1;
-                }
-                None => p.kinds.push((kind, d, 1)),
-            }
-        }
-        Ok(p)
+        crate::cuda::Profile::from_marks(&marks, |a, b| b.elapsed_since(a))
     }
 
     /// Checks that `bytes` of dynamic shared memory (LDS) fit a workgroup: HIP needs no opt-in,

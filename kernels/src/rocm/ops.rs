@@ -9,10 +9,10 @@ pub(crate) use super::{RocmBackend as Backend, RocmData as GpuData, RocmStorage 
 use super::{RocmData, RocmStorage};
 use crate::{DType, Error, Result, Storage, Tensor};
 
-/// cudarc's method traits, which the shared source imports; the HIP layer has the methods
-/// inherent, so these are names only.
-#[allow(dead_code)]
-pub(crate) trait DevicePtr {}
+pub(crate) use super::storage::DevicePtr;
+
+/// cudarc's launch trait, which the shared source imports; the HIP layer's `arg` is inherent,
+/// so this is a name only.
 #[allow(dead_code)]
 pub(crate) trait PushKernelArg {}
 
