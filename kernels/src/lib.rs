@@ -13,6 +13,7 @@ mod kv_cache;
 pub mod ops;
 pub mod rocm;
 mod rope;
+mod self_check;
 mod tensor;
 pub mod vsa;
 
@@ -22,4 +23,5 @@ pub use error::{Error, Result};
 pub use kv_cache::KvCache;
 pub use ops::{AttnMask, ConvEpilogue, NormOut, Padding3d};
 pub use rope::RopeTable;
+pub use self_check::{self_check, Agreement};
 pub use tensor::{CpuStorage, Storage, Tensor};

@@ -240,6 +240,26 @@ fn choose_gpus(args: &ModelArgs, device: Device) -> Result<Vec<usize>> {
     Ok(gpus)
 }
 
+/// The ROCm backend's start-up check on `rocm:ordinal` (a few ops against the CPU reference):
+/// it has never run on the project's machines, so a wrong result stops the worker here.
+fn rocm_self_check(ordinal: usize) -> Result<()> {
+    let started = std::time::Instant::now();
+    let all = kernels::rocm::self_check(ordinal)
+        .with_context(|| format!("rocm:{ordinal}: start-up check against the CPU reference"))?;
+    let worst = all
+        .iter()
+        .map(|a| a.rel_l2 / a.tolerance.max(f64::MIN_POSITIVE))
+        .fold(0.0f64, f64::max);
+    info!(
+        device = %Device::Rocm(ordinal),
+        ops = all.len(),
+        worst_of_tolerance = format!("{worst:.3}"),
+        seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+        "ROCm start-up check passed"
+    );
+    Ok(())
+}
+
 /// Fails, naming the GPU, unless each of `gpus` (of `device`'s kind) is present and idle
 /// (memory in use below [`BUSY_GPU_BYTES`]).
 fn check_idle(device: Device, gpus: &[usize]) -> Result<()> {
@@ -315,8 +335,16 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         );
     }
     device.ensure_available()?;
-    if let Device::Rocm(_) = device {
+    if let Device::Rocm(first) = device {
         warn!(device = %device, "{}", kernels::rocm::UNRUN);
+        let cards = if gpus.is_empty() {
+            vec![first]
+        } else {
+            gpus.clone()
+        };
+        for g in cards {
+            rocm_self_check(g)?;
+        }
     }
     let (dtype, fp8_linears) = run_dtype(&args.dtype)?;
     let source = weights_source(args, &cfg);

@@ -179,10 +179,44 @@ pub fn probe() -> Result<Probe, String> {
 /// What `/status` says of the op backend: it is built, and has never run on an AMD GPU.
 pub const UNRUN: &str = "the ROCm op backend is built but has never run on an AMD GPU (unverified)";
 
+/// Devices whose start-up check passed in this process, with how many ops it compared.
+fn checked() -> &'static std::sync::Mutex<Vec<(usize, usize)>> {
+    static CHECKED: std::sync::OnceLock<std::sync::Mutex<Vec<(usize, usize)>>> =
+        std::sync::OnceLock::new();
+    CHECKED.get_or_init(Default::default)
+}
+
+/// [`crate::self_check`] on `rocm:ordinal`, remembered for [`status_line`] when it passes.
+pub fn self_check(ordinal: usize) -> crate::Result<Vec<crate::Agreement>> {
+    let all = crate::self_check(crate::Device::Rocm(ordinal))?;
+    if let Ok(mut c) = checked().lock() {
+        c.retain(|&(o, _)| o != ordinal);
+        c.push((ordinal, all.len()));
+    }
+    Ok(all)
+}
+
 /// One line for `/status` and the log: what was found, whether hipRTC can compile our kernels
-/// here, and that the backend has never run.
+/// here, and that the backend never ran on the project's machines (with the start-up checks
+/// that passed here, if any).
 pub fn status_line() -> String {
-    let backend = UNRUN;
+    let passed: Vec<String> = checked()
+        .lock()
+        .map(|c| {
+            c.iter()
+                .map(|(o, n)| format!("rocm:{o} ({n} ops)"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let backend = if passed.is_empty() {
+        UNRUN.to_string()
+    } else {
+        format!(
+            "the ROCm op backend never ran on this project's machines; its start-up check \
+             against the CPU passed here on {}",
+            passed.join(", ")
+        )
+    };
     let rtc = match compile::hiprtc_version() {
         Ok((lib, major, minor)) => format!("hipRTC {major}.{minor} ({lib})"),
         Err(_) => "no hipRTC".to_string(),
