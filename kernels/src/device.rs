@@ -16,6 +16,15 @@ impl Device {
         matches!(self, Device::Cpu)
     }
 
+    /// Waits for the work queued on this device (nothing to wait for on the CPU).
+    pub fn synchronize(self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(i) => crate::cuda::backend(i)?.synchronize(),
+            Device::Rocm(i) => crate::rocm::backend(i)?.synchronize(),
+        }
+    }
+
     /// Fails, saying why, unless this backend can run ops on this machine.
     pub fn ensure_available(self) -> Result<()> {
         match self {

@@ -37,10 +37,7 @@ const W: usize = 832;
 const LATENTS: usize = 3;
 
 fn sync(dev: Device) -> Result<()> {
-    if let Device::Cuda(i) = dev {
-        kernels::cuda::backend(i)?.synchronize()?;
-    }
-    Ok(())
+    Ok(dev.synchronize()?)
 }
 
 fn rand(dev: Device, seed: u64, shape: &[usize], scale: f32) -> Result<Tensor> {

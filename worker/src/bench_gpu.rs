@@ -21,10 +21,7 @@ struct Row {
 }
 
 fn sync(dev: Device) -> Result<()> {
-    if let Device::Cuda(i) = dev {
-        kernels::cuda::backend(i)?.synchronize()?;
-    }
-    Ok(())
+    Ok(dev.synchronize()?)
 }
 
 /// Best time of `repeat` runs after one warm-up, each ended by a device synchronisation.
