@@ -1,4 +1,4 @@
-//! The op set on CUDA: the shared launches of `portable_ops.rs`, plus what only CUDA has here:
+//! The op set on CUDA: the shared launches of `gpu_common/ops.rs`, plus what only CUDA has here:
 //! cuBLASLt GEMMs, the tensor-core attention kernels, the implicit-GEMM convolution.
 
 use cudarc::cublaslt::{Matmul, MatmulConfig};
@@ -13,10 +13,10 @@ use crate::{DType, Error, Result, Storage, Tensor};
 #[macro_use]
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
-#[path = "../portable_ops.rs"]
-mod portable;
-pub use portable::*;
-use portable::{grid, map, push, push_mut, rows_cfg, suffix};
+#[path = "../gpu_common/ops.rs"]
+mod common;
+pub use common::*;
+use common::{grid, map, push, push_mut, rows_cfg, suffix};
 
 pub(crate) fn storage(t: &Tensor) -> Result<&CudaStorage> {
     match t.storage() {
@@ -317,12 +317,12 @@ pub fn flash_attention_with(
 
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
-#[path = "../portable_conv.rs"]
-mod portable_conv;
-pub use portable_conv::{
+#[path = "../gpu_common/conv.rs"]
+mod common_conv;
+pub use common_conv::{
     channel_affine, channel_rms_norm, clamp, soft_clamp, softmax_rows, upsample_nearest_2d,
 };
-use portable_conv::{conv3d, f32_param, f32_slice, i32_of};
+use common_conv::{conv3d, f32_param, f32_slice, i32_of};
 
 mod conv;
 pub use conv::conv3d_fused;
@@ -330,6 +330,6 @@ use conv::tile_gemm;
 
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
-#[path = "../portable_vsa.rs"]
+#[path = "../gpu_common/vsa.rs"]
 mod vsa;
 pub use vsa::vsa_attention;

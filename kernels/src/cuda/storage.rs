@@ -1,4 +1,4 @@
-//! CUDA's side of the shared storage (`gpu_storage.rs`): cudarc's buffers, `cuMemsetD8Async`.
+//! CUDA's side of the shared storage (`gpu_common/storage.rs`): cudarc's buffers, `cuMemsetD8Async`.
 
 pub(crate) use super::CudaBackend as Backend;
 pub(crate) use cudarc::driver::{CudaSlice as DeviceBuf, DevicePtr, DevicePtrMut};
@@ -19,6 +19,6 @@ fn into_storage(s: CudaStorage) -> Storage {
 
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
-#[path = "../gpu_storage.rs"]
+#[path = "../gpu_common/storage.rs"]
 mod shared;
 pub use shared::{GpuData as CudaData, GpuStorage as CudaStorage};

@@ -1,7 +1,7 @@
 //! The HIP runtime, loaded at run time, behind the few types the op code uses: device buffers,
 //! a stream, kernel modules and launches, events. The names and call shapes follow cudarc's
 //! (`stream.alloc`, `clone_htod`, `launch_builder(..).arg(..).launch(cfg)`) so that the
-//! vendor-neutral op source (`portable_ops.rs`) compiles against either backend unchanged; the
+//! vendor-neutral op source (`gpu_common/ops.rs`) compiles against either backend unchanged; the
 //! HIP side is ours because no maintained Rust crate binds HIP without linking it.
 //!
 //! Memory: `hipMalloc` blocks cached by size class ([`Pool`]) and handed out again without a

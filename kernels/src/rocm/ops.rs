@@ -1,4 +1,4 @@
-//! The op set on ROCm: the shared launches of `portable_ops.rs` over the HIP driver layer,
+//! The op set on ROCm: the shared launches of `gpu_common/ops.rs` over the HIP driver layer,
 //! GEMMs through hipBLASLt. No tensor-core (MFMA) kernels yet: attention runs the portable
 //! kernel at every head dim, fp8 weights are dequantised to bf16 for the GEMM. Never run on an
 //! AMD GPU.
@@ -19,10 +19,10 @@ pub(crate) trait PushKernelArg {}
 #[macro_use]
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
-#[path = "../portable_ops.rs"]
-mod portable;
-pub use portable::*;
-use portable::{grid, map, push, push_mut, rows_cfg, suffix};
+#[path = "../gpu_common/ops.rs"]
+mod common;
+pub use common::*;
+use common::{grid, map, push, push_mut, rows_cfg, suffix};
 
 pub(crate) fn storage(t: &Tensor) -> Result<&RocmStorage> {
     match t.storage() {
@@ -191,14 +191,14 @@ unsafe fn tile_gemm(
 
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
-#[path = "../portable_conv.rs"]
-mod portable_conv;
-pub use portable_conv::{
+#[path = "../gpu_common/conv.rs"]
+mod common_conv;
+pub use common_conv::{
     channel_affine, channel_rms_norm, clamp, conv3d, soft_clamp, softmax_rows, upsample_nearest_2d,
 };
 
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
-#[path = "../portable_vsa.rs"]
+#[path = "../gpu_common/vsa.rs"]
 mod vsa;
 pub use vsa::vsa_attention;

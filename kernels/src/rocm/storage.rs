@@ -1,4 +1,4 @@
-//! ROCm's side of the shared storage (`gpu_storage.rs`): the HIP layer's buffers and memset.
+//! ROCm's side of the shared storage (`gpu_common/storage.rs`): the HIP layer's buffers and memset.
 
 pub(crate) use super::hip::DeviceBuf;
 pub(crate) use super::RocmBackend as Backend;
@@ -23,6 +23,6 @@ fn into_storage(s: RocmStorage) -> Storage {
 
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
-#[path = "../gpu_storage.rs"]
+#[path = "../gpu_common/storage.rs"]
 mod shared;
 pub use shared::{GpuData as RocmData, GpuStorage as RocmStorage};

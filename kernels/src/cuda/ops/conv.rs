@@ -1,7 +1,7 @@
 //! The CUDA-only convolution: a bf16 3-D convolution as an implicit GEMM on tensor cores
 //! (`conv_igemm_bf16_*` in conv.cu: input tiles with their halo staged in shared memory, no
 //! column buffer, bias fused); anything it does not take goes through the shared im2col path
-//! (`portable_conv.rs`), whose GEMM is [`tile_gemm`] here (cuBLASLt; each call pays a heuristic
+//! (`gpu_common/conv.rs`), whose GEMM is [`tile_gemm`] here (cuBLASLt; each call pays a heuristic
 //! query on the host, so the tiles are few and large).
 
 use std::sync::Arc;
