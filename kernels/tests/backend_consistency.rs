@@ -537,8 +537,9 @@ fn video_vae_ops_match_the_cpu() {
             // that cross the implicit GEMM's tiles: several 32-channel input chunks and 64-channel
             // output blocks with odd sizes (a partial last tile both ways), a temporal stride
             // (the VAE encoder's time conv), a 3-channel RGB head (the 16-output block) with a
-            // spatial stride, and a tiny-decoder-like 3×3 with 128 channels in.
-            let cases: [ConvCase; 8] = [
+            // spatial stride, a tiny-decoder-like 3×3 with 128 channels in, and 136 channels out
+            // (the 128-channel block with a partial second block, under WORLDLINE_CONV_BM=128).
+            let cases: [ConvCase; 9] = [
                 (
                     [5, 3, 9, 11],
                     [7, 5, 3, 3, 3],
@@ -586,6 +587,12 @@ fn video_vae_ops_match_the_cpu() {
                     [64, 128, 1, 3, 3],
                     [1, 1, 1],
                     [[0, 0], [1, 1], [1, 1]],
+                ),
+                (
+                    [40, 2, 11, 21],
+                    [136, 40, 2, 3, 3],
+                    [1, 1, 1],
+                    [[1, 0], [1, 1], [1, 1]],
                 ),
             ];
             for (xs, ws, stride, padding) in cases {
