@@ -24,4 +24,4 @@ pub use error::{Error, Result};
 pub use model::WanModel;
 pub use parallel::{EngineGroup, ModelLoader};
 pub use vae::{VaeConfig, WanVae};
-pub use weights::WeightStore;
+pub use weights::{RandomDraws, WeightStore};

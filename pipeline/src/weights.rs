@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 use kernels::{CpuStorage, DType, Device, Tensor};
@@ -48,8 +48,16 @@ enum Source {
     },
     Random {
         seed: u64,
+        /// Tensors already drawn (on the host), shared with other stores: see
+        /// [`WeightStore::random_shared`].
+        drawn: Option<RandomDraws>,
     },
 }
+
+/// Random tensors drawn once, on the host, for every store that shares them: a multi-card bench
+/// draws lingbot-14b's weights (about a minute of host time) once instead of once per card.
+/// Keyed by name, shape and dtype.
+pub type RandomDraws = Arc<Mutex<HashMap<(String, Vec<usize>, DType), Tensor>>>;
 
 /// Where a model's weights come from, and which of them the model has used.
 pub struct WeightStore {
@@ -82,7 +90,21 @@ impl WeightStore {
     /// Random weights, the same for a given seed and key whatever the load order.
     pub fn random(seed: u64, run_dtype: DType) -> Self {
         WeightStore {
-            source: Source::Random { seed },
+            source: Source::Random { seed, drawn: None },
+            run_dtype,
+            device: Device::Cpu,
+            used: Default::default(),
+        }
+    }
+
+    /// [`random`](Self::random), reusing the host copies in `drawn` and adding the ones it
+    /// draws. The host keeps every tensor drawn while `drawn` lives.
+    pub fn random_shared(seed: u64, run_dtype: DType, drawn: RandomDraws) -> Self {
+        WeightStore {
+            source: Source::Random {
+                seed,
+                drawn: Some(drawn),
+            },
             run_dtype,
             device: Device::Cpu,
             used: Default::default(),
@@ -228,7 +250,7 @@ impl WeightStore {
     /// "random (seed N)" or the loaded file(s), for logs and `/status`.
     pub fn describe(&self) -> String {
         match &self.source {
-            Source::Random { seed } => format!("random (seed {seed})"),
+            Source::Random { seed, .. } => format!("random (seed {seed})"),
             Source::SafeTensors { files, .. } => {
                 let first = files
                     .first()
@@ -297,8 +319,22 @@ impl WeightStore {
             used.insert(key.to_string(), (shape.to_vec(), dtype));
         }
         match &self.source {
-            Source::Random { seed } => {
-                Ok(random_tensor(*seed, key, shape, dtype)?.to_device(self.device)?)
+            Source::Random { seed, drawn } => {
+                let id = (key.to_string(), shape.to_vec(), dtype);
+                let held = drawn
+                    .as_ref()
+                    .and_then(|d| d.lock().ok().and_then(|m| m.get(&id).cloned()));
+                let host = match held {
+                    Some(t) => t,
+                    None => {
+                        let t = random_tensor(*seed, key, shape, dtype)?;
+                        if let Some(Ok(mut m)) = drawn.as_ref().map(|d| d.lock()) {
+                            m.insert(id, t.clone());
+                        }
+                        t
+                    }
+                };
+                Ok(host.to_device(self.device)?)
             }
             Source::SafeTensors { files, index } => {
                 let Some((fi, info)) = index.get(key) else {

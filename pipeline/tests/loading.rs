@@ -500,3 +500,42 @@ fn lingbot_presets_have_the_published_shapes() {
         }
     }
 }
+
+#[test]
+fn stores_sharing_random_draws_give_the_unshared_weights_and_draw_once() {
+    let (_, want) = random_tiny();
+    let draws = pipeline::RandomDraws::default();
+    let first = WeightStore::random_shared(SEED, DType::F32, draws.clone());
+    WanModel::load(&ModelConfig::tiny(), &first).expect("first load");
+    let held = draws.lock().expect("draws").len();
+    assert_eq!(held, want.len(), "every tensor drawn once is kept");
+    // Poison one kept draw: a second store that draws again would not see it.
+    let key = want[0].0.clone();
+    {
+        let mut d = draws.lock().expect("draws");
+        let entry = d
+            .iter_mut()
+            .find(|((k, _, _), _)| *k == key)
+            .expect("kept draw");
+        let poisoned = vec![7.0f32; entry.1.elem_count()];
+        *entry.1 = Tensor::from_f32(poisoned, entry.1.shape(), entry.1.dtype()).expect("poison");
+    }
+    let second = WeightStore::random_shared(SEED, DType::F32, draws.clone());
+    WanModel::load(&ModelConfig::tiny(), &second).expect("second load");
+    let got = second.loaded_tensors().expect("loaded tensors");
+    assert_eq!(
+        draws.lock().expect("draws").len(),
+        held,
+        "nothing new drawn"
+    );
+    let reused = got.iter().find(|(k, _)| *k == key).expect("reused key");
+    assert!(
+        reused.1.to_vec_f32().iter().all(|&v| v == 7.0),
+        "the kept draw was reused"
+    );
+    // Every other tensor is the unshared store's, bit for bit.
+    let rest = |v: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
+        v.iter().filter(|(k, _)| *k != key).cloned().collect()
+    };
+    assert_same_tensors("shared draws", &rest(&got), &rest(&want));
+}

@@ -270,6 +270,9 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
     // rank in the multi-card runs: a lingbot-14b copy takes about a minute of host time to
     // draw, and the ranks would draw theirs side by side on the same cores.
     let kept: Arc<std::sync::Mutex<Option<(Device, WanModel)>>> = Arc::default();
+    // And the host copies of the random weights, so a rank on another GPU uploads them instead
+    // of drawing its own (about a minute for lingbot-14b; the host keeps 28 GB meanwhile).
+    let draws = pipeline::RandomDraws::default();
     let reuse = kept.clone();
     let load: Arc<ModelLoader> = Arc::new(move |dev| {
         let held = reuse.lock().ok().and_then(|k| match k.as_ref() {
@@ -280,7 +283,8 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
             return Ok(m);
         }
         let started = Instant::now();
-        let m = WanModel::load(&model_cfg, &WeightStore::random(seed, dtype).on_device(dev))?;
+        let store = WeightStore::random_shared(seed, dtype, draws.clone()).on_device(dev);
+        let m = WanModel::load(&model_cfg, &store)?;
         info!(device = %dev, seconds = format!("{:.1}", started.elapsed().as_secs_f64()), "model ready");
         Ok(m)
     });
