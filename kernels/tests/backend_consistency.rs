@@ -141,13 +141,26 @@ fn elementwise_and_norms_match_the_cpu() {
 
 #[test]
 fn fused_norm_modulate_matches_the_cpu() {
+    // Both kernels (`WORLDLINE_NORM` picks the vectorised one where it applies: bf16 rows of a
+    // multiple of 8 columns up to 5120, into bf16 or fp8).
+    for variant in ["rows", "vec"] {
+        std::env::set_var("WORLDLINE_NORM", variant);
+        fused_norm_modulate_cases(variant);
+    }
+    std::env::remove_var("WORLDLINE_NORM");
+}
+
+fn fused_norm_modulate_cases(variant: &str) {
     for dev in gpus() {
         let mut rng = Rng::new(5);
-        // Rows held in registers (384; 5120, the 14B width) and a row too wide for them.
+        // Rows held in registers (384; 1536 and 5120, the 1.3B and 14B widths) and a row too
+        // wide for them.
         for (dt, rows, cols) in [
             (DType::F32, 70, 384),
             (DType::BF16, 70, 384),
             (DType::F32, 9, 5120),
+            (DType::BF16, 9, 5120),
+            (DType::BF16, 7, 1536),
             (DType::BF16, 5, 7000),
         ] {
             let x = rand(&mut rng, &[rows, cols], dt);
@@ -158,7 +171,7 @@ fn fused_norm_modulate_matches_the_cpu() {
                 (NormOut::Dtype(DType::BF16), 1e-2),
             ] {
                 check(
-                    &format!("norm_modulate {dt:?} {rows}×{cols} → {out:?}"),
+                    &format!("norm_modulate ({variant}) {dt:?} {rows}×{cols} → {out:?}"),
                     dev,
                     t,
                     &[&x, &shift, &scale],
@@ -185,7 +198,8 @@ fn fused_norm_modulate_matches_the_cpu() {
                 .count() as f64
                 / w.len() as f64;
             println!(
-                "norm_modulate {dt:?} → fp8 rowwise on {dev}: rel L2 {e:.2e}, {:.2}% identical",
+                "norm_modulate ({variant}) {dt:?} {rows}×{cols} → fp8 rowwise on {dev}: rel L2 \
+                 {e:.2e}, {:.2}% identical",
                 same * 100.0
             );
             assert!(

@@ -111,22 +111,37 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             copy.as_secs_f64() * 1e3,
             gbs(copy_bytes, copy)
         );
-        for (out, bytes_out, label) in [
-            (NormOut::Dtype(DType::BF16), 2, "bf16"),
-            (NormOut::Fp8Rowwise, 1, "fp8 rowwise"),
-        ] {
-            let t = time(dev, repeat, || {
-                ops::norm_modulate(&x, &shift, &scale, 1e-6, out)?;
-                Ok(())
-            })?;
-            let bytes = (m * d * (4 + bytes_out)) as f64;
-            println!(
-                "norm+modulate f32 -> {label} {m}x{d}: {:.3} ms, {:.0} GB/s = {:.0}% of the copy",
-                t.as_secs_f64() * 1e3,
-                gbs(bytes, t),
-                100.0 * gbs(bytes, t) / gbs(copy_bytes, copy)
-            );
-            push(format!("norm+modulate f32 -> {label} {m}x{d}"), t, 0.0);
+        // Both kernels of the fused norm (`WORLDLINE_NORM`, read at each call), the default
+        // last so the variable is left as the user had it.
+        let user = std::env::var("WORLDLINE_NORM").ok();
+        for kernel in ["vec", "rows"] {
+            std::env::set_var("WORLDLINE_NORM", kernel);
+            for (out, bytes_out, label) in [
+                (NormOut::Dtype(DType::BF16), 2, "bf16"),
+                (NormOut::Fp8Rowwise, 1, "fp8 rowwise"),
+            ] {
+                let t = time(dev, repeat, || {
+                    ops::norm_modulate(&x, &shift, &scale, 1e-6, out)?;
+                    Ok(())
+                })?;
+                let bytes = (m * d * (4 + bytes_out)) as f64;
+                println!(
+                    "norm+modulate ({kernel}) f32 -> {label} {m}x{d}: {:.3} ms, {:.0} GB/s = {:.0}% \
+                     of the copy",
+                    t.as_secs_f64() * 1e3,
+                    gbs(bytes, t),
+                    100.0 * gbs(bytes, t) / gbs(copy_bytes, copy)
+                );
+                push(
+                    format!("norm+modulate ({kernel}) f32 -> {label} {m}x{d}"),
+                    t,
+                    0.0,
+                );
+            }
+        }
+        match user {
+            Some(v) => std::env::set_var("WORLDLINE_NORM", v),
+            None => std::env::remove_var("WORLDLINE_NORM"),
         }
     }
 

@@ -287,6 +287,55 @@ pub fn layer_norm(
     Ok(wrap(out, x.shape()))
 }
 
+/// The fused norm's kernels (norm.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKernel {
+    /// 256 threads a row, element loads: any width, any output.
+    Rows,
+    /// 128 threads a row, 16-byte loads and stores: f32 or bf16 rows of up to 5120 columns
+    /// (`WL_VEC_VALUES` × `WL_VEC_THREADS`), a multiple of the vector (4 f32, 8 bf16), into
+    /// bf16 or fp8.
+    Vec,
+}
+
+/// Threads of a `Vec` block and the columns each holds (norm.cu).
+const VEC_THREADS: usize = 128;
+const VEC_VALUES: usize = 40;
+
+impl NormKernel {
+    /// Whether this kernel takes `x` into `out`.
+    pub fn takes(self, x: &Tensor, out: crate::NormOut) -> bool {
+        let cols = x.cols();
+        match self {
+            NormKernel::Rows => true,
+            NormKernel::Vec => {
+                let lanes = match x.dtype() {
+                    DType::F32 => 4,
+                    DType::BF16 => 8,
+                    _ => return false,
+                };
+                cols.is_multiple_of(lanes)
+                    && cols <= VEC_THREADS * VEC_VALUES
+                    && matches!(
+                        out,
+                        crate::NormOut::Dtype(DType::BF16) | crate::NormOut::Fp8Rowwise
+                    )
+            }
+        }
+    }
+}
+
+/// `Rows`, or `Vec` where it applies when `WORLDLINE_NORM=vec` (a knob for `bench kernels` and
+/// the tests until `Vec` is measured against `Rows`).
+fn norm_kernel(x: &Tensor, out: crate::NormOut) -> NormKernel {
+    let vec = std::env::var("WORLDLINE_NORM").is_ok_and(|v| v == "vec");
+    if vec && NormKernel::Vec.takes(x, out) {
+        NormKernel::Vec
+    } else {
+        NormKernel::Rows
+    }
+}
+
 pub fn norm_modulate(
     x: &Tensor,
     shift: &Tensor,
@@ -294,16 +343,52 @@ pub fn norm_modulate(
     eps: f32,
     out: crate::NormOut,
 ) -> Result<Tensor> {
+    norm_modulate_with(x, shift, scale, eps, out, norm_kernel(x, out))
+}
+
+/// [`norm_modulate`] through a chosen kernel, which must take these shapes.
+pub fn norm_modulate_with(
+    x: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+    eps: f32,
+    out: crate::NormOut,
+    kernel: NormKernel,
+) -> Result<Tensor> {
     let s = storage(x)?;
     let dev = &s.dev;
+    if !kernel.takes(x, out) {
+        return Err(dev.err(format!(
+            "norm_modulate: {kernel:?} does not take {:?} {:?} into {out:?}",
+            x.dtype(),
+            x.shape()
+        )));
+    }
     let (shift, scale) = params_alike(shift, scale)?;
     let cols = x.cols();
     let rows = x.elem_count() / cols;
-    let base = format!(
-        "norm_modulate_{}_{}",
-        suffix(x.dtype())?,
-        suffix(shift.dtype())?
-    );
+    let (base, cfg) = match kernel {
+        NormKernel::Rows => (
+            format!(
+                "norm_modulate_{}_{}",
+                suffix(x.dtype())?,
+                suffix(shift.dtype())?
+            ),
+            rows_cfg(rows),
+        ),
+        NormKernel::Vec => (
+            format!(
+                "norm_modulate_vec_{}_{}",
+                suffix(x.dtype())?,
+                suffix(shift.dtype())?
+            ),
+            LaunchConfig {
+                grid_dim: (rows.max(1) as u32, 1, 1),
+                block_dim: (VEC_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        ),
+    };
     let (c64, sn, cn) = (
         cols as u64,
         shift.elem_count() as u64,
@@ -313,19 +398,13 @@ pub fn norm_modulate(
     match out {
         crate::NormOut::Dtype(d) => {
             let mut o = GpuStorage::alloc(dev, d, x.elem_count())?;
-            launch!(
-                dev,
-                "norm",
-                &format!("{base}_{}", suffix(d)?),
-                rows_cfg(rows),
-                |b| {
-                    push_mut(b, &mut o.data);
-                    push(b, &s.data);
-                    push(b, &sh.data);
-                    push(b, &sc.data);
-                    b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
-                }
-            );
+            launch!(dev, "norm", &format!("{base}_{}", suffix(d)?), cfg, |b| {
+                push_mut(b, &mut o.data);
+                push(b, &s.data);
+                push(b, &sh.data);
+                push(b, &sc.data);
+                b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
+            });
             Ok(wrap(o, x.shape()))
         }
         crate::NormOut::Fp8Rowwise => {
@@ -333,7 +412,7 @@ pub fn norm_modulate(
             // SAFETY: the kernel writes every code and every row's scale.
             let mut codes = unsafe { dev.stream.alloc::<u8>(x.elem_count()) }.map_err(e)?;
             let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
-            launch!(dev, "norm", &format!("{base}_fp8"), rows_cfg(rows), |b| {
+            launch!(dev, "norm", &format!("{base}_fp8"), cfg, |b| {
                 b.arg(&mut codes).arg(&mut scales);
                 push(b, &s.data);
                 push(b, &sh.data);
