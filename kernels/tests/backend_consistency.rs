@@ -12,18 +12,33 @@ use kernels::{
     ops, AttnMask, DType, Device, KvCache, NormOut, Result, RopeTable, ScaleKind, Tensor,
 };
 
-/// The GPU devices this machine has.
-fn gpus() -> Vec<Device> {
+/// Runs a `fn(Device)` body on `dev`, or prints why it is skipped, with device outputs
+/// poisoned first.
+fn on(dev: Device, body: fn(Device)) {
     // Set here rather than in the environment so every run of this file poisons.
     std::env::set_var("WORLDLINE_POISON", "1");
-    let mut out = Vec::new();
-    for dev in [Device::Cuda(0), Device::Rocm(0)] {
-        match dev.ensure_available() {
-            Ok(()) => out.push(dev),
-            Err(e) => eprintln!("skipping {dev}: {e}"),
-        }
+    match dev.ensure_available() {
+        Ok(()) => body(dev),
+        Err(e) => eprintln!("skipping {dev}: {e}"),
     }
-    out
+}
+
+/// One `#[test]` per GPU backend for a `fn(Device)` body, in a module of the body's name
+/// (`linear_matches_the_cpu::cuda`, `…::rocm`), like candle's `test_device!`: each runs on its
+/// backend's device 0 or prints why it is skipped.
+macro_rules! backend_test {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn cuda() {
+                super::on(kernels::Device::Cuda(0), super::$name)
+            }
+            #[test]
+            fn rocm() {
+                super::on(kernels::Device::Rocm(0), super::$name)
+            }
+        }
+    };
 }
 
 fn rand(rng: &mut Rng, shape: &[usize], dtype: DType) -> Tensor {
@@ -73,695 +88,667 @@ fn tol(dtype: DType) -> f64 {
     }
 }
 
-#[test]
-fn elementwise_and_norms_match_the_cpu() {
-    for dev in gpus() {
-        let mut rng = Rng::new(1);
-        for dt in [DType::F32, DType::BF16] {
-            let x = rand(&mut rng, &[37, 96], dt);
-            let y = rand(&mut rng, &[37, 96], dt);
-            let row = rand(&mut rng, &[96], DType::F32);
-            let row2 = rand(&mut rng, &[96], DType::F32);
-            let per = rand(&mut rng, &[37, 96], dt);
-            let per2 = rand(&mut rng, &[37, 96], dt);
-            let t = tol(dt);
-            check(
-                &format!("modulate {dt:?} row"),
-                dev,
-                t,
-                &[&x, &row, &row2],
-                |v| ops::modulate(&v[0], &v[1], &v[2]),
-            );
-            check(
-                &format!("modulate {dt:?} per-token"),
-                dev,
-                t,
-                &[&x, &per, &per2],
-                |v| ops::modulate(&v[0], &v[1], &v[2]),
-            );
-            check(
-                &format!("gated_residual {dt:?}"),
-                dev,
-                t,
-                &[&x, &y, &row],
-                |v| ops::gated_residual(&v[0], &v[1], &v[2]),
-            );
-            check(&format!("add {dt:?}"), dev, t, &[&x, &y], |v| {
-                ops::add(&v[0], &v[1])
-            });
-            check(&format!("add row {dt:?}"), dev, t, &[&x, &row], |v| {
-                ops::add(&v[0], &v[1])
-            });
-            check(&format!("axpby {dt:?}"), dev, t, &[&x, &y], |v| {
-                ops::axpby(0.7, &v[0], -1.3, &v[1])
-            });
-            check(&format!("gelu {dt:?}"), dev, t, &[&x], |v| {
-                ops::gelu_tanh(&v[0])
-            });
-            check(&format!("silu {dt:?}"), dev, t, &[&x], |v| ops::silu(&v[0]));
-            check(&format!("layer_norm {dt:?}"), dev, t, &[&x], |v| {
-                ops::layer_norm(&v[0], None, None, 1e-6)
-            });
-            check(
-                &format!("layer_norm affine {dt:?}"),
-                dev,
-                t,
-                &[&x, &row, &row2],
-                |v| ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-6),
-            );
-            check(&format!("rms_norm {dt:?}"), dev, t, &[&x, &row], |v| {
-                ops::rms_norm(&v[0], &v[1], 1e-6)
-            });
-            check(&format!("cast {dt:?}"), dev, 1e-7, &[&x], |v| {
-                v[0].to_dtype(DType::F32)
-            });
-        }
+fn elementwise_and_norms_match_the_cpu(dev: Device) {
+    let mut rng = Rng::new(1);
+    for dt in [DType::F32, DType::BF16] {
+        let x = rand(&mut rng, &[37, 96], dt);
+        let y = rand(&mut rng, &[37, 96], dt);
+        let row = rand(&mut rng, &[96], DType::F32);
+        let row2 = rand(&mut rng, &[96], DType::F32);
+        let per = rand(&mut rng, &[37, 96], dt);
+        let per2 = rand(&mut rng, &[37, 96], dt);
+        let t = tol(dt);
+        check(
+            &format!("modulate {dt:?} row"),
+            dev,
+            t,
+            &[&x, &row, &row2],
+            |v| ops::modulate(&v[0], &v[1], &v[2]),
+        );
+        check(
+            &format!("modulate {dt:?} per-token"),
+            dev,
+            t,
+            &[&x, &per, &per2],
+            |v| ops::modulate(&v[0], &v[1], &v[2]),
+        );
+        check(
+            &format!("gated_residual {dt:?}"),
+            dev,
+            t,
+            &[&x, &y, &row],
+            |v| ops::gated_residual(&v[0], &v[1], &v[2]),
+        );
+        check(&format!("add {dt:?}"), dev, t, &[&x, &y], |v| {
+            ops::add(&v[0], &v[1])
+        });
+        check(&format!("add row {dt:?}"), dev, t, &[&x, &row], |v| {
+            ops::add(&v[0], &v[1])
+        });
+        check(&format!("axpby {dt:?}"), dev, t, &[&x, &y], |v| {
+            ops::axpby(0.7, &v[0], -1.3, &v[1])
+        });
+        check(&format!("gelu {dt:?}"), dev, t, &[&x], |v| {
+            ops::gelu_tanh(&v[0])
+        });
+        check(&format!("silu {dt:?}"), dev, t, &[&x], |v| ops::silu(&v[0]));
+        check(&format!("layer_norm {dt:?}"), dev, t, &[&x], |v| {
+            ops::layer_norm(&v[0], None, None, 1e-6)
+        });
+        check(
+            &format!("layer_norm affine {dt:?}"),
+            dev,
+            t,
+            &[&x, &row, &row2],
+            |v| ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-6),
+        );
+        check(&format!("rms_norm {dt:?}"), dev, t, &[&x, &row], |v| {
+            ops::rms_norm(&v[0], &v[1], 1e-6)
+        });
+        check(&format!("cast {dt:?}"), dev, 1e-7, &[&x], |v| {
+            v[0].to_dtype(DType::F32)
+        });
     }
 }
+backend_test!(elementwise_and_norms_match_the_cpu);
 
-#[test]
-fn fused_norm_modulate_matches_the_cpu() {
-    // Both kernels (`WORLDLINE_NORM` picks the vectorised one where it applies: bf16 rows of a
-    // multiple of 8 columns up to 5120, into bf16 or fp8).
+fn fused_norm_modulate_matches_the_cpu(dev: Device) {
+    // Both kernels (`WORLDLINE_NORM` picks the vectorised one where it applies: f32 or bf16
+    // rows of a multiple of its vector up to 5120 columns, into bf16 or fp8).
     for variant in ["rows", "vec"] {
         std::env::set_var("WORLDLINE_NORM", variant);
-        fused_norm_modulate_cases(variant);
+        fused_norm_modulate_cases(dev, variant);
     }
     std::env::remove_var("WORLDLINE_NORM");
 }
+backend_test!(fused_norm_modulate_matches_the_cpu);
 
-fn fused_norm_modulate_cases(variant: &str) {
-    for dev in gpus() {
-        let mut rng = Rng::new(5);
-        // Rows held in registers (384; 1536 and 5120, the 1.3B and 14B widths) and a row too
-        // wide for them.
-        for (dt, rows, cols) in [
-            (DType::F32, 70, 384),
-            (DType::BF16, 70, 384),
-            (DType::F32, 9, 5120),
-            (DType::BF16, 9, 5120),
-            (DType::BF16, 7, 1536),
-            (DType::BF16, 5, 7000),
+fn fused_norm_modulate_cases(dev: Device, variant: &str) {
+    let mut rng = Rng::new(5);
+    // Rows held in registers (384; 1536 and 5120, the 1.3B and 14B widths) and a row too
+    // wide for them.
+    for (dt, rows, cols) in [
+        (DType::F32, 70, 384),
+        (DType::BF16, 70, 384),
+        (DType::F32, 9, 5120),
+        (DType::BF16, 9, 5120),
+        (DType::BF16, 7, 1536),
+        (DType::BF16, 5, 7000),
+    ] {
+        let x = rand(&mut rng, &[rows, cols], dt);
+        let shift = rand(&mut rng, &[cols], DType::F32);
+        let scale = rand(&mut rng, &[rows, cols], DType::F32);
+        for (out, t) in [
+            (NormOut::Dtype(DType::F32), 1e-5),
+            (NormOut::Dtype(DType::BF16), 1e-2),
         ] {
-            let x = rand(&mut rng, &[rows, cols], dt);
-            let shift = rand(&mut rng, &[cols], DType::F32);
-            let scale = rand(&mut rng, &[rows, cols], DType::F32);
-            for (out, t) in [
-                (NormOut::Dtype(DType::F32), 1e-5),
-                (NormOut::Dtype(DType::BF16), 1e-2),
-            ] {
-                check(
-                    &format!("norm_modulate ({variant}) {dt:?} {rows}×{cols} → {out:?}"),
-                    dev,
-                    t,
-                    &[&x, &shift, &scale],
-                    |v| ops::norm_modulate(&v[0], &v[1], &v[2], 1e-6, out),
-                );
-            }
-            // fp8: the same codes up to a one-step rounding difference where the GPU fuses a
-            // multiply-add; the scales agree to f32 rounding.
-            let want =
-                ops::norm_modulate(&x, &shift, &scale, 1e-6, NormOut::Fp8Rowwise).expect("cpu");
-            let up = |t: &Tensor| t.to_device(dev).expect("up");
-            let got =
-                ops::norm_modulate(&up(&x), &up(&shift), &up(&scale), 1e-6, NormOut::Fp8Rowwise)
-                    .expect("gpu");
-            assert_eq!(got.dtype(), DType::F8E4M3);
-            let (g, w) = (got.to_vec_f32(), want.to_vec_f32());
-            let e = rel_l2(&g, &widen(&w));
-            // Same code: equal up to the f32 rounding of the row's scale (a scale one ulp apart
-            // makes every dequantized value of that row differ in its last bit).
-            let same = g
-                .iter()
-                .zip(&w)
-                .filter(|(a, b)| (**a - **b).abs() <= 1e-6 * b.abs())
-                .count() as f64
-                / w.len() as f64;
-            println!(
-                "norm_modulate ({variant}) {dt:?} {rows}×{cols} → fp8 rowwise on {dev}: rel L2 \
-                 {e:.2e}, {:.2}% identical",
-                same * 100.0
+            check(
+                &format!("norm_modulate ({variant}) {dt:?} {rows}×{cols} → {out:?}"),
+                dev,
+                t,
+                &[&x, &shift, &scale],
+                |v| ops::norm_modulate(&v[0], &v[1], &v[2], 1e-6, out),
             );
-            assert!(
-                e < 1e-2 && same > 0.98,
-                "fp8: rel L2 {e:e}, identical {same}"
+        }
+        // fp8: the same codes up to a one-step rounding difference where the GPU fuses a
+        // multiply-add; the scales agree to f32 rounding.
+        let want = ops::norm_modulate(&x, &shift, &scale, 1e-6, NormOut::Fp8Rowwise).expect("cpu");
+        let up = |t: &Tensor| t.to_device(dev).expect("up");
+        let got = ops::norm_modulate(&up(&x), &up(&shift), &up(&scale), 1e-6, NormOut::Fp8Rowwise)
+            .expect("gpu");
+        assert_eq!(got.dtype(), DType::F8E4M3);
+        let (g, w) = (got.to_vec_f32(), want.to_vec_f32());
+        let e = rel_l2(&g, &widen(&w));
+        // Same code: equal up to the f32 rounding of the row's scale (a scale one ulp apart
+        // makes every dequantized value of that row differ in its last bit).
+        let same = g
+            .iter()
+            .zip(&w)
+            .filter(|(a, b)| (**a - **b).abs() <= 1e-6 * b.abs())
+            .count() as f64
+            / w.len() as f64;
+        println!(
+            "norm_modulate ({variant}) {dt:?} {rows}×{cols} → fp8 rowwise on {dev}: rel L2 \
+             {e:.2e}, {:.2}% identical",
+            same * 100.0
+        );
+        assert!(
+            e < 1e-2 && same > 0.98,
+            "fp8: rel L2 {e:e}, identical {same}"
+        );
+    }
+}
+
+fn linear_matches_the_cpu(dev: Device) {
+    let mut rng = Rng::new(2);
+    for (m, k, n) in [(1, 64, 48), (77, 128, 200), (300, 96, 64)] {
+        let x = rand(&mut rng, &[m, k], DType::F32);
+        let w = rand(&mut rng, &[n, k], DType::F32);
+        let b = rand(&mut rng, &[n], DType::F32);
+        // cuBLASLt's f32 GEMM runs in TF32.
+        check(
+            &format!("linear f32 {m}×{k}×{n}"),
+            dev,
+            3e-4,
+            &[&x, &w, &b],
+            |v| ops::linear(&v[0], &v[1], Some(&v[2])),
+        );
+        let wb = w.to_dtype(DType::BF16).expect("bf16");
+        let xb = x.to_dtype(DType::BF16).expect("bf16");
+        check(
+            &format!("linear bf16 {m}×{k}×{n}"),
+            dev,
+            1e-2,
+            &[&xb, &wb, &b],
+            |v| ops::linear(&v[0], &v[1], Some(&v[2])),
+        );
+        check(
+            &format!("linear f32·bf16 {m}×{k}×{n}"),
+            dev,
+            1e-2,
+            &[&x, &wb],
+            |v| ops::linear(&v[0], &v[1], None),
+        );
+        for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+            let wq = ops::quantize_fp8(&w, kind).expect("fp8");
+            // Both sides dequantize the same codes, so only the GEMM's bf16 rounding differs.
+            check(
+                &format!("linear fp8 {kind:?} weight"),
+                dev,
+                1e-2,
+                &[&xb, &wq],
+                |v| ops::linear(&v[0], &v[1], None),
             );
         }
     }
 }
+backend_test!(linear_matches_the_cpu);
 
-#[test]
-fn linear_matches_the_cpu() {
-    for dev in gpus() {
-        let mut rng = Rng::new(2);
-        for (m, k, n) in [(1, 64, 48), (77, 128, 200), (300, 96, 64)] {
-            let x = rand(&mut rng, &[m, k], DType::F32);
-            let w = rand(&mut rng, &[n, k], DType::F32);
-            let b = rand(&mut rng, &[n], DType::F32);
-            // cuBLASLt's f32 GEMM runs in TF32.
-            check(
-                &format!("linear f32 {m}×{k}×{n}"),
-                dev,
-                3e-4,
-                &[&x, &w, &b],
-                |v| ops::linear(&v[0], &v[1], Some(&v[2])),
-            );
-            let wb = w.to_dtype(DType::BF16).expect("bf16");
-            let xb = x.to_dtype(DType::BF16).expect("bf16");
-            check(
-                &format!("linear bf16 {m}×{k}×{n}"),
-                dev,
-                1e-2,
-                &[&xb, &wb, &b],
-                |v| ops::linear(&v[0], &v[1], Some(&v[2])),
-            );
-            check(
-                &format!("linear f32·bf16 {m}×{k}×{n}"),
-                dev,
-                1e-2,
-                &[&x, &wb],
-                |v| ops::linear(&v[0], &v[1], None),
-            );
-            for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
-                let wq = ops::quantize_fp8(&w, kind).expect("fp8");
-                // Both sides dequantize the same codes, so only the GEMM's bf16 rounding differs.
+fn fp8_gemm_matches_the_cpu(dev: Device) {
+    let mut rng = Rng::new(6);
+    // Sizes cuBLASLt's fp8 path takes (multiples of 16), and one it does not (dequantized).
+    for (m, k, n) in [(96, 128, 256), (300, 512, 64), (33, 96, 40)] {
+        let x = rand(&mut rng, &[m, k], DType::F32);
+        let w = rand(&mut rng, &[n, k], DType::F32);
+        for xk in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+            for wk in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+                let xq = ops::quantize_fp8(&x, xk).expect("x");
+                let wq = ops::quantize_fp8(&w, wk).expect("w");
+                // Same codes on both sides: only the GEMM's accumulation order and the bf16
+                // output differ.
                 check(
-                    &format!("linear fp8 {kind:?} weight"),
+                    &format!("fp8 gemm {m}×{k}×{n} x {xk:?} w {wk:?}"),
                     dev,
                     1e-2,
-                    &[&xb, &wq],
+                    &[&xq, &wq],
                     |v| ops::linear(&v[0], &v[1], None),
                 );
             }
         }
     }
 }
+backend_test!(fp8_gemm_matches_the_cpu);
 
-#[test]
-fn fp8_gemm_matches_the_cpu() {
-    for dev in gpus() {
-        let mut rng = Rng::new(6);
-        // Sizes cuBLASLt's fp8 path takes (multiples of 16), and one it does not (dequantized).
-        for (m, k, n) in [(96, 128, 256), (300, 512, 64), (33, 96, 40)] {
-            let x = rand(&mut rng, &[m, k], DType::F32);
-            let w = rand(&mut rng, &[n, k], DType::F32);
-            for xk in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
-                for wk in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
-                    let xq = ops::quantize_fp8(&x, xk).expect("x");
-                    let wq = ops::quantize_fp8(&w, wk).expect("w");
-                    // Same codes on both sides: only the GEMM's accumulation order and the bf16
-                    // output differ.
-                    check(
-                        &format!("fp8 gemm {m}×{k}×{n} x {xk:?} w {wk:?}"),
-                        dev,
-                        1e-2,
-                        &[&xq, &wq],
-                        |v| ops::linear(&v[0], &v[1], None),
-                    );
-                }
-            }
+fn fp8_quantization_matches_the_cpu_code_for_code(dev: Device) {
+    let mut rng = Rng::new(3);
+    for dt in [DType::F32, DType::BF16] {
+        let x = rand(&mut rng, &[65, 300], dt);
+        for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
+            let want = ops::quantize_fp8(&x, kind).expect("cpu");
+            let got = ops::quantize_fp8(&x.to_device(dev).expect("up"), kind).expect("gpu");
+            let got = got.to_device(Device::Cpu).expect("down");
+            let (kernels::Storage::Cpu(a), kernels::Storage::Cpu(b)) =
+                (got.storage(), want.storage())
+            else {
+                panic!("host storage expected")
+            };
+            let (
+                kernels::CpuStorage::F8E4M3 {
+                    codes: ca,
+                    scale: sa,
+                },
+                kernels::CpuStorage::F8E4M3 {
+                    codes: cb,
+                    scale: sb,
+                },
+            ) = (a, b)
+            else {
+                panic!("fp8 storage expected")
+            };
+            assert_eq!(sa, sb, "{kind:?} {dt:?} scales on {dev}");
+            let diff = ca.iter().zip(cb).filter(|(p, q)| p != q).count();
+            assert_eq!(diff, 0, "{kind:?} {dt:?}: {diff} codes differ on {dev}");
         }
     }
 }
+backend_test!(fp8_quantization_matches_the_cpu_code_for_code);
 
-#[test]
-fn fp8_quantization_matches_the_cpu_code_for_code() {
-    for dev in gpus() {
-        let mut rng = Rng::new(3);
+fn rope_attention_and_layout_match_the_cpu(dev: Device) {
+    let mut rng = Rng::new(4);
+    for (heads, d) in [(4, 32), (2, 128)] {
+        let table = RopeTable::new(d, 1024, 1e4).expect("table");
+        let grid = [3, 4, 5];
+        let l = 60;
         for dt in [DType::F32, DType::BF16] {
-            let x = rand(&mut rng, &[65, 300], dt);
-            for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
-                let want = ops::quantize_fp8(&x, kind).expect("cpu");
-                let got = ops::quantize_fp8(&x.to_device(dev).expect("up"), kind).expect("gpu");
-                let got = got.to_device(Device::Cpu).expect("down");
-                let (kernels::Storage::Cpu(a), kernels::Storage::Cpu(b)) =
-                    (got.storage(), want.storage())
-                else {
-                    panic!("host storage expected")
-                };
-                let (
-                    kernels::CpuStorage::F8E4M3 {
-                        codes: ca,
-                        scale: sa,
-                    },
-                    kernels::CpuStorage::F8E4M3 {
-                        codes: cb,
-                        scale: sb,
-                    },
-                ) = (a, b)
-                else {
-                    panic!("fp8 storage expected")
-                };
-                assert_eq!(sa, sb, "{kind:?} {dt:?} scales on {dev}");
-                let diff = ca.iter().zip(cb).filter(|(p, q)| p != q).count();
-                assert_eq!(diff, 0, "{kind:?} {dt:?}: {diff} codes differ on {dev}");
-            }
+            let x = rand(&mut rng, &[l, heads, d], dt);
+            check(&format!("rope {dt:?} d{d}"), dev, tol(dt), &[&x], |v| {
+                ops::rope_3d(&v[0], grid, 7, &table)
+            });
+            // Head dim 128 takes the tensor-core kernel, which attends in bf16 whatever the
+            // input dtype.
+            let att_tol = if d == 128 { 1e-2 } else { tol(dt) };
+            let q = rand(&mut rng, &[l, heads, d], dt);
+            let k = rand(&mut rng, &[l + 9, heads, d], dt);
+            let v = rand(&mut rng, &[l + 9, heads, d], dt);
+            check(
+                &format!("attention {dt:?} d{d}"),
+                dev,
+                att_tol,
+                &[&q, &k, &v],
+                |t| ops::attention(&t[0], &t[1], &t[2], l + 5, AttnMask::None),
+            );
+            check(
+                &format!("attention block-causal {dt:?} d{d}"),
+                dev,
+                att_tol,
+                &[&q, &k, &v],
+                |t| {
+                    ops::attention(
+                        &t[0],
+                        &t[1].narrow(0, 0, l)?,
+                        &t[2].narrow(0, 0, l)?,
+                        l,
+                        AttnMask::BlockCausal { block_tokens: 20 },
+                    )
+                },
+            );
+            check(&format!("permute {dt:?}"), dev, 0.0 + 1e-12, &[&x], |v| {
+                v[0].permute(&[2, 0, 1])
+            });
+            check(&format!("narrow {dt:?}"), dev, 1e-12, &[&x], |v| {
+                v[0].narrow(1, 1, heads - 1)
+            });
+            check(&format!("cat {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
+                Tensor::cat(&[&v[0], &v[1]], 1)
+            });
+            // Offsets that are not whole 16-byte units take the element-wise copy.
+            check(
+                &format!("narrow unaligned {dt:?}"),
+                dev,
+                1e-12,
+                &[&x],
+                |v| v[0].narrow(2, 1, d - 3),
+            );
+            // One head of x at the left, q's rows 5.. at the right three rows down, and
+            // what neither covers (poisoned on the device first) zero.
+            check(&format!("assemble {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
+                ops::assemble(
+                    &[l + 3, heads + 1, d],
+                    dt,
+                    v[0].device(),
+                    &[
+                        Piece {
+                            src_col: d,
+                            cols: d,
+                            ..Piece::whole(&v[0], 0, 0)
+                        },
+                        Piece {
+                            src_row: 5,
+                            rows: l - 5,
+                            ..Piece::whole(&v[1], 3, d)
+                        },
+                    ],
+                )
+            });
         }
     }
-}
-
-#[test]
-fn rope_attention_and_layout_match_the_cpu() {
-    for dev in gpus() {
-        let mut rng = Rng::new(4);
-        for (heads, d) in [(4, 32), (2, 128)] {
-            let table = RopeTable::new(d, 1024, 1e4).expect("table");
-            let grid = [3, 4, 5];
-            let l = 60;
-            for dt in [DType::F32, DType::BF16] {
-                let x = rand(&mut rng, &[l, heads, d], dt);
-                check(&format!("rope {dt:?} d{d}"), dev, tol(dt), &[&x], |v| {
-                    ops::rope_3d(&v[0], grid, 7, &table)
-                });
-                // Head dim 128 takes the tensor-core kernel, which attends in bf16 whatever the
-                // input dtype.
-                let att_tol = if d == 128 { 1e-2 } else { tol(dt) };
-                let q = rand(&mut rng, &[l, heads, d], dt);
-                let k = rand(&mut rng, &[l + 9, heads, d], dt);
-                let v = rand(&mut rng, &[l + 9, heads, d], dt);
-                check(
-                    &format!("attention {dt:?} d{d}"),
-                    dev,
-                    att_tol,
-                    &[&q, &k, &v],
-                    |t| ops::attention(&t[0], &t[1], &t[2], l + 5, AttnMask::None),
-                );
-                check(
-                    &format!("attention block-causal {dt:?} d{d}"),
-                    dev,
-                    att_tol,
-                    &[&q, &k, &v],
-                    |t| {
-                        ops::attention(
-                            &t[0],
-                            &t[1].narrow(0, 0, l)?,
-                            &t[2].narrow(0, 0, l)?,
-                            l,
-                            AttnMask::BlockCausal { block_tokens: 20 },
-                        )
-                    },
-                );
-                check(&format!("permute {dt:?}"), dev, 0.0 + 1e-12, &[&x], |v| {
-                    v[0].permute(&[2, 0, 1])
-                });
-                check(&format!("narrow {dt:?}"), dev, 1e-12, &[&x], |v| {
-                    v[0].narrow(1, 1, heads - 1)
-                });
-                check(&format!("cat {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
-                    Tensor::cat(&[&v[0], &v[1]], 1)
-                });
-                // Offsets that are not whole 16-byte units take the element-wise copy.
-                check(
-                    &format!("narrow unaligned {dt:?}"),
-                    dev,
-                    1e-12,
-                    &[&x],
-                    |v| v[0].narrow(2, 1, d - 3),
-                );
-                // One head of x at the left, q's rows 5.. at the right three rows down, and
-                // what neither covers (poisoned on the device first) zero.
-                check(&format!("assemble {dt:?}"), dev, 1e-12, &[&x, &q], |v| {
-                    ops::assemble(
-                        &[l + 3, heads + 1, d],
-                        dt,
-                        v[0].device(),
-                        &[
-                            Piece {
-                                src_col: d,
-                                cols: d,
-                                ..Piece::whole(&v[0], 0, 0)
-                            },
-                            Piece {
-                                src_row: 5,
-                                rows: l - 5,
-                                ..Piece::whole(&v[1], 3, d)
-                            },
-                        ],
-                    )
-                });
-            }
+    // Several key tiles, partial query and key tiles, chunks that straddle a warp's rows
+    // and tiles, and a cache filled only up to `kv_len`; both key-tile sizes of the kernel.
+    for (lq, lk, kv_len, heads, bt) in [
+        (200, 333, 333, 3, 0),
+        (250, 250, 250, 2, 70),
+        (64, 1000, 1000, 1, 0),
+        (300, 400, 363, 2, 0),
+        (291, 300, 291, 1, 45),
+    ] {
+        let q = rand(&mut rng, &[lq, heads, 128], DType::BF16);
+        let k = rand(&mut rng, &[lk, heads, 128], DType::BF16);
+        let v = rand(&mut rng, &[lk, heads, 128], DType::BF16);
+        let mask = if bt == 0 {
+            AttnMask::None
+        } else {
+            AttnMask::BlockCausal { block_tokens: bt }
+        };
+        let variants = match dev {
+            Device::Cuda(i) => kernels::cuda::ops::FlashKernel::available(
+                &kernels::cuda::backend(i).expect("backend").arch,
+            ),
+            _ => Vec::new(),
+        };
+        let mut ran = 0;
+        for kernel in variants {
+            check(
+                &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} {kernel:?}"),
+                dev,
+                1e-2,
+                &[&q, &k, &v],
+                |t| match t[0].device() {
+                    Device::Cuda(_) => kernels::cuda::ops::flash_attention_with(
+                        &t[0], &t[1], &t[2], kv_len, bt, kernel,
+                    ),
+                    _ => ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
+                },
+            );
+            ran += 1;
         }
-        // Several key tiles, partial query and key tiles, chunks that straddle a warp's rows
-        // and tiles, and a cache filled only up to `kv_len`; both key-tile sizes of the kernel.
-        for (lq, lk, kv_len, heads, bt) in [
-            (200, 333, 333, 3, 0),
-            (250, 250, 250, 2, 70),
-            (64, 1000, 1000, 1, 0),
-            (300, 400, 363, 2, 0),
-            (291, 300, 291, 1, 45),
-        ] {
-            let q = rand(&mut rng, &[lq, heads, 128], DType::BF16);
-            let k = rand(&mut rng, &[lk, heads, 128], DType::BF16);
-            let v = rand(&mut rng, &[lk, heads, 128], DType::BF16);
-            let mask = if bt == 0 {
-                AttnMask::None
-            } else {
-                AttnMask::BlockCausal { block_tokens: bt }
-            };
-            let variants = match dev {
-                Device::Cuda(i) => kernels::cuda::ops::FlashKernel::available(
-                    &kernels::cuda::backend(i).expect("backend").arch,
-                ),
-                _ => Vec::new(),
-            };
-            let mut ran = 0;
-            for kernel in variants {
-                check(
-                    &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} {kernel:?}"),
-                    dev,
-                    1e-2,
-                    &[&q, &k, &v],
-                    |t| match t[0].device() {
-                        Device::Cuda(_) => kernels::cuda::ops::flash_attention_with(
-                            &t[0], &t[1], &t[2], kv_len, bt, kernel,
-                        ),
-                        _ => ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
-                    },
-                );
-                ran += 1;
-            }
-            if ran == 0 {
-                check(
-                    &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt}"),
-                    dev,
-                    1e-2,
-                    &[&q, &k, &v],
-                    |t| ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
-                );
-            }
-        }
-        // A KV cache on the device evicts and rewrites exactly as on the CPU.
-        let (tpf, heads, d) = (6, 2, 32);
-        let mut caches = [
-            KvCache::new(5, 2, tpf, heads, d, DType::F32).expect("cache"),
-            KvCache::new(5, 2, tpf, heads, d, DType::F32)
-                .expect("cache")
-                .on_device(dev)
-                .expect("up"),
-        ];
-        for frame in 0..8u64 {
-            let k = rand(&mut rng, &[tpf, heads, d], DType::F32);
-            let v = rand(&mut rng, &[tpf, heads, d], DType::F32);
-            for (i, c) in caches.iter_mut().enumerate() {
-                let target = if i == 0 { Device::Cpu } else { dev };
-                c.write(
-                    frame,
-                    &k.to_device(target).expect("k"),
-                    &v.to_device(target).expect("v"),
-                )
-                .expect("write");
-            }
-            assert_eq!(caches[0].frames(), caches[1].frames());
-            let n = caches[0].len_tokens();
-            close(
-                &format!("cache keys after frame {frame} on {dev}"),
-                &caches[1]
-                    .keys()
-                    .to_device(Device::Cpu)
-                    .expect("down")
-                    .narrow(0, 0, n)
-                    .expect("n"),
-                &caches[0].keys().narrow(0, 0, n).expect("n"),
-                1e-12,
+        if ran == 0 {
+            check(
+                &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt}"),
+                dev,
+                1e-2,
+                &[&q, &k, &v],
+                |t| ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
             );
         }
     }
+    // A KV cache on the device evicts and rewrites exactly as on the CPU.
+    let (tpf, heads, d) = (6, 2, 32);
+    let mut caches = [
+        KvCache::new(5, 2, tpf, heads, d, DType::F32).expect("cache"),
+        KvCache::new(5, 2, tpf, heads, d, DType::F32)
+            .expect("cache")
+            .on_device(dev)
+            .expect("up"),
+    ];
+    for frame in 0..8u64 {
+        let k = rand(&mut rng, &[tpf, heads, d], DType::F32);
+        let v = rand(&mut rng, &[tpf, heads, d], DType::F32);
+        for (i, c) in caches.iter_mut().enumerate() {
+            let target = if i == 0 { Device::Cpu } else { dev };
+            c.write(
+                frame,
+                &k.to_device(target).expect("k"),
+                &v.to_device(target).expect("v"),
+            )
+            .expect("write");
+        }
+        assert_eq!(caches[0].frames(), caches[1].frames());
+        let n = caches[0].len_tokens();
+        close(
+            &format!("cache keys after frame {frame} on {dev}"),
+            &caches[1]
+                .keys()
+                .to_device(Device::Cpu)
+                .expect("down")
+                .narrow(0, 0, n)
+                .expect("n"),
+            &caches[0].keys().narrow(0, 0, n).expect("n"),
+            1e-12,
+        );
+    }
 }
+backend_test!(rope_attention_and_layout_match_the_cpu);
 
 /// Threads sharing one device (ranks over the loopback on one GPU) interleave their launches on
 /// its stream; a GEMM whose library call enqueues several kernels around the shared cuBLASLt
 /// workspace (a split-K product and its reduction: narrow outputs over a long K, as the 14B head)
 /// must still give each thread the bits it gets alone.
-#[test]
-fn gemms_from_two_threads_on_one_device_match_one_thread() {
-    for dev in gpus() {
-        let mut rng = Rng::new(9);
-        let cases: Vec<(Tensor, Tensor)> = [(2340, 5120, 64), (4680, 5120, 64), (96, 13824, 128)]
-            .iter()
-            .map(|&(m, k, n)| {
-                let x = rand(&mut rng, &[m, k], DType::BF16)
-                    .to_device(dev)
-                    .expect("x");
-                let w = rand(&mut rng, &[n, k], DType::BF16)
-                    .to_device(dev)
-                    .expect("w");
-                (x, w)
-            })
-            .collect();
-        let alone: Vec<Vec<f32>> = cases
-            .iter()
-            .map(|(x, w)| ops::linear(x, w, None).expect("linear").to_vec_f32())
-            .collect();
-        std::thread::scope(|s| {
-            for t in 0..2 {
-                let (cases, alone) = (&cases, &alone);
-                s.spawn(move || {
-                    for round in 0..20 {
-                        let outs: Vec<Tensor> = cases
+fn gemms_from_two_threads_on_one_device_match_one_thread(dev: Device) {
+    let mut rng = Rng::new(9);
+    let cases: Vec<(Tensor, Tensor)> = [(2340, 5120, 64), (4680, 5120, 64), (96, 13824, 128)]
+        .iter()
+        .map(|&(m, k, n)| {
+            let x = rand(&mut rng, &[m, k], DType::BF16)
+                .to_device(dev)
+                .expect("x");
+            let w = rand(&mut rng, &[n, k], DType::BF16)
+                .to_device(dev)
+                .expect("w");
+            (x, w)
+        })
+        .collect();
+    let alone: Vec<Vec<f32>> = cases
+        .iter()
+        .map(|(x, w)| ops::linear(x, w, None).expect("linear").to_vec_f32())
+        .collect();
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (cases, alone) = (&cases, &alone);
+            s.spawn(move || {
+                for round in 0..20 {
+                    let outs: Vec<Tensor> = cases
+                        .iter()
+                        .map(|(x, w)| ops::linear(x, w, None).expect("linear"))
+                        .collect();
+                    for (i, (o, want)) in outs.iter().zip(alone).enumerate() {
+                        let same = o
+                            .to_vec_f32()
                             .iter()
-                            .map(|(x, w)| ops::linear(x, w, None).expect("linear"))
-                            .collect();
-                        for (i, (o, want)) in outs.iter().zip(alone).enumerate() {
-                            let same = o
-                                .to_vec_f32()
-                                .iter()
-                                .zip(want)
-                                .all(|(a, b)| a.to_bits() == b.to_bits());
-                            assert!(same, "thread {t}, round {round}, case {i} on {dev}");
-                        }
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "thread {t}, round {round}, case {i} on {dev}");
                     }
-                });
-            }
-        });
-    }
+                }
+            });
+        }
+    });
 }
+backend_test!(gemms_from_two_threads_on_one_device_match_one_thread);
 
 /// `(input [cin, t, h, w], weight [cout, cin, kt, kh, kw], stride, padding)`.
 type ConvCase = ([usize; 4], [usize; 5], [usize; 3], kernels::Padding3d);
 
-#[test]
-fn video_vae_ops_match_the_cpu() {
-    for dev in gpus() {
-        let mut rng = Rng::new(7);
-        for dt in [DType::F32, DType::BF16] {
-            // cuBLASLt's f32 GEMM runs in TF32 (the notes' ~3e-4; 3.05e-4 was seen at K = 135).
-            let gemm_tol = if dt == DType::F32 { 6e-4 } else { 1e-2 };
-            // bf16 runs the tensor-core implicit GEMM, f32 im2col + cuBLASLt. A causal 3-D conv,
-            // a strided downsampling conv, a per-frame 2-D conv, a 1×1 projection; then shapes
-            // that cross the implicit GEMM's tiles: several 32-channel input chunks and 64-channel
-            // output blocks with odd sizes (a partial last tile both ways), a temporal stride
-            // (the VAE encoder's time conv), a 3-channel RGB head (the 16-output block) with a
-            // spatial stride, a tiny-decoder-like 3×3 with 128 channels in, and 136 channels out
-            // (the 128-channel block with a partial second block, under WORLDLINE_CONV_BM=128).
-            let cases: [ConvCase; 9] = [
-                (
-                    [5, 3, 9, 11],
-                    [7, 5, 3, 3, 3],
-                    [1, 1, 1],
-                    [[2, 0], [1, 1], [1, 1]],
-                ),
-                (
-                    [4, 2, 10, 12],
-                    [6, 4, 1, 3, 3],
-                    [1, 2, 2],
-                    [[0, 0], [0, 1], [0, 1]],
-                ),
-                (
-                    [3, 4, 8, 9],
-                    [5, 3, 1, 3, 3],
-                    [1, 1, 1],
-                    [[0, 0], [1, 1], [1, 1]],
-                ),
-                (
-                    [16, 2, 6, 7],
-                    [12, 16, 1, 1, 1],
-                    [1, 1, 1],
-                    [[0, 0], [0, 0], [0, 0]],
-                ),
-                (
-                    [40, 3, 17, 35],
-                    [70, 40, 3, 3, 3],
-                    [1, 1, 1],
-                    [[2, 0], [1, 1], [1, 1]],
-                ),
-                (
-                    [8, 5, 9, 20],
-                    [20, 8, 3, 1, 1],
-                    [2, 1, 1],
-                    [[0, 0], [0, 0], [0, 0]],
-                ),
-                (
-                    [36, 1, 19, 37],
-                    [3, 36, 1, 3, 3],
-                    [1, 2, 2],
-                    [[0, 0], [1, 1], [1, 1]],
-                ),
-                (
-                    [128, 2, 24, 40],
-                    [64, 128, 1, 3, 3],
-                    [1, 1, 1],
-                    [[0, 0], [1, 1], [1, 1]],
-                ),
-                (
-                    [40, 2, 11, 21],
-                    [136, 40, 2, 3, 3],
-                    [1, 1, 1],
-                    [[1, 0], [1, 1], [1, 1]],
-                ),
-            ];
-            for (xs, ws, stride, padding) in cases {
-                let x = rand(&mut rng, &xs, dt);
-                let w = rand(&mut rng, &ws, dt);
-                let b = rand(&mut rng, &[ws[0]], DType::F32);
-                check(
-                    &format!("conv3d {dt:?} {xs:?} * {ws:?} stride {stride:?}"),
-                    dev,
-                    gemm_tol,
-                    &[&x, &w, &b],
-                    |v| ops::conv3d(&v[0], &v[1], Some(&v[2]), stride, padding),
-                );
-                check(
-                    &format!("conv3d {dt:?} {xs:?} * {ws:?} without bias"),
-                    dev,
-                    gemm_tol,
-                    &[&x, &w],
-                    |v| ops::conv3d(&v[0], &v[1], None, stride, padding),
-                );
-            }
-            // The fused epilogue (bias, residual, ReLU) against the CPU's separate ops: the
-            // tiny decoder's memory-block convs and the VAE's residual convs.
-            for (xs, ws) in [
-                ([24, 2, 13, 21], [24, 24, 1, 3, 3]),
-                ([8, 3, 6, 9], [3, 8, 3, 3, 3]),
-            ] {
-                let x = rand(&mut rng, &xs, dt);
-                let w = rand(&mut rng, &ws, dt);
-                let b = rand(&mut rng, &[ws[0]], DType::F32);
-                let kt = ws[2];
-                let r = rand(&mut rng, &[ws[0], xs[1], xs[2], xs[3]], dt);
-                for relu in [false, true] {
-                    check(
-                        &format!("conv3d {dt:?} {xs:?} * {ws:?} + residual, relu {relu}"),
-                        dev,
-                        gemm_tol,
-                        &[&x, &w, &b, &r],
-                        |v| {
-                            let epi = kernels::ConvEpilogue {
-                                residual: Some(&v[3]),
-                                relu,
-                            };
-                            let pad = [[kt - 1, 0], [1, 1], [1, 1]];
-                            ops::conv3d_fused(&v[0], &v[1], Some(&v[2]), [1; 3], pad, epi)
-                        },
-                    );
-                }
-            }
-            let x = rand(&mut rng, &[6, 2, 5, 7], dt);
-            let g = rand(&mut rng, &[6, 1, 1, 1], dt);
-            let mul = rand(&mut rng, &[6], DType::F32);
+fn video_vae_ops_match_the_cpu(dev: Device) {
+    let mut rng = Rng::new(7);
+    for dt in [DType::F32, DType::BF16] {
+        // cuBLASLt's f32 GEMM runs in TF32 (the notes' ~3e-4; 3.05e-4 was seen at K = 135).
+        let gemm_tol = if dt == DType::F32 { 6e-4 } else { 1e-2 };
+        // bf16 runs the tensor-core implicit GEMM, f32 im2col + cuBLASLt. A causal 3-D conv,
+        // a strided downsampling conv, a per-frame 2-D conv, a 1×1 projection; then shapes
+        // that cross the implicit GEMM's tiles: several 32-channel input chunks and 64-channel
+        // output blocks with odd sizes (a partial last tile both ways), a temporal stride
+        // (the VAE encoder's time conv), a 3-channel RGB head (the 16-output block) with a
+        // spatial stride, a tiny-decoder-like 3×3 with 128 channels in, and 136 channels out
+        // (the 128-channel block with a partial second block, under WORLDLINE_CONV_BM=128).
+        let cases: [ConvCase; 9] = [
+            (
+                [5, 3, 9, 11],
+                [7, 5, 3, 3, 3],
+                [1, 1, 1],
+                [[2, 0], [1, 1], [1, 1]],
+            ),
+            (
+                [4, 2, 10, 12],
+                [6, 4, 1, 3, 3],
+                [1, 2, 2],
+                [[0, 0], [0, 1], [0, 1]],
+            ),
+            (
+                [3, 4, 8, 9],
+                [5, 3, 1, 3, 3],
+                [1, 1, 1],
+                [[0, 0], [1, 1], [1, 1]],
+            ),
+            (
+                [16, 2, 6, 7],
+                [12, 16, 1, 1, 1],
+                [1, 1, 1],
+                [[0, 0], [0, 0], [0, 0]],
+            ),
+            (
+                [40, 3, 17, 35],
+                [70, 40, 3, 3, 3],
+                [1, 1, 1],
+                [[2, 0], [1, 1], [1, 1]],
+            ),
+            (
+                [8, 5, 9, 20],
+                [20, 8, 3, 1, 1],
+                [2, 1, 1],
+                [[0, 0], [0, 0], [0, 0]],
+            ),
+            (
+                [36, 1, 19, 37],
+                [3, 36, 1, 3, 3],
+                [1, 2, 2],
+                [[0, 0], [1, 1], [1, 1]],
+            ),
+            (
+                [128, 2, 24, 40],
+                [64, 128, 1, 3, 3],
+                [1, 1, 1],
+                [[0, 0], [1, 1], [1, 1]],
+            ),
+            (
+                [40, 2, 11, 21],
+                [136, 40, 2, 3, 3],
+                [1, 1, 1],
+                [[1, 0], [1, 1], [1, 1]],
+            ),
+        ];
+        for (xs, ws, stride, padding) in cases {
+            let x = rand(&mut rng, &xs, dt);
+            let w = rand(&mut rng, &ws, dt);
+            let b = rand(&mut rng, &[ws[0]], DType::F32);
             check(
-                &format!("upsample 2×2 {dt:?}"),
+                &format!("conv3d {dt:?} {xs:?} * {ws:?} stride {stride:?}"),
                 dev,
-                f64::MIN_POSITIVE,
-                &[&x],
-                |v| ops::upsample_nearest_2d(&v[0], [2, 2]),
+                gemm_tol,
+                &[&x, &w, &b],
+                |v| ops::conv3d(&v[0], &v[1], Some(&v[2]), stride, padding),
             );
             check(
-                &format!("upsample 1×3 {dt:?}"),
+                &format!("conv3d {dt:?} {xs:?} * {ws:?} without bias"),
                 dev,
-                f64::MIN_POSITIVE,
-                &[&x],
-                |v| ops::upsample_nearest_2d(&v[0], [1, 3]),
+                gemm_tol,
+                &[&x, &w],
+                |v| ops::conv3d(&v[0], &v[1], None, stride, padding),
             );
-            check(
-                &format!("channel_rms_norm {dt:?}"),
-                dev,
-                tol(dt),
-                &[&x, &g],
-                |v| ops::channel_rms_norm(&v[0], &v[1], 1e-12),
-            );
-            check(
-                &format!("channel_affine {dt:?}"),
-                dev,
-                tol(dt),
-                &[&x, &mul, &g],
-                |v| ops::channel_affine(&v[0], &v[1], &v[2]),
-            );
-            // Rows of VAE attention scores (wide: several block strides), scaled as there.
-            let scores = rand(&mut rng, &[37, 1000], dt);
-            check(
-                &format!("softmax_rows {dt:?}"),
-                dev,
-                tol(dt),
-                &[&scores],
-                |v| ops::softmax_rows(&v[0], 0.7),
-            );
-            // Scaled so both clamps bite on a good share of the values.
-            let wide = ops::axpby(4.0, &x, 0.0, &x).expect("scale");
-            check(&format!("clamp {dt:?}"), dev, tol(dt), &[&wide], |v| {
-                ops::clamp(&v[0], -0.5, 0.7)
-            });
-            check(&format!("soft_clamp {dt:?}"), dev, tol(dt), &[&wide], |v| {
-                ops::soft_clamp(&v[0], 3.0)
-            });
         }
-        // Large enough for the column buffer's other tilings: one whole frame per GEMM, then
-        // rows of one frame per GEMM (1728 taps × 250×400 and × 400×400 outputs).
-        for hw in [[250, 400], [400, 400]] {
-            let x = rand(&mut rng, &[64, 3, hw[0], hw[1]], DType::F32);
-            let w = rand(&mut rng, &[8, 64, 3, 3, 3], DType::F32);
-            check(&format!("conv3d tiled {hw:?}"), dev, 6e-4, &[&x, &w], |v| {
-                ops::conv3d(&v[0], &v[1], None, [1, 1, 1], [[2, 0], [1, 1], [1, 1]])
-            });
-        }
-    }
-}
-
-#[test]
-fn vsa_attention_matches_the_cpu() {
-    for dev in gpus() {
-        let mut rng = Rng::new(8);
-        // A 3-frame chunk over a 9-frame cache of 12×20 tokens (partial time tiles), and over a
-        // 7-frame cache of 10×22 (partial tiles on every axis, sizes like 3·2·2 = 12), d 128.
-        for (q_grid, k_grid, dt) in [
-            ([3, 12, 20], [9, 12, 20], DType::F32),
-            ([3, 12, 20], [9, 12, 20], DType::BF16),
-            ([3, 10, 22], [7, 10, 22], DType::BF16),
+        // The fused epilogue (bias, residual, ReLU) against the CPU's separate ops: the
+        // tiny decoder's memory-block convs and the VAE's residual convs.
+        for (xs, ws) in [
+            ([24, 2, 13, 21], [24, 24, 1, 3, 3]),
+            ([8, 3, 6, 9], [3, 8, 3, 3, 3]),
         ] {
-            let (heads, d) = (2, 128);
-            let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
-            let tiles = kernels::vsa::Tiling::new(k_grid, kernels::vsa::TILE).tiles();
-            let q = rand(&mut rng, &[lq, heads, d], dt);
-            let k = rand(&mut rng, &[lk, heads, d], dt);
-            let v = rand(&mut rng, &[lk, heads, d], dt);
-            let g = rand(&mut rng, &[lq, heads, d], dt);
-            for sparsity in [0.0, 0.5, 0.9] {
-                let top_k = kernels::vsa::top_k(sparsity, tiles);
+            let x = rand(&mut rng, &xs, dt);
+            let w = rand(&mut rng, &ws, dt);
+            let b = rand(&mut rng, &[ws[0]], DType::F32);
+            let kt = ws[2];
+            let r = rand(&mut rng, &[ws[0], xs[1], xs[2], xs[3]], dt);
+            for relu in [false, true] {
                 check(
-                    &format!("vsa {dt:?} {k_grid:?} sparsity {sparsity}"),
+                    &format!("conv3d {dt:?} {xs:?} * {ws:?} + residual, relu {relu}"),
                     dev,
-                    tol(dt),
-                    &[&q, &k, &v],
-                    |x| kernels::vsa::attention(&x[0], &x[1], &x[2], None, q_grid, k_grid, top_k),
-                );
-                check(
-                    &format!("vsa {dt:?} {k_grid:?} sparsity {sparsity} gated"),
-                    dev,
-                    tol(dt),
-                    &[&q, &k, &v, &g],
-                    |x| {
-                        kernels::vsa::attention(
-                            &x[0],
-                            &x[1],
-                            &x[2],
-                            Some(&x[3]),
-                            q_grid,
-                            k_grid,
-                            top_k,
-                        )
+                    gemm_tol,
+                    &[&x, &w, &b, &r],
+                    |v| {
+                        let epi = kernels::ConvEpilogue {
+                            residual: Some(&v[3]),
+                            relu,
+                        };
+                        let pad = [[kt - 1, 0], [1, 1], [1, 1]];
+                        ops::conv3d_fused(&v[0], &v[1], Some(&v[2]), [1; 3], pad, epi)
                     },
                 );
             }
         }
+        let x = rand(&mut rng, &[6, 2, 5, 7], dt);
+        let g = rand(&mut rng, &[6, 1, 1, 1], dt);
+        let mul = rand(&mut rng, &[6], DType::F32);
+        check(
+            &format!("upsample 2×2 {dt:?}"),
+            dev,
+            f64::MIN_POSITIVE,
+            &[&x],
+            |v| ops::upsample_nearest_2d(&v[0], [2, 2]),
+        );
+        check(
+            &format!("upsample 1×3 {dt:?}"),
+            dev,
+            f64::MIN_POSITIVE,
+            &[&x],
+            |v| ops::upsample_nearest_2d(&v[0], [1, 3]),
+        );
+        check(
+            &format!("channel_rms_norm {dt:?}"),
+            dev,
+            tol(dt),
+            &[&x, &g],
+            |v| ops::channel_rms_norm(&v[0], &v[1], 1e-12),
+        );
+        check(
+            &format!("channel_affine {dt:?}"),
+            dev,
+            tol(dt),
+            &[&x, &mul, &g],
+            |v| ops::channel_affine(&v[0], &v[1], &v[2]),
+        );
+        // Rows of VAE attention scores (wide: several block strides), scaled as there.
+        let scores = rand(&mut rng, &[37, 1000], dt);
+        check(
+            &format!("softmax_rows {dt:?}"),
+            dev,
+            tol(dt),
+            &[&scores],
+            |v| ops::softmax_rows(&v[0], 0.7),
+        );
+        // Scaled so both clamps bite on a good share of the values.
+        let wide = ops::axpby(4.0, &x, 0.0, &x).expect("scale");
+        check(&format!("clamp {dt:?}"), dev, tol(dt), &[&wide], |v| {
+            ops::clamp(&v[0], -0.5, 0.7)
+        });
+        check(&format!("soft_clamp {dt:?}"), dev, tol(dt), &[&wide], |v| {
+            ops::soft_clamp(&v[0], 3.0)
+        });
+    }
+    // Large enough for the column buffer's other tilings: one whole frame per GEMM, then
+    // rows of one frame per GEMM (1728 taps × 250×400 and × 400×400 outputs).
+    for hw in [[250, 400], [400, 400]] {
+        let x = rand(&mut rng, &[64, 3, hw[0], hw[1]], DType::F32);
+        let w = rand(&mut rng, &[8, 64, 3, 3, 3], DType::F32);
+        check(&format!("conv3d tiled {hw:?}"), dev, 6e-4, &[&x, &w], |v| {
+            ops::conv3d(&v[0], &v[1], None, [1, 1, 1], [[2, 0], [1, 1], [1, 1]])
+        });
     }
 }
+backend_test!(video_vae_ops_match_the_cpu);
+
+fn vsa_attention_matches_the_cpu(dev: Device) {
+    let mut rng = Rng::new(8);
+    // A 3-frame chunk over a 9-frame cache of 12×20 tokens (partial time tiles), and over a
+    // 7-frame cache of 10×22 (partial tiles on every axis, sizes like 3·2·2 = 12), d 128.
+    for (q_grid, k_grid, dt) in [
+        ([3, 12, 20], [9, 12, 20], DType::F32),
+        ([3, 12, 20], [9, 12, 20], DType::BF16),
+        ([3, 10, 22], [7, 10, 22], DType::BF16),
+    ] {
+        let (heads, d) = (2, 128);
+        let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
+        let tiles = kernels::vsa::Tiling::new(k_grid, kernels::vsa::TILE).tiles();
+        let q = rand(&mut rng, &[lq, heads, d], dt);
+        let k = rand(&mut rng, &[lk, heads, d], dt);
+        let v = rand(&mut rng, &[lk, heads, d], dt);
+        let g = rand(&mut rng, &[lq, heads, d], dt);
+        for sparsity in [0.0, 0.5, 0.9] {
+            let top_k = kernels::vsa::top_k(sparsity, tiles);
+            check(
+                &format!("vsa {dt:?} {k_grid:?} sparsity {sparsity}"),
+                dev,
+                tol(dt),
+                &[&q, &k, &v],
+                |x| kernels::vsa::attention(&x[0], &x[1], &x[2], None, q_grid, k_grid, top_k),
+            );
+            check(
+                &format!("vsa {dt:?} {k_grid:?} sparsity {sparsity} gated"),
+                dev,
+                tol(dt),
+                &[&q, &k, &v, &g],
+                |x| {
+                    kernels::vsa::attention(&x[0], &x[1], &x[2], Some(&x[3]), q_grid, k_grid, top_k)
+                },
+            );
+        }
+    }
+}
+backend_test!(vsa_attention_matches_the_cpu);
