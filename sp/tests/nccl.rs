@@ -1,20 +1,66 @@
-//! The NCCL communicator. Where NCCL or two CUDA devices are missing (CI), only the error paths
-//! run and the GPU checks print why they were skipped; on a machine with both, the exchanges are
-//! checked value by value and a dead or aborting peer must fail the group within its timeout.
+//! The NCCL communicator (CUDA) and the RCCL one (ROCm, the same source). Where the library or two
+//! devices are missing (CI), only the error paths run and the GPU checks print why they were
+//! skipped; on a machine with both, the exchanges are checked value by value and a dead or
+//! aborting peer must fail the group within its timeout.
 
 use std::time::{Duration, Instant};
 
 use kernels::{DType, Device, Tensor};
 use sp::{Communicator, Error, NcclComm};
 
+type Group = Result<Vec<Box<dyn Communicator>>, Error>;
+
+/// One vendor's communicator, as the two-GPU checks use it.
+struct Vendor {
+    /// The library, loaded (for the log), or why it is not there.
+    library: fn() -> Result<String, Error>,
+    device: fn(usize) -> Device,
+    group: fn(&[usize], Duration) -> Group,
+}
+
+fn boxed<C: Communicator + 'static>(v: Vec<C>) -> Vec<Box<dyn Communicator>> {
+    v.into_iter()
+        .map(|c| Box::new(c) as Box<dyn Communicator>)
+        .collect()
+}
+
+const NCCL: Vendor = Vendor {
+    library: nccl_loaded,
+    device: Device::Cuda,
+    group: nccl_group,
+};
+
+const RCCL: Vendor = Vendor {
+    library: rccl_loaded,
+    device: Device::Rocm,
+    group: rccl_group,
+};
+
+fn nccl_loaded() -> Result<String, Error> {
+    sp::nccl_library().map(|l| format!("{l:?}"))
+}
+
+fn rccl_loaded() -> Result<String, Error> {
+    sp::rccl_library().map(|l| format!("{l:?}"))
+}
+
+fn nccl_group(gpus: &[usize], timeout: Duration) -> Group {
+    NcclComm::group(gpus, timeout).map(boxed)
+}
+
+fn rccl_group(gpus: &[usize], timeout: Duration) -> Group {
+    sp::RcclComm::group(gpus, timeout).map(boxed)
+}
+
 /// Why the two-GPU checks cannot run here, if they cannot.
-fn two_gpus() -> Option<String> {
-    if let Err(e) = sp::nccl_library() {
+fn two_gpus(v: &Vendor) -> Option<String> {
+    if let Err(e) = (v.library)() {
         return Some(e.to_string());
     }
     for g in 0..2 {
-        if let Err(e) = Device::Cuda(g).ensure_available() {
-            return Some(format!("cuda:{g}: {e}"));
+        let dev = (v.device)(g);
+        if let Err(e) = dev.ensure_available() {
+            return Some(format!("{dev}: {e}"));
         }
     }
     None
@@ -74,16 +120,26 @@ fn values(rank: usize, j: usize, n: usize) -> Vec<f32> {
 
 #[test]
 fn two_gpus_exchange_exactly() {
-    if let Some(why) = two_gpus() {
+    exchange_exactly(&NCCL);
+}
+
+#[test]
+fn two_rocm_gpus_exchange_exactly() {
+    exchange_exactly(&RCCL);
+}
+
+fn exchange_exactly(v: &Vendor) {
+    if let Some(why) = two_gpus(v) {
         println!("skipping the two-GPU exchange: {why}");
         return;
     }
-    let comms = NcclComm::group(&[0, 1], Duration::from_secs(60)).expect("group");
-    println!("{:?}", comms[0].library());
+    let comms = (v.group)(&[0, 1], Duration::from_secs(60)).expect("group");
+    println!("{}", (v.library)().unwrap_or_default());
+    let device = v.device;
     std::thread::scope(|s| {
         for c in &comms {
             s.spawn(move || {
-                let (r, dev) = (c.rank(), c.device());
+                let (r, dev) = (c.rank(), device(c.rank()));
                 for dtype in [DType::F32, DType::BF16] {
                     let part = |j: usize| {
                         Tensor::from_f32(values(r, j, 6 * 5), &[6, 5], dtype)
@@ -117,18 +173,28 @@ fn two_gpus_exchange_exactly() {
 
 #[test]
 fn a_dead_peer_fails_the_group_within_the_timeout() {
-    if let Some(why) = two_gpus() {
+    dead_peer(&NCCL);
+}
+
+#[test]
+fn a_dead_rocm_peer_fails_the_group_within_the_timeout() {
+    dead_peer(&RCCL);
+}
+
+fn dead_peer(v: &Vendor) {
+    if let Some(why) = two_gpus(v) {
         println!("skipping the dead-peer check: {why}");
         return;
     }
     let timeout = Duration::from_secs(3);
-    let comms = NcclComm::group(&[0, 1], timeout).expect("group");
+    let comms = (v.group)(&[0, 1], timeout).expect("group");
+    let dev0 = (v.device)(0);
     let started = Instant::now();
     std::thread::scope(|s| {
         let (c0, c1) = (&comms[0], &comms[1]);
         let waiter = s.spawn(move || {
             let t = Tensor::zeros(&[1024], DType::F32)
-                .and_then(|t| t.to_device(c0.device()))
+                .and_then(|t| t.to_device(dev0))
                 .expect("t");
             // Rank 1 never joins: the exchange hangs on the GPU, the barrier's wait must not.
             let _ = c0.all_to_all(vec![t.clone(), t]);
@@ -147,11 +213,20 @@ fn a_dead_peer_fails_the_group_within_the_timeout() {
 
 #[test]
 fn an_abort_reaches_the_waiting_rank() {
-    if let Some(why) = two_gpus() {
+    abort_reaches(&NCCL);
+}
+
+#[test]
+fn an_abort_reaches_the_waiting_rocm_rank() {
+    abort_reaches(&RCCL);
+}
+
+fn abort_reaches(v: &Vendor) {
+    if let Some(why) = two_gpus(v) {
         println!("skipping the abort check: {why}");
         return;
     }
-    let comms = NcclComm::group(&[0, 1], Duration::from_secs(120)).expect("group");
+    let comms = (v.group)(&[0, 1], Duration::from_secs(120)).expect("group");
     let started = Instant::now();
     std::thread::scope(|s| {
         let (c0, c1) = (&comms[0], &comms[1]);
