@@ -210,12 +210,18 @@ pub(crate) struct ColMajor {
 /// is what HIPBLASLT_EPILOGUE_BIAS adds.
 impl ColMajor {
     pub(crate) fn linear(m: usize, n: usize, k: usize) -> ColMajor {
+        Self::linear_strided(m, n, k, k, k)
+    }
+
+    /// [`linear`](Self::linear) over rows `ldx` and `ldw` elements apart (one head's slice of
+    /// `[tokens, heads, d]` tensors: `ld = heads·d`).
+    pub(crate) fn linear_strided(m: usize, n: usize, k: usize, ldx: usize, ldw: usize) -> Self {
         let (m, n, k) = (m as u64, n as u64, k as u64);
         ColMajor {
             transa: true,
             transb: false,
-            a: Mat(k, n, k as i64),
-            b: Mat(k, m, k as i64),
+            a: Mat(k, n, ldw as i64),
+            b: Mat(k, m, ldx as i64),
             d: Mat(n, m, n as i64),
         }
     }
@@ -555,6 +561,63 @@ mod tests {
             // A is w's memory, B is x's, D is out's: nothing is copied or transposed.
             let got = eval(&ColMajor::linear(m, n, k), &w, &x, &bias);
             assert!(close(got.clone(), &want), "{m}×{n}×{k}: {got:?}, {want:?}");
+        }
+    }
+
+    #[test]
+    fn attention_per_head_through_the_two_mappings_is_attention() {
+        // rocm::ops::attention_gemm's plan on [tokens, heads, d] buffers: per head, S = Q·Kᵀ
+        // over the first kv_len keys (linear_strided on the head's slices), a row softmax,
+        // then O = P·V into the head's columns of O (plain, D inside the wider O).
+        let (lq, rows, kv_len, heads, d) = (5, 9, 7, 3, 4);
+        let (q, k, v) = (
+            values(11, lq * heads * d),
+            values(12, rows * heads * d),
+            values(13, rows * heads * d),
+        );
+        let scale = 1.0 / (d as f32).sqrt();
+        let ld = heads * d;
+        let mut out = vec![f32::NAN; lq * ld];
+        for h in 0..heads {
+            let cm = ColMajor::linear_strided(lq, kv_len, d, ld, ld);
+            let s = eval(&cm, &k[h * d..], &q[h * d..], &vec![0.0; kv_len]).expect("scores");
+            // Row-major S[lq, kv_len] (column-major D is kv_len × lq, ld kv_len).
+            let mut p = s.clone();
+            for row in p.chunks_mut(kv_len) {
+                let mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b * scale));
+                let sum: f32 = row.iter().map(|&x| (x * scale - mx).exp()).sum();
+                row.iter_mut()
+                    .for_each(|x| *x = (*x * scale - mx).exp() / sum);
+            }
+            let cm = ColMajor::plain(d, lq, kv_len, ld, kv_len, ld);
+            let o = eval(&cm, &v[h * d..], &p, &vec![0.0; d]).expect("output");
+            // D's column j is query j; its first d rows land at O[j, h, ..].
+            for j in 0..lq {
+                out[j * ld + h * d..j * ld + h * d + d].copy_from_slice(&o[j * ld..j * ld + d]);
+            }
+        }
+        for i in 0..lq {
+            for h in 0..heads {
+                let sc: Vec<f32> = (0..kv_len)
+                    .map(|t| {
+                        (0..d)
+                            .map(|e| q[i * ld + h * d + e] * k[t * ld + h * d + e])
+                            .sum::<f32>()
+                            * scale
+                    })
+                    .collect();
+                let mx = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let w: Vec<f32> = sc.iter().map(|&x| (x - mx).exp()).collect();
+                let sum: f32 = w.iter().sum();
+                for e in 0..d {
+                    let want: f32 = (0..kv_len)
+                        .map(|t| w[t] * v[t * ld + h * d + e])
+                        .sum::<f32>()
+                        / sum;
+                    let got = out[i * ld + h * d + e];
+                    assert!((got - want).abs() < 1e-5, "q{i} h{h} e{e}: {got} vs {want}");
+                }
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! The op set on ROCm: the shared launches of `gpu_common/ops.rs` over the HIP driver layer,
-//! GEMMs through hipBLASLt. No tensor-core (MFMA) kernels yet: attention runs the portable
-//! kernel at every head dim, fp8 weights are dequantised to bf16 for the GEMM. Never run on an
-//! AMD GPU.
+//! GEMMs through hipBLASLt. No MFMA kernels of our own yet: the streaming attention runs per
+//! head as hipBLASLt GEMMs around our row softmax, block-causal attention the portable kernel,
+//! and fp8 weights are dequantised to bf16 for the GEMM. Never run on an AMD GPU.
 
 use super::blaslt::{ColMajor, GemmType};
 pub(crate) use super::hip::{DeviceBuf, DeviceRepr, LaunchArgs, LaunchConfig};
@@ -77,24 +77,26 @@ fn raw(d: &RocmData, dev: &Backend) -> Result<u64> {
     }
 }
 
-/// One hipBLASLt GEMM on the device's stream: column-major `D = op(A)·op(B)` with `d_offset`
-/// elements into `d`.
-#[allow(clippy::too_many_arguments)]
+/// One operand of a GEMM: a buffer and the element its matrix starts at.
+type At<'a> = (&'a RocmData, usize);
+
+/// One hipBLASLt GEMM on the device's stream: column-major `D = op(A)·op(B)`, each matrix
+/// starting at its element offset (one head's slice, one tile of a wider output).
 fn gemm(
     dev: &Backend,
     cm: ColMajor,
     ty: GemmType,
-    a: &RocmData,
-    b: &RocmData,
-    d: &mut RocmData,
-    d_offset: usize,
+    a: At,
+    b: At,
+    d: (&mut RocmData, usize),
 ) -> Result<()> {
     let elem = match ty {
         GemmType::F32 => 4,
         GemmType::BF16 => 2,
     };
-    let (pa, pb) = (raw(a, dev)?, raw(b, dev)?);
-    let pd = raw(d, dev)? + (d_offset * elem) as u64;
+    let at = |(buf, off): At| -> Result<u64> { Ok(raw(buf, dev)? + (off * elem) as u64) };
+    let (pa, pb) = (at(a)?, at(b)?);
+    let pd = at((&*d.0, d.1))?;
     let stream = dev.stream.raw;
     dev.timed("gemm", || {
         dev.with_blas(|lt, ws, ws_bytes| {
@@ -135,10 +137,9 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
         &dev,
         ColMajor::linear(m, n, k),
         ty,
-        &storage(&w)?.data,
-        &storage(&x)?.data,
-        &mut out.data,
-        0,
+        (&storage(&w)?.data, 0),
+        (&storage(&x)?.data, 0),
+        (&mut out.data, 0),
     )?;
     let mut shape = x.shape().to_vec();
     *shape
@@ -153,7 +154,9 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
     cast(&y, out_dtype)
 }
 
-/// Attention over a KV cache: the portable kernel (no MFMA flash kernel yet).
+/// Attention over a KV cache. No MFMA flash kernel yet: an unmasked call (the streaming
+/// chunk over its cache) goes through hipBLASLt's matrix cores per head ([`attention_gemm`]);
+/// a block-causal one, or `WORLDLINE_ROCM_ATTENTION=portable`, runs the portable kernel.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -161,7 +164,51 @@ pub fn attention(
     kv_len: usize,
     block_tokens: usize,
 ) -> Result<Tensor> {
+    let portable = std::env::var("WORLDLINE_ROCM_ATTENTION").is_ok_and(|v| v == "portable");
+    if block_tokens == 0 && !portable {
+        return attention_gemm(q, k, v, kv_len);
+    }
     attention_portable(q, k, v, kv_len, block_tokens)
+}
+
+/// Per head: `S = Q·Kᵀ` over the first `kv_len` keys, a row softmax of `S / √d`, `O = P·V`
+/// into the head's columns of the output; f32 throughout (MI300-class matrix cores run f32
+/// GEMMs), the output in `q`'s dtype. The scores of one head live at a time (`lq·kv_len`
+/// floats, 0.5 GB at lingbot-14b's 4680 × 28080). The mapping of both GEMMs onto the
+/// `[tokens, heads, d]` buffers is tested on the CPU (`rocm::blaslt`).
+fn attention_gemm(q: &Tensor, k: &Tensor, v: &Tensor, kv_len: usize) -> Result<Tensor> {
+    let dev = storage(q)?.dev.clone();
+    let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
+    let (qf, kf, vf) = (
+        cast(q, DType::F32)?,
+        cast(k, DType::F32)?,
+        cast(v, DType::F32)?,
+    );
+    let (qs, ks, vs) = (storage(&qf)?, storage(&kf)?, storage(&vf)?);
+    let ld = heads * d;
+    let mut out = RocmStorage::alloc(&dev, DType::F32, lq * ld)?;
+    let scale = 1.0 / (d as f32).sqrt();
+    for h in 0..heads {
+        let mut scores = RocmStorage::alloc(&dev, DType::F32, lq * kv_len)?;
+        gemm(
+            &dev,
+            ColMajor::linear_strided(lq, kv_len, d, ld, ld),
+            GemmType::F32,
+            (&ks.data, h * d),
+            (&qs.data, h * d),
+            (&mut scores.data, 0),
+        )?;
+        let p = softmax_rows(&wrap(scores, &[lq, kv_len]), scale)?;
+        gemm(
+            &dev,
+            ColMajor::plain(d, lq, kv_len, ld, kv_len, ld),
+            GemmType::F32,
+            (&vs.data, h * d),
+            (&storage(&p)?.data, 0),
+            (&mut out.data, h * d),
+        )?;
+    }
+    cast(&wrap(out, q.shape()), q.dtype())
 }
 
 /// Column-major `D[n × cout] (ld ldd) = A[n × kk] · B[kk × cout]` into `d` from element
@@ -182,10 +229,9 @@ unsafe fn tile_gemm(
         dev,
         ColMajor::plain(n, cout, kk, n, kk, ldd),
         ty,
-        a,
-        b,
-        d,
-        at,
+        (a, 0),
+        (b, 0),
+        (d, at),
     )
 }
 
