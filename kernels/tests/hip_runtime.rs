@@ -60,7 +60,7 @@ fn a_rocm_device_that_is_not_there_is_a_clear_error_everywhere() {
     let t = Tensor::from_vec(vec![1.0, -2.0, 3.5, 0.25], &[2, 2]).expect("tensor");
     let up = t.to_device(dev).expect_err("no upload without a device");
     assert!(up.to_string().contains("rocm:0"), "{up}");
-    let check = kernels::rocm::self_check(0).expect_err("no start-up check without a device");
+    let check = kernels::self_check(dev).expect_err("no start-up check without a device");
     assert!(check.to_string().contains("rocm:0"), "{check}");
     // The CPU tensor is untouched and the CPU path still works after the refusals.
     let y = ops::linear(&t, &t, None).expect("cpu linear");

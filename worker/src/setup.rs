@@ -244,8 +244,9 @@ fn choose_gpus(args: &ModelArgs, device: Device) -> Result<Vec<usize>> {
 /// it has never run on the project's machines, so a wrong result stops the worker here.
 fn rocm_self_check(ordinal: usize) -> Result<()> {
     let started = std::time::Instant::now();
-    let all = kernels::rocm::self_check(ordinal)
+    let all = kernels::self_check(Device::Rocm(ordinal))
         .with_context(|| format!("rocm:{ordinal}: start-up check against the CPU reference"))?;
+    kernels::rocm::note_self_check(ordinal, all.len());
     let worst = all
         .iter()
         .map(|a| a.rel_l2 / a.tolerance.max(f64::MIN_POSITIVE))
