@@ -76,24 +76,9 @@ fn finish(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
 /// `y = x · wᵀ + b` with `x: [.., in]`, `w: [out, in]`, `b: [out]`. f32 accumulation; fp8 operands
 /// are dequantized with their scales (the reference for scaled fp8 GEMMs).
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    linear_checks(x, w, b)?;
     let (m, k) = rows_cols(x);
-    if x.rank() == 0 || w.rank() != 2 || w.dim(1) != k {
-        return Err(shape_err(
-            "linear",
-            format!("input {:?} with weight {:?}", x.shape(), w.shape()),
-        ));
-    }
     let n = w.dim(0);
-    if let Some(b) = b {
-        if b.elem_count() != n {
-            return Err(shape_err(
-                "linear",
-                format!("bias {:?} for {n} outputs", b.shape()),
-            ));
-        }
-        no_fp8("linear bias", b)?;
-    }
-    same_device("linear", x, w)?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("linear input has a last dim") = n;
     match x.storage() {
@@ -105,6 +90,38 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
         Storage::Cuda(_) => cuda::ops::linear(x, w, b, out_dtype(x)),
         Storage::Rocm(_) => rocm::ops::linear(x, w, b, out_dtype(x)),
     }
+}
+
+/// `gelu_tanh(linear(x, w, b))`: the first half of the DiT's FFN. On CUDA with
+/// `WORLDLINE_GEMM_EPILOGUE=1` the bias and the GELU run in cuBLASLt's epilogue (one rounding
+/// of the output instead of two; a knob until measured), else as the two ops.
+pub fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    if let (Storage::Cuda(_), true) = (x.storage(), w.dtype() != DType::F8E4M3) {
+        linear_checks(x, w, b)?;
+        return cuda::ops::linear_act(x, w, b, out_dtype(x), true);
+    }
+    gelu_tanh(&linear(x, w, b)?)
+}
+
+fn linear_checks(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<()> {
+    let (_, k) = rows_cols(x);
+    if x.rank() == 0 || w.rank() != 2 || w.dim(1) != k {
+        return Err(shape_err(
+            "linear",
+            format!("input {:?} with weight {:?}", x.shape(), w.shape()),
+        ));
+    }
+    if let Some(b) = b {
+        if b.elem_count() != w.dim(0) {
+            return Err(shape_err(
+                "linear",
+                format!("bias {:?} for {} outputs", b.shape(), w.dim(0)),
+            ));
+        }
+        no_fp8("linear bias", b)?;
+        same_device("linear", x, b)?;
+    }
+    same_device("linear", x, w)
 }
 
 /// LayerNorm over the last dim, with optional affine weight and bias.

@@ -220,6 +220,15 @@ fn fused_norm_modulate_cases(dev: Device, variant: &str) {
 }
 
 fn linear_matches_the_cpu(dev: Device) {
+    // With our bias and GELU kernels, then with cuBLASLt's epilogues (`WORLDLINE_GEMM_EPILOGUE`).
+    for epilogue in ["0", "1"] {
+        std::env::set_var("WORLDLINE_GEMM_EPILOGUE", epilogue);
+        linear_cases(dev, epilogue);
+    }
+    std::env::remove_var("WORLDLINE_GEMM_EPILOGUE");
+}
+
+fn linear_cases(dev: Device, epilogue: &str) {
     let mut rng = Rng::new(2);
     for (m, k, n) in [(1, 64, 48), (77, 128, 200), (300, 96, 64)] {
         let x = rand(&mut rng, &[m, k], DType::F32);
@@ -227,7 +236,7 @@ fn linear_matches_the_cpu(dev: Device) {
         let b = rand(&mut rng, &[n], DType::F32);
         // cuBLASLt's f32 GEMM runs in TF32.
         check(
-            &format!("linear f32 {m}×{k}×{n}"),
+            &format!("linear f32 {m}×{k}×{n} (epilogue {epilogue})"),
             dev,
             3e-4,
             &[&x, &w, &b],
@@ -236,12 +245,21 @@ fn linear_matches_the_cpu(dev: Device) {
         let wb = w.to_dtype(DType::BF16).expect("bf16");
         let xb = x.to_dtype(DType::BF16).expect("bf16");
         check(
-            &format!("linear bf16 {m}×{k}×{n}"),
+            &format!("linear bf16 {m}×{k}×{n} (epilogue {epilogue})"),
             dev,
             1e-2,
             &[&xb, &wb, &b],
             |v| ops::linear(&v[0], &v[1], Some(&v[2])),
         );
+        for (what, xs, ws, t) in [("f32", &x, &w, 3e-4), ("bf16", &xb, &wb, 1e-2)] {
+            check(
+                &format!("linear_gelu {what} {m}×{k}×{n} (epilogue {epilogue})"),
+                dev,
+                t,
+                &[xs, ws, &b],
+                |v| ops::linear_gelu(&v[0], &v[1], Some(&v[2])),
+            );
+        }
         check(
             &format!("linear f32·bf16 {m}×{k}×{n}"),
             dev,

@@ -75,6 +75,18 @@ fn linear_f32(dev: Device) -> Result<()> {
         );
         let y = ops::linear(&x, &w, None)?;
         assert_f32_close("linear", &y, &linear_ref(&xv, &wv, None, k, n));
+        // The FFN's first half in one op: GELU (tanh form) of the same product.
+        let g = ops::linear_gelu(&x, &w, Some(&b))?;
+        let pre = linear_ref(&xv, &wv, Some(&widen(&bv)), k, n);
+        let want: Vec<f64> = pre
+            .iter()
+            .map(|&v| {
+                0.5 * v
+                    * (1.0
+                        + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+            })
+            .collect();
+        assert_f32_close("linear_gelu", &g, &want);
     }
     Ok(())
 }

@@ -79,6 +79,27 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             Ok(())
         })?;
         push(format!("gemm bf16 {m}x{k}x{n}"), t, flops::linear(m, k, n));
+        if n == 13824 {
+            // The FFN's first half: bias and GELU as our kernels, then in cuBLASLt's epilogue.
+            let b = rand(dev, 4, &[n], 0.05, DType::F32)?;
+            let user = std::env::var("WORLDLINE_GEMM_EPILOGUE").ok();
+            for (flag, label) in [("0", "kernels"), ("1", "epilogue")] {
+                std::env::set_var("WORLDLINE_GEMM_EPILOGUE", flag);
+                let t = time(dev, repeat, || {
+                    ops::linear_gelu(&x, &w, Some(&b))?;
+                    Ok(())
+                })?;
+                push(
+                    format!("gemm bf16 + bias + gelu ({label}) {m}x{k}x{n}"),
+                    t,
+                    flops::linear(m, k, n),
+                );
+            }
+            match user {
+                Some(v) => std::env::set_var("WORLDLINE_GEMM_EPILOGUE", v),
+                None => std::env::remove_var("WORLDLINE_GEMM_EPILOGUE"),
+            }
+        }
         for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
             let xq = ops::quantize_fp8(&x, kind)?;
             let wq = ops::quantize_fp8(&w, kind)?;

@@ -55,13 +55,31 @@ fn zero(dev: &Backend, out: &mut CudaStorage, bytes: usize) -> Result<()> {
 }
 
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
+    linear_act(x, w, bias, out_dtype, false)
+}
+
+/// Whether cuBLASLt's epilogue adds the bias (and applies the GELU) instead of our kernels:
+/// `WORLDLINE_GEMM_EPILOGUE=1`, until it is measured against them.
+fn epilogues() -> bool {
+    std::env::var("WORLDLINE_GEMM_EPILOGUE").is_ok_and(|v| v == "1")
+}
+
+/// [`linear`], then `gelu_tanh` when `gelu` (cuBLASLt's GELU epilogue is the tanh form).
+pub fn linear_act(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out_dtype: DType,
+    gelu: bool,
+) -> Result<Tensor> {
     let dev = storage(x)?.dev.clone();
+    let act = |y: Tensor| if gelu { unary("gelu_tanh", &y) } else { Ok(y) };
     if super::fp8_gemm::supported(x, w) {
         let mut y = super::fp8_gemm::linear_fp8(x, w)?;
         if let Some(b) = bias {
             y = add(&y, b)?;
         }
-        return cast(&y, out_dtype);
+        return act(cast(&y, out_dtype)?);
     }
     let w = if w.dtype() == DType::F8E4M3 {
         cast(w, DType::BF16)?
@@ -73,6 +91,14 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
     let (k, n) = (w.dim(1), w.dim(0));
     let m = x.elem_count() / k;
     let mut out = CudaStorage::alloc(&dev, gemm_dtype, m * n)?;
+    // In the epilogue the bias is a per-row vector of the column-major output, in its dtype.
+    let fused = epilogues() && (bias.is_some() || gelu);
+    let fused_bias = match bias {
+        Some(b) if fused => Some(cast(b, gemm_dtype)?),
+        _ => None,
+    };
+    let fused_act = (fused && gelu).then_some(cudarc::cublaslt::Activation::Gelu);
+    let fused_storage = fused_bias.as_ref().map(storage).transpose()?;
     // Row-major out[m,n] = x[m,k]·w[n,k]ᵀ is column-major outᵀ[n,m] = w[n,k]·xᵀ: A = w (transposed
     // view of its k×n column-major storage), B = xᵀ (k×m column-major).
     let cfg = MatmulConfig {
@@ -99,15 +125,27 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
             .blas_lock
             .lock()
             .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
-        // SAFETY: a is n×k, b is m×k, c is m×n elements, as allocated and checked above.
+        let fb = fused_storage.map(|s| &s.data);
+        let fa = fused_act.as_ref();
+        // SAFETY: a is n×k, b is m×k, c is m×n elements, the bias n, as allocated and checked
+        // above.
         let r = unsafe {
-            match (ws, xs, &mut out.data) {
-                (CudaData::F32(a), CudaData::F32(b), CudaData::F32(c)) => {
-                    dev.blas.matmul(cfg, a, b, c, None, None)
+            match (ws, xs, &mut out.data, fb) {
+                (CudaData::F32(a), CudaData::F32(b), CudaData::F32(c), None) => {
+                    dev.blas.matmul(cfg, a, b, c, None, fa)
                 }
-                (CudaData::BF16(a), CudaData::BF16(b), CudaData::BF16(c)) => {
-                    dev.blas.matmul(cfg, a, b, c, None, None)
+                (CudaData::F32(a), CudaData::F32(b), CudaData::F32(c), Some(CudaData::F32(f))) => {
+                    dev.blas.matmul(cfg, a, b, c, Some(f), fa)
                 }
+                (CudaData::BF16(a), CudaData::BF16(b), CudaData::BF16(c), None) => {
+                    dev.blas.matmul(cfg, a, b, c, None, fa)
+                }
+                (
+                    CudaData::BF16(a),
+                    CudaData::BF16(b),
+                    CudaData::BF16(c),
+                    Some(CudaData::BF16(f)),
+                ) => dev.blas.matmul(cfg, a, b, c, Some(f), fa),
                 _ => {
                     return Err(Error::DType {
                         op: "cuda linear",
@@ -124,10 +162,13 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
         .last_mut()
         .ok_or_else(|| dev.err("linear of a scalar"))? = n;
     let mut y = wrap(out, &shape);
+    if fused {
+        return cast(&y, out_dtype);
+    }
     if let Some(b) = bias {
         y = add(&y, b)?;
     }
-    cast(&y, out_dtype)
+    act(cast(&y, out_dtype)?)
 }
 
 /// Attention over a KV cache: the tensor-core kernels at head dim 128, else the portable one.

@@ -120,7 +120,15 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.fc2.forward(&self.act.apply(&self.fc0.forward(x)?)?)
+        let w = &self.fc0.weight;
+        let h = match self.act {
+            // One op, so a GEMM epilogue may apply the GELU (ops::linear_gelu).
+            Activation::GeluTanh if w.dtype() != DType::F8E4M3 => {
+                ops::linear_gelu(x, w, self.fc0.bias.as_ref())?
+            }
+            _ => self.act.apply(&self.fc0.forward(x)?)?,
+        };
+        self.fc2.forward(&h)
     }
 }
 
