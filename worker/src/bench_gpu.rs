@@ -199,6 +199,30 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             t_vsa,
             0.0,
         );
+        // Where one VSA call's time goes: stream time per kind of launch (tile means and the
+        // coarse stage are `vsa`; V's transpose and the wgmma fine stage `attention`), and the
+        // stream's idle time between them (host work: tilings, index uploads).
+        if let Device::Cuda(i) = dev {
+            let b = kernels::cuda::backend(i)?;
+            b.synchronize()?;
+            b.profile(true);
+            let ran = kernels::vsa::attention(&q, &k, &v, None, q_grid, k_grid, top_k);
+            b.profile(false);
+            ran?;
+            let p = b.take_profile()?;
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let kinds: Vec<String> = p
+                .kinds
+                .iter()
+                .map(|(kind, d, n)| format!("{kind} {:.3} ms ×{n}", ms(*d)))
+                .collect();
+            println!(
+                "vsa profile (one call, events around each launch): span {:.3} ms = {}, idle {:.3} ms",
+                ms(p.span),
+                kinds.join(", "),
+                ms(p.unmarked())
+            );
+        }
         // Every tensor-core variant, to keep the choice of the default measured.
         if let Device::Cuda(i) = dev {
             let arch = kernels::cuda::backend(i)?.arch.clone();
