@@ -300,7 +300,7 @@ impl BlasLt {
     /// name the library and what failed.
     pub(crate) fn new() -> Result<Self, String> {
         let mut tried = Vec::new();
-        for library in LIBRARIES {
+        for library in super::library_candidates(&LIBRARIES) {
             match load(library) {
                 Ok(api) => return Self::with(api, library),
                 Err(e) => tried.push(e),

@@ -86,7 +86,7 @@ fn hiprtc() -> Result<&'static HipRtc, String> {
     static LIB: OnceLock<Result<HipRtc, String>> = OnceLock::new();
     LIB.get_or_init(|| {
         let mut tried = Vec::new();
-        for name in LIBRARIES {
+        for name in super::library_candidates(&LIBRARIES) {
             match load_from(name) {
                 Ok(h) => return Ok(h),
                 Err(e) => tried.push(e),

@@ -145,7 +145,7 @@ pub(crate) fn hip() -> Result<&'static Hip, String> {
     static LIB: OnceLock<Result<Hip, String>> = OnceLock::new();
     LIB.get_or_init(|| {
         let mut tried = Vec::new();
-        for name in LIBRARIES {
+        for name in super::library_candidates(&LIBRARIES) {
             match load_from(name) {
                 Ok(h) => return Ok(h),
                 Err(e) => tried.push(e),

@@ -27,6 +27,24 @@ pub use storage::{RocmData, RocmStorage};
 
 use std::path::Path;
 
+/// The libraries to try for one ROCm API: `WORLDLINE_ROCM_LIBRARY` first when set (a path to a
+/// library that provides it: a ROCm install outside the loader's path, or the tests' CPU
+/// emulator), then the usual names.
+pub(crate) fn library_candidates(usual: &[&'static str]) -> Vec<&'static str> {
+    static CHOSEN: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| {
+        std::env::var("WORLDLINE_ROCM_LIBRARY")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| &*Box::leak(v.into_boxed_str()))
+    });
+    chosen
+        .iter()
+        .copied()
+        .chain(usual.iter().copied())
+        .collect()
+}
+
 /// The fp8 e4m3 encoding an architecture's matrix cores take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fp8Format {

@@ -1,0 +1,104 @@
+// Device side of the CPU emulation of a wave64 AMD GPU (tests only: kernels/tests/rocm_emulated.rs).
+// Included before a HIP kernel unit (vendor/hip.h + common.cuh + module) compiled as plain C++:
+// each block runs as a team of OS threads, __syncthreads is a barrier, a wavefront's shuffles
+// exchange through the team, and __shared__ variables are statics (blocks run one at a time).
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+struct dim3 {
+    unsigned x, y, z;
+};
+
+// What the runtime hands each emulated thread (kept in step with runtime.cpp).
+struct WlEmuCtx {
+    dim3 thread, block, block_dim, grid_dim;
+    void* team;
+    void (*sync)(void* team);
+    void (*exchange)(void* team, unsigned tid, const void* in, void* out, int bytes, int src_lane);
+    void* dyn_smem;
+};
+
+inline thread_local const WlEmuCtx* wl_emu_ctx = nullptr;
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __restrict__
+#define __syncthreads() wl_emu_ctx->sync(wl_emu_ctx->team)
+#define WL_EMU_DYN_SMEM(T) reinterpret_cast<T*>(wl_emu_ctx->dyn_smem)
+
+template <typename T>
+inline T wl_emu_shuffle(T v, int src_lane) {
+    T out;
+    wl_emu_ctx->exchange(wl_emu_ctx->team, threadIdx.x, &v, &out, (int)sizeof(T), src_lane);
+    return out;
+}
+template <typename T>
+inline T __shfl_xor(T v, int mask, int = 64) {
+    return wl_emu_shuffle(v, (int)(threadIdx.x % 64) ^ mask);
+}
+template <typename T>
+inline T __shfl(T v, int src, int = 64) {
+    return wl_emu_shuffle(v, src % 64);
+}
+
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+
+using std::max;
+using std::min;
+inline int min(int a, unsigned b) { return a < (int)b ? a : (int)b; }
+
+struct uint2 {
+    unsigned x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+// A kernel's entry for the runtime: set this thread's indices, unpack the launch's argument
+// pointers into the kernel's parameters.
+inline void wl_emu_enter(const WlEmuCtx* c) {
+    wl_emu_ctx = c;
+    threadIdx = c->thread;
+    blockIdx = c->block;
+    blockDim = c->block_dim;
+    gridDim = c->grid_dim;
+}
+template <typename... A, std::size_t... I>
+void wl_emu_call_impl(void (*f)(A...), void** p, std::index_sequence<I...>) {
+    f(*static_cast<std::remove_reference_t<A>*>(p[I])...);
+}
+template <typename... A>
+void wl_emu_call(void (*f)(A...), void** p) {
+    wl_emu_call_impl(f, p, std::index_sequence_for<A...>{});
+}
+#define WL_EMU_REGISTER(name)                                              \
+    extern "C" void wl_emu_##name(void** p, const WlEmuCtx* c) {          \
+        wl_emu_enter(c);                                                   \
+        wl_emu_call(name, p);                                              \
+    }
