@@ -8,13 +8,16 @@
 # GPU checks, and copies them, stripped, into target/gpu-suite/ (carry that folder). `run` goes
 # through the parts in order, each under its own time limit, and prints one summary line per part
 # at the end; a part that fails or times out does not stop the others. Parts (default: all that
-# the machine can run): tests, kernels, codecs, sp. `sp` needs two GPUs; the PyTorch peers need
-# the machine's python3 with torch.
+# the machine can run): tests, kernels, codecs, sp (tests1 / tests2: only the one- / two-GPU
+# tests). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch.
+# GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
+# under 20 s left is skipped and said so, so the summary still comes out inside one device call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-suite
-tests=(kernels:backend_consistency kernels:vsa pipeline:gpu pipeline:gpu_codecs
-  pipeline:fp8_linears pipeline:gpu_sequence_parallel sp:nccl)
+tests1=(kernels:backend_consistency kernels:vsa pipeline:gpu pipeline:gpu_codecs pipeline:fp8_linears)
+tests2=(pipeline:gpu_sequence_parallel sp:nccl)
+tests=("${tests1[@]}" "${tests2[@]}")
 
 stage() {
   set -e
@@ -41,6 +44,12 @@ summary=()
 part() { # name, seconds, command...
   local name=$1 limit=$2
   shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 20 ]; then
+    summary+=("$(printf '%-28s skipped: %ss left of GPU_SUITE_SECONDS' "$name" "$left")")
+    return
+  fi
+  [ "$limit" -le "$left" ] || limit=$left
   local t0=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
@@ -56,6 +65,7 @@ part() { # name, seconds, command...
 
 run() {
   out=${OUT:-gpu-out}
+  deadline=$((SECONDS + ${GPU_SUITE_SECONDS:-86400}))
   mkdir -p "$out"
   export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export WORLDLINE_KERNEL_CACHE=${WORLDLINE_KERNEL_CACHE:-/tmp/worldline-kernels}
@@ -67,8 +77,9 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv >"$out/gpus.csv" 2>&1
   for p in "${parts[@]}"; do
     case $p in
-    tests)
-      for t in "${tests[@]}"; do
+    tests | tests1 | tests2)
+      local -n list=$p
+      for t in "${list[@]}"; do
         local name=${t#*:}
         part "test-$name" 300 "$dir/$name" --test-threads=1 --nocapture
       done
@@ -97,7 +108,7 @@ run() {
         summary+=("sp: skipped, $gpus GPU(s) here (needs 2)")
       fi
       ;;
-    *) echo "unknown part $p (tests, kernels, codecs, sp)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, kernels, codecs, sp)" >&2 ;;
     esac
   done
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
