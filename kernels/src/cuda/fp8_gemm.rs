@@ -24,17 +24,7 @@ pub fn supported(x: &Tensor, w: &Tensor) -> bool {
 
 const WORKSPACE: usize = 32 << 20;
 
-struct Owned<T: Copy> {
-    handle: T,
-    drop: unsafe fn(T) -> std::result::Result<(), cudarc::cublaslt::result::CublasError>,
-}
-
-impl<T: Copy> Drop for Owned<T> {
-    fn drop(&mut self) {
-        // SAFETY: created by the matching cuBLASLt create call and destroyed once, here.
-        let _ = unsafe { (self.drop)(self.handle) };
-    }
-}
+use super::gemm::Owned;
 
 /// `out[m, n] = Σ x[m, k]·w[n, k]` on fp8 operands, bf16 out.
 pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {

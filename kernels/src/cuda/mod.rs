@@ -8,6 +8,7 @@
 
 pub(crate) mod compile;
 mod fp8_gemm;
+pub(crate) mod gemm;
 pub mod ops;
 mod storage;
 
@@ -34,9 +35,10 @@ pub struct CudaBackend {
     side: Mutex<Option<Arc<CudaStream>>>,
     pub(crate) blas: CudaBlasLT,
     /// Held around each cuBLASLt call: one call may enqueue several kernels that share the
-    /// handle's workspace (a split-K GEMM and its reduction), and threads sharing this device
-    /// (ranks over the loopback on one GPU) must not interleave theirs between them.
-    pub(crate) blas_lock: Mutex<()>,
+    /// workspace (a split-K GEMM and its reduction), and threads sharing this device (ranks over
+    /// the loopback on one GPU) must not interleave theirs between them. It holds the GEMM
+    /// plans and their workspace.
+    pub(crate) blas_lock: Mutex<gemm::Plans>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     /// Stream-time marks around each op while profiling (see [`profile`](Self::profile)).
     profiling: std::sync::atomic::AtomicBool,
@@ -177,7 +179,7 @@ impl CudaBackend {
             stream,
             side: Mutex::new(None),
             blas,
-            blas_lock: Mutex::new(()),
+            blas_lock: Mutex::new(gemm::Plans::default()),
             modules: Mutex::new(HashMap::new()),
             profiling: std::sync::atomic::AtomicBool::new(false),
             marks: Mutex::new(Vec::new()),

@@ -325,10 +325,10 @@ impl NormKernel {
     }
 }
 
-/// `Rows`, or `Vec` where it applies when `WORLDLINE_NORM=vec` (a knob for `bench kernels` and
-/// the tests until `Vec` is measured against `Rows`).
+/// `Vec` where it applies, else `Rows`; `WORLDLINE_NORM=rows` forces `Rows` (for `bench kernels`
+/// and the tests). Measured on an H200 at 4680×5120 f32 → bf16: 0.066 ms against 0.119 ms.
 fn norm_kernel(x: &Tensor, out: crate::NormOut) -> NormKernel {
-    let vec = std::env::var("WORLDLINE_NORM").is_ok_and(|v| v == "vec");
+    let vec = std::env::var("WORLDLINE_NORM").map_or(true, |v| v != "rows");
     if vec && NormKernel::Vec.takes(x, out) {
         NormKernel::Vec
     } else {

@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
-use cudarc::cublaslt::{Matmul, MatmulConfig};
+use cudarc::cublaslt::MatmulShared;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{cast, conv3d, f32_param, f32_slice, grid, i32_of, push, push_mut, storage, wrap};
 use crate::cpu::conv::Conv3dDims;
+use crate::cuda::gemm::{operand as gemm_operand, Epilogue, Gemm};
 use crate::cuda::{CudaBackend, CudaData, CudaStorage};
 use crate::{ConvEpilogue, DType, Result, Tensor};
 
@@ -44,45 +45,43 @@ pub(super) unsafe fn tile_gemm(
     d: &mut CudaData,
     at: usize,
 ) -> Result<()> {
-    let cfg = MatmulConfig {
+    let bf16 = match (a, b, &*d) {
+        (CudaData::F32(_), CudaData::F32(_), CudaData::F32(_)) => false,
+        (CudaData::BF16(_), CudaData::BF16(_), CudaData::BF16(_)) => true,
+        _ => return Err(dev.err("conv3d: operands must be f32 or bf16 alike")),
+    };
+    let g = Gemm {
+        bf16,
         transa: false,
-        transb: false,
-        transc: false,
         m: n as u64,
         n: cout as u64,
         k: kk as u64,
-        alpha: 1.0,
         lda: n as i64,
         ldb: kk as i64,
-        beta: 0.0,
         ldc: ldd as i64,
-        stride_a: None,
-        stride_b: None,
-        stride_c: None,
-        stride_bias: None,
-        batch_size: None,
+        epilogue: Epilogue::None,
     };
+    let s = &dev.stream;
     // One cuBLASLt call at a time on this device (see `CudaBackend::blas_lock`).
-    let _one = dev
+    let mut plans = dev
         .blas_lock
         .lock()
         .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
     dev.timed("gemm", || {
-        // SAFETY: the caller's promise on the operand sizes.
+        let size = if bf16 { 2 } else { 4 };
+        let missing = || dev.err("conv3d GEMM operand");
+        let (ap, _a) = gemm_operand(a, s).ok_or_else(missing)?;
+        let (bp, _b) = gemm_operand(b, s).ok_or_else(missing)?;
+        let (dp, _d) = gemm_operand(d, s).ok_or_else(missing)?;
+        // SAFETY: the caller's promise on the operand sizes; D starts `at` elements in.
         let r = unsafe {
-            match (a, b, d) {
-                (CudaData::F32(a), CudaData::F32(bw), CudaData::F32(c)) => {
-                    let mut c = c.slice_mut(at..);
-                    dev.blas
-                        .matmul(cfg, &a.slice(..), &bw.slice(..), &mut c, None, None)
-                }
-                (CudaData::BF16(a), CudaData::BF16(bw), CudaData::BF16(c)) => {
-                    let mut c = c.slice_mut(at..);
-                    dev.blas
-                        .matmul(cfg, &a.slice(..), &bw.slice(..), &mut c, None, None)
-                }
-                _ => return Err(dev.err("conv3d: operands must be f32 or bf16 alike")),
-            }
+            plans.run(
+                *dev.blas.handle(),
+                s,
+                g,
+                [ap, bp, dp + (at * size) as u64],
+                None,
+            )
         };
         r.map_err(|e| dev.err(format!("conv3d GEMM {n}×{kk}×{cout}: {e}")))
     })
