@@ -1,14 +1,12 @@
 // Wan's 3-D RoPE on x [L, heads, d], tokens on an (f, h, w) grid. Angles in f64 as the CPU table.
-// One thread per (token, pair); it rotates that pair in every head. Row n of x is token
-// (n + first) mod (f·h·w): a cyclic run of the grid's tokens (Ulysses' per-rank query blocks).
+// One thread per (token, pair); it rotates that pair in every head.
 
 template <typename T>
-WL_DEVICE void rope_3d(T* out, const T* x, wl_u64 tokens, wl_u64 first, wl_u64 grid_tokens, int heads, int d,
-                       int gh, int gw, int t_offset, int pairs_t, int pairs_h, double theta) {
+WL_DEVICE void rope_3d(T* out, const T* x, wl_u64 tokens, int heads, int d, int gh, int gw, int t_offset,
+                       int pairs_t, int pairs_h, double theta) {
     const int half = d / 2;
     WL_GRID_STRIDE(i, tokens * (wl_u64)half) {
-        const wl_u64 row = i / half;
-        const wl_u64 n = (row + first) % grid_tokens;
+        const wl_u64 n = i / half;
         const int j = (int)(i % half);
         int axis_j, axis_pairs, pos;
         if (j < pairs_t) {
@@ -22,7 +20,7 @@ WL_DEVICE void rope_3d(T* out, const T* x, wl_u64 tokens, wl_u64 first, wl_u64 g
         const double angle = (double)pos * freq;
         const double c = cos(angle), s = sin(angle);
         for (int h = 0; h < heads; ++h) {
-            const wl_u64 at = (row * heads + h) * d + 2 * j;
+            const wl_u64 at = (n * heads + h) * d + 2 * j;
             const double a = wl_ld(x, at), b = wl_ld(x, at + 1);
             wl_st(out, at, (float)(a * c - b * s));
             wl_st(out, at + 1, (float)(a * s + b * c));
@@ -31,10 +29,9 @@ WL_DEVICE void rope_3d(T* out, const T* x, wl_u64 tokens, wl_u64 first, wl_u64 g
 }
 
 #define WL_ROPE(T, tn)                                                                                    \
-    WL_KERNEL void rope_3d_##tn(T* out, const T* x, wl_u64 tokens, wl_u64 first, wl_u64 grid_tokens,       \
-                                int heads, int d, int gh, int gw, int t_offset, int pairs_t, int pairs_h,  \
-                                double theta) {                                                           \
-        rope_3d(out, x, tokens, first, grid_tokens, heads, d, gh, gw, t_offset, pairs_t, pairs_h, theta); \
+    WL_KERNEL void rope_3d_##tn(T* out, const T* x, wl_u64 tokens, int heads, int d, int gh, int gw,       \
+                                int t_offset, int pairs_t, int pairs_h, double theta) {                   \
+        rope_3d(out, x, tokens, heads, d, gh, gw, t_offset, pairs_t, pairs_h, theta);                     \
     }
 
 WL_ROPE(float, f32)

@@ -363,34 +363,12 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
 /// Wan's 3-D RoPE on `x: [L, heads, head_dim]`, tokens on a `(f, h, w)` grid; time positions
 /// start at `t_offset` (the absolute latent-frame index of the first frame).
 pub fn rope_3d(x: &Tensor, grid: [usize; 3], t_offset: usize, table: &RopeTable) -> Result<Tensor> {
-    let tokens: usize = grid.iter().product();
-    if x.rank() == 3 && x.dim(0) != tokens {
-        return Err(shape_err(
-            "rope_3d",
-            format!("{:?} for the {tokens} tokens of grid {grid:?}", x.shape()),
-        ));
-    }
-    rope_3d_rows(x, grid, t_offset, 0, table)
-}
-
-/// [`rope_3d`] on a cyclic run of the grid's tokens: row `i` of `x` is token
-/// `(first + i) mod f·h·w` (`first` below the grid's token count, at most that many rows). Under
-/// Ulysses a rank rotates the query rows bound for each rank apart, starting after its own.
-pub fn rope_3d_rows(
-    x: &Tensor,
-    grid: [usize; 3],
-    t_offset: usize,
-    first: usize,
-    table: &RopeTable,
-) -> Result<Tensor> {
     no_fp8("rope_3d", x)?;
-    let tokens: usize = grid.iter().product();
-    if x.rank() != 3 || x.dim(2) != table.head_dim() || x.dim(0) > tokens || first >= tokens.max(1)
-    {
+    if x.rank() != 3 || x.dim(2) != table.head_dim() || x.dim(0) != grid.iter().product() {
         return Err(shape_err(
             "rope_3d",
             format!(
-                "{:?} from token {first} on grid {grid:?} with head_dim {}",
+                "{:?} on grid {grid:?} with head_dim {}",
                 x.shape(),
                 table.head_dim()
             ),
@@ -408,11 +386,11 @@ pub fn rope_3d_rows(
     }
     match x.storage() {
         Storage::Cpu(_) => {
-            let out = cpu::rope::rope_3d(&x.cpu_f32(), x.dim(1), grid, t_offset, first, table);
+            let out = cpu::rope::rope_3d(&x.cpu_f32(), x.dim(1), grid, t_offset, table);
             finish(out, x.shape(), x.dtype())
         }
-        Storage::Cuda(_) => cuda::ops::rope_3d(x, grid, t_offset, first, table),
-        Storage::Rocm(_) => rocm::ops::rope_3d(x, grid, t_offset, first, table),
+        Storage::Cuda(_) => cuda::ops::rope_3d(x, grid, t_offset, table),
+        Storage::Rocm(_) => rocm::ops::rope_3d(x, grid, t_offset, table),
     }
 }
 

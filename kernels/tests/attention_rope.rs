@@ -113,34 +113,6 @@ fn rope_time_offset(dev: Device) -> Result<()> {
 }
 test_device!(rope_time_offset, rope_time_offset_cpu);
 
-fn rope_rows_of_a_cyclic_run(dev: Device) -> Result<()> {
-    let mut rng = Rng::new(22);
-    let (d, heads, grid, a) = (24, 3, [2, 3, 4], 5);
-    let table = RopeTable::new(d, 16, THETA)?;
-    let tokens = 24;
-    let x = randn(dev, &mut rng, &[tokens, heads, d])?;
-    let whole = ops::rope_3d(&x, grid, a, &table)?;
-    // Rows 17.. then 0..9 of the sequence (wrapping past the end), rotated as a run from token
-    // 17, are those rows of the whole rotation, bit for bit.
-    let run = Tensor::cat(&[&x.narrow(0, 17, 7)?, &x.narrow(0, 0, 9)?], 0)?;
-    let got = ops::rope_3d_rows(&run, grid, a, 17, &table)?;
-    let want = Tensor::cat(&[&whole.narrow(0, 17, 7)?, &whole.narrow(0, 0, 9)?], 0)?;
-    assert_bits_eq("rope cyclic run", &got.to_vec_f32(), &want.to_vec_f32());
-    // A run inside the grid, from its middle.
-    let got = ops::rope_3d_rows(&x.narrow(0, 6, 12)?, grid, a, 6, &table)?;
-    let want = whole.narrow(0, 6, 12)?;
-    assert_bits_eq("rope run", &got.to_vec_f32(), &want.to_vec_f32());
-    // More rows than the grid has tokens, or a start outside it.
-    assert_err_names(
-        ops::rope_3d_rows(&x.narrow(0, 0, 5)?, grid, a, 24, &table),
-        "rope_3d",
-    );
-    let more = Tensor::cat(&[&x, &x.narrow(0, 0, 1)?], 0)?;
-    assert_err_names(ops::rope_3d_rows(&more, grid, a, 0, &table), "rope_3d");
-    Ok(())
-}
-test_device!(rope_rows_of_a_cyclic_run, rope_rows_of_a_cyclic_run_cpu);
-
 /// Softmax attention per head in f64; query `i` sees keys `[0, limit(i))`.
 fn attention_ref(q: &Tensor, k: &Tensor, v: &Tensor, limit: impl Fn(usize) -> usize) -> Vec<f64> {
     let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));

@@ -9,7 +9,6 @@ mod cuda;
 mod group;
 mod loopback;
 mod rocm;
-mod split;
 mod ulysses;
 
 pub use comm::{tensor_bytes, CommStats, Communicator, Exchange, Kind, StatCounters};
@@ -18,7 +17,6 @@ pub use group::{BoxError, RankGroup, RankWorker};
 pub use loopback::{LoopbackComm, LoopbackWorld};
 pub use rccl_sys;
 pub use rocm::nccl::{nccl_library as rccl_library, NcclComm as RcclComm};
-pub use split::Gather;
 pub use ulysses::{pad_rows, Scatter, TokenShard, Ulysses};
 
 /// Errors of the communicators and the rank group.

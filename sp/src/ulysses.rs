@@ -87,11 +87,11 @@ pub fn pad_rows(t: &Tensor, rows: usize) -> Result<Tensor, Error> {
 
 /// A [`Ulysses::scatter_heads_start`] under way.
 pub struct Scatter {
-    pub(crate) shard: TokenShard,
+    shard: TokenShard,
     /// This rank's own tensors (its own heads are taken from them, not from the links).
-    pub(crate) own: Vec<Tensor>,
-    pub(crate) hn: usize,
-    pub(crate) exchange: Box<dyn Exchange>,
+    own: Vec<Tensor>,
+    hn: usize,
+    exchange: Box<dyn Exchange>,
 }
 
 impl std::fmt::Debug for Scatter {

@@ -2,26 +2,23 @@ use rayon::prelude::*;
 
 use crate::RopeTable;
 
-/// Rotates `x: [L, heads, head_dim]` whose row `i` is token `(first + i) mod f·h·w` of a
-/// `(f, h, w)` grid in that order; the time position of frame `fi` is `fi + t_offset`.
+/// Rotates `x: [L, heads, head_dim]` whose tokens lie on a `(f, h, w)` grid in that order; the
+/// time position of frame `fi` is `fi + t_offset`.
 pub fn rope_3d(
     x: &[f32],
     heads: usize,
     grid: [usize; 3],
     t_offset: usize,
-    first: usize,
     table: &RopeTable,
 ) -> Vec<f32> {
     let d = table.head_dim();
     let [pt, ph, _] = table.pairs();
-    let [gf, gh, gw] = grid;
-    let total = (gf * gh * gw).max(1);
+    let [_, gh, gw] = grid;
     let mut out = vec![0f32; x.len()];
     out.par_chunks_mut(heads * d)
         .zip(x.par_chunks(heads * d))
         .enumerate()
-        .for_each(|(row, (o, xi))| {
-            let n = (row + first) % total;
+        .for_each(|(n, (o, xi))| {
             let pos = [n / (gh * gw) + t_offset, (n / gw) % gh, n % gw];
             for j in 0..d / 2 {
                 let (axis, jj) = if j < pt {

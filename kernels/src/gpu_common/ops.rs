@@ -457,17 +457,14 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     Ok(wrap(out, x.shape()))
 }
 
-/// `crate::ops::rope_3d_rows`: row `i` of `x` is token `(first + i) mod` the grid's tokens.
 pub fn rope_3d(
     x: &Tensor,
     grid3: [usize; 3],
     t_offset: usize,
-    first: usize,
     table: &RopeTable,
 ) -> Result<Tensor> {
     let s = storage(x)?;
     let (tokens, heads, d) = (x.dim(0) as u64, x.dim(1) as i32, x.dim(2) as i32);
-    let (first, grid_tokens) = (first as u64, grid3.iter().product::<usize>() as u64);
     let [pt, ph, _] = table.pairs();
     let (gh, gw, off, pt, ph) = (
         grid3[1] as i32,
@@ -488,8 +485,6 @@ pub fn rope_3d(
             push_mut(b, &mut out.data);
             push(b, &s.data);
             b.arg(&tokens)
-                .arg(&first)
-                .arg(&grid_tokens)
                 .arg(&heads)
                 .arg(&d)
                 .arg(&gh)

@@ -158,26 +158,10 @@ impl SelfAttention {
         };
         let q = match q {
             Some(Queries::Here(q)) => q,
-            Some(Queries::OnTheWay(s)) => match sp.filter(|u| u.splits_evenly()) {
-                Some(u) if matches!(mask, AttnMask::None) => {
-                    // The rows the other ranks need back first, sent while this rank attends
-                    // for its own.
-                    let (own, others) = s.finish_split()?;
-                    let rope_run =
-                        |q: &Tensor, first| ops::rope_3d_rows(q, grid, t_offset, first, rope);
-                    let others = rope_run(&others, u.others_first_token())?;
-                    let others = ops::attention(&others, &keys, &values, kv_len, mask)?;
-                    let back = u.gather_heads_split_start(&others)?;
-                    let own = rope_run(&own, u.own_first_token())?;
-                    let own = ops::attention(&own, &keys, &values, kv_len, mask)?;
-                    let out = back.finish(&own)?.reshape(&[x.dim(0), x.dim(1)])?;
-                    return Ok(Some(self.o.forward(&out)?));
-                }
-                _ => s
-                    .finish()?
-                    .pop()
-                    .ok_or_else(|| crate::Error::Config("scatter_heads lost the queries".into()))?,
-            },
+            Some(Queries::OnTheWay(s)) => s
+                .finish()?
+                .pop()
+                .ok_or_else(|| crate::Error::Config("scatter_heads lost the queries".into()))?,
             None => return Err(crate::Error::Config("attention without queries".into())),
         };
         let q = ops::rope_3d(&q, grid, t_offset, rope)?;
