@@ -1,5 +1,6 @@
-//! bf16 and f32 GEMMs through cuBLASLt with each shape's plan kept: the descriptors and the
-//! heuristic's algorithm are made on a shape's first call and reused after.
+//! GEMMs through cuBLASLt (f32 as TF32, bf16, fp8 e4m3 into bf16) with each shape's plan kept:
+//! the descriptors and the heuristic's algorithm are made on a shape's first call and reused
+//! after.
 //!
 //! cudarc's `matmul` makes and destroys seven descriptors and asks the heuristic on every call.
 //! A LingBot-14B chunk runs ~1800 GEMMs, and on two cards each one's GPU time halves while that
@@ -31,12 +32,21 @@ impl Epilogue {
     }
 }
 
+/// The operands' and output's types; accumulation is f32 throughout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Types {
+    /// f32 in and out, products as TF32.
+    F32,
+    Bf16,
+    /// fp8 e4m3 operands with a scale pointer each, bf16 out.
+    Fp8,
+}
+
 /// Column-major `C[m × n] (ld ldc) = op(A)·B`, `op(A)` = Aᵀ (A stored k × m, ld lda) when
 /// `transa`, else A (m × k); B is k × n (ld ldb).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Gemm {
-    /// bf16 operands and output with f32 accumulation, else f32 as TF32.
-    pub bf16: bool,
+    pub types: Types,
     pub transa: bool,
     pub m: u64,
     pub n: u64,
@@ -48,9 +58,9 @@ pub(crate) struct Gemm {
 }
 
 /// A cuBLASLt handle object destroyed with its owner.
-pub(super) struct Owned<T: Copy> {
-    pub handle: T,
-    pub drop: unsafe fn(T) -> std::result::Result<(), CublasError>,
+struct Owned<T: Copy> {
+    handle: T,
+    drop: unsafe fn(T) -> std::result::Result<(), CublasError>,
 }
 
 impl<T: Copy> Drop for Owned<T> {
@@ -80,6 +90,20 @@ const MAX_PLANS: usize = 1024;
 pub(crate) struct Plans {
     plans: HashMap<Gemm, Plan>,
     workspace: Option<CudaSlice<u8>>,
+    /// A device 1.0, the unit scale of fp8 GEMMs whose scales are applied afterwards.
+    one: Option<CudaSlice<f32>>,
+}
+
+/// Device addresses of one GEMM's operands (see [`Plans::run`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Operands {
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    /// The epilogue's bias, `m` values in C's type.
+    pub bias: Option<u64>,
+    /// fp8: A's and B's scale, one f32 each.
+    pub scales: Option<[u64; 2]>,
 }
 
 // SAFETY: the descriptors are plain host objects of cuBLASLt, used only under the device's
@@ -110,65 +134,77 @@ unsafe fn set(
     unsafe { result::set_matmul_desc_attribute(desc, attr, v, size) }
 }
 
+/// Points the plan's descriptor at this call's bias and fp8 scales.
+///
+/// # Safety
+/// A live descriptor; addresses on its device.
+unsafe fn point(desc: sys::cublasLtMatmulDesc_t, ops: &Operands) -> Result<(), CublasError> {
+    use sys::cublasLtMatmulDescAttributes_t as D;
+    let ptr = |p: &u64| p as *const u64 as *const c_void;
+    // SAFETY: each value is a u64 that outlives its call.
+    unsafe {
+        if let Some(p) = &ops.bias {
+            set(desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptr(p), 8)?;
+        }
+        if let Some([sa, sb]) = &ops.scales {
+            set(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, ptr(sa), 8)?;
+            set(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, ptr(sb), 8)?;
+        }
+    }
+    Ok(())
+}
+
 impl Plan {
     /// # Safety
-    /// `bias`, when given, is the device address of the bias the first call will use.
+    /// The addresses in `ops` are this device's, as the first call will use them.
     unsafe fn new(
         handle: sys::cublasLtHandle_t,
         g: &Gemm,
-        bias: Option<u64>,
+        ops: &Operands,
     ) -> Result<Plan, CublasError> {
-        // SAFETY: descriptors made here, attribute values that outlive each call, the caller's
-        // bias address.
+        use sys::cublasComputeType_t as C;
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        use sys::cudaDataType_t as T;
+        let (ab, c_type, compute) = match g.types {
+            Types::F32 => (
+                T::CUDA_R_32F,
+                T::CUDA_R_32F,
+                C::CUBLAS_COMPUTE_32F_FAST_TF32,
+            ),
+            Types::Bf16 => (T::CUDA_R_16BF, T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+            Types::Fp8 => (T::CUDA_R_8F_E4M3, T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+        };
+        let epilogue = match g.epilogue {
+            Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+            Epilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::Gelu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU,
+            Epilogue::GeluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+        };
+        // SAFETY: descriptors made here; attribute values that outlive each call; the caller's
+        // addresses.
         unsafe {
-            use sys::cublasLtMatmulDescAttributes_t as D;
-            let (t, compute) = if g.bf16 {
-                (
-                    sys::cudaDataType_t::CUDA_R_16BF,
-                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                )
-            } else {
-                (
-                    sys::cudaDataType_t::CUDA_R_32F,
-                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-                )
-            };
             let desc = Owned {
-                handle: result::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F)?,
+                handle: result::create_matmul_desc(compute, T::CUDA_R_32F)?,
                 drop: result::destroy_matmul_desc,
             };
-            let int = |v: i32| v;
             for (attr, v) in [
-                (D::CUBLASLT_MATMUL_DESC_TRANSA, int(g.transa as i32)),
+                (D::CUBLASLT_MATMUL_DESC_TRANSA, g.transa as i32),
                 (D::CUBLASLT_MATMUL_DESC_TRANSB, 0),
                 (D::CUBLASLT_MATMUL_DESC_TRANSC, 0),
             ] {
                 set(desc.handle, attr, (&v) as *const i32 as *const c_void, 4)?;
             }
-            let epilogue = match g.epilogue {
-                Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
-                Epilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-                Epilogue::Gelu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU,
-                Epilogue::GeluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
-            };
             set(
                 desc.handle,
                 D::CUBLASLT_MATMUL_DESC_EPILOGUE,
                 (&epilogue) as *const _ as *const c_void,
                 std::mem::size_of_val(&epilogue),
             )?;
-            if let Some(p) = bias {
-                set(
-                    desc.handle,
-                    D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    (&p) as *const u64 as *const c_void,
-                    8,
-                )?;
-            }
+            point(desc.handle, ops)?;
             let (a_rows, a_cols) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
-            let a = layout(t, a_rows, a_cols, g.lda)?;
-            let b = layout(t, g.k, g.n, g.ldb)?;
-            let c = layout(t, g.m, g.n, g.ldc)?;
+            let a = layout(ab, a_rows, a_cols, g.lda)?;
+            let b = layout(ab, g.k, g.n, g.ldb)?;
+            let c = layout(c_type, g.m, g.n, g.ldc)?;
             let pref = Owned {
                 handle: result::create_matmul_pref()?,
                 drop: result::destroy_matmul_pref,
@@ -201,47 +237,52 @@ impl Plan {
 }
 
 impl Plans {
-    /// Enqueues `g` on `stream`: `c = op(a)·b` (+ bias, GELU by the epilogue).
+    /// The device address of a 1.0 (f32) on `stream`'s device: the unit scale of fp8 GEMMs
+    /// whose scales are applied afterwards.
+    pub(crate) fn one(&mut self, stream: &std::sync::Arc<CudaStream>) -> Result<u64, String> {
+        if self.one.is_none() {
+            self.one = Some(stream.clone_htod(&[1.0f32]).map_err(|e| e.to_string())?);
+        }
+        let one = self.one.as_ref().ok_or("no unit scale")?;
+        let (p, _p) = one.device_ptr(stream);
+        Ok(p)
+    }
+
+    /// Enqueues `g` on `stream`: `c = op(a)·b` (scaled, + bias, GELU by the epilogue).
     ///
     /// # Safety
-    /// `a`, `b`, `c` and `bias` are device addresses on `stream`'s device holding the operands
-    /// `g` describes (the bias `m` values in the output's type), alive until the GEMM has run.
+    /// The addresses in `ops` are on `stream`'s device and hold the operands `g` describes
+    /// (the bias `m` values in C's type, each scale one f32), alive until the GEMM has run.
     pub(crate) unsafe fn run(
         &mut self,
         handle: sys::cublasLtHandle_t,
         stream: &std::sync::Arc<CudaStream>,
         g: Gemm,
-        [a, b, c]: [u64; 3],
-        bias: Option<u64>,
+        ops: Operands,
     ) -> Result<(), String> {
+        if g.epilogue.has_bias() != ops.bias.is_some()
+            || (g.types == Types::Fp8) != ops.scales.is_some()
+        {
+            return Err(format!("GEMM {g:?} with operands {ops:?}"));
+        }
+        if self.workspace.is_none() {
+            // SAFETY: written by cuBLASLt only.
+            let ws = unsafe { stream.alloc::<u8>(WORKSPACE) };
+            self.workspace = Some(ws.map_err(|e| e.to_string())?);
+        }
+        if self.plans.len() >= MAX_PLANS && !self.plans.contains_key(&g) {
+            self.plans.clear();
+        }
         // SAFETY: the caller's promise on the addresses; the plan's descriptors are live.
         unsafe {
-            if g.epilogue.has_bias() != bias.is_some() {
-                return Err(format!("GEMM epilogue {:?} with bias {bias:?}", g.epilogue));
-            }
-            if self.workspace.is_none() {
-                // SAFETY: written by cuBLASLt only.
-                self.workspace = Some(stream.alloc::<u8>(WORKSPACE).map_err(|e| e.to_string())?);
-            }
-            if self.plans.len() >= MAX_PLANS && !self.plans.contains_key(&g) {
-                self.plans.clear();
-            }
             let plan = match self.plans.entry(g) {
                 std::collections::hash_map::Entry::Occupied(o) => {
                     let plan = o.into_mut();
-                    if let Some(p) = bias {
-                        set(
-                            plan.desc.handle,
-                            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                            (&p) as *const u64 as *const c_void,
-                            8,
-                        )
-                        .map_err(|e| e.to_string())?;
-                    }
+                    point(plan.desc.handle, &ops).map_err(|e| e.to_string())?;
                     plan
                 }
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(Plan::new(handle, &g, bias).map_err(|e| format!("plan: {e}"))?)
+                    v.insert(Plan::new(handle, &g, &ops).map_err(|e| format!("plan: {e}"))?)
                 }
             };
             let ws = self.workspace.as_mut().ok_or("no workspace")?;
@@ -252,13 +293,13 @@ impl Plans {
                 plan.desc.handle,
                 (&alpha) as *const f32 as *const c_void,
                 (&beta) as *const f32 as *const c_void,
-                a as *const c_void,
+                ops.a as *const c_void,
                 plan.a.handle,
-                b as *const c_void,
+                ops.b as *const c_void,
                 plan.b.handle,
-                c as *const c_void,
+                ops.c as *const c_void,
                 plan.c.handle,
-                c as *mut c_void,
+                ops.c as *mut c_void,
                 plan.c.handle,
                 &plan.algo,
                 w as *mut c_void,

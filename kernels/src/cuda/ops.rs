@@ -8,7 +8,7 @@ pub(crate) use cudarc::driver::{
 pub(crate) use super::{CudaBackend as Backend, CudaData as GpuData, CudaStorage as GpuStorage};
 use cudarc::cublaslt::MatmulShared;
 
-use super::gemm::{operand as gemm_operand, Epilogue, Gemm};
+use super::gemm::{operand as gemm_operand, Epilogue, Gemm, Operands, Types};
 use super::CudaStorage;
 use crate::{DType, Error, Result, Storage, Tensor};
 
@@ -109,7 +109,11 @@ pub fn linear_act(
     // Row-major out[m,n] = x[m,k]·w[n,k]ᵀ is column-major outᵀ[n,m] = w[n,k]·xᵀ: A = w (transposed
     // view of its k×n column-major storage), B = xᵀ (k×m column-major).
     let g = Gemm {
-        bf16: gemm_dtype == DType::BF16,
+        types: if gemm_dtype == DType::BF16 {
+            Types::Bf16
+        } else {
+            Types::F32
+        },
         transa: true,
         m: n as u64,
         n: m as u64,
@@ -148,8 +152,13 @@ pub fn linear_act(
                 *dev.blas.handle(),
                 s,
                 g,
-                [a, b, c],
-                bias.as_ref().map(|b| b.0),
+                Operands {
+                    a,
+                    b,
+                    c,
+                    bias: bias.as_ref().map(|b| b.0),
+                    scales: None,
+                },
             )
         }
         .map_err(|e| dev.err(format!("cuBLASLt matmul {m}×{k}×{n}: {e}")))

@@ -63,6 +63,21 @@ pub(super) fn push_mut<'a>(b: &mut LaunchArgs<'a>, d: &'a mut GpuData) {
 /// Launches kernel `$name` of `$module`; the body pushes the arguments its kernel declares, in
 /// order, through `$b: &mut LaunchArgs` (buffers are sized by the shape checks in `crate::ops`).
 macro_rules! launch {
+    // A profile kind of its own (profiles otherwise group launches by module).
+    (kind = $kind:literal; $dev:expr, $module:expr, $name:expr, $cfg:expr, |$b:ident| $body:block) => {{
+        let name: &str = &$name;
+        let func = $dev.func($module, name)?;
+        let mut builder = $dev.stream.launch_builder(&func);
+        {
+            let $b = &mut builder;
+            $body
+        }
+        $dev.timed($kind, || {
+            // SAFETY: the argument list matches the kernel's parameters; sizes were checked.
+            unsafe { builder.launch($cfg) }.map_err(|e| $dev.err(format!("{name}: {e}")))?;
+            Ok(())
+        })?;
+    }};
     ($dev:expr, $module:expr, $name:expr, $cfg:expr, |$b:ident| $body:block) => {{
         let name: &str = &$name;
         let func = $dev.func($module, name)?;

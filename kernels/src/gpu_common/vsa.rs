@@ -53,6 +53,7 @@ fn tile_means(
     };
     let (h32, d32) = (heads as i32, d as i32);
     launch!(
+        kind = "vsa means";
         &s.dev,
         "vsa",
         &format!("vsa_tile_means_{}", suffix(x.dtype())?),
@@ -122,7 +123,7 @@ pub fn vsa_attention(
         shared_mem_bytes: smem as u32,
     };
     let (qcd, kcd, vcd) = (f32_data(&qc)?, f32_data(&kc)?, f32_data(&vc)?);
-    launch!(&dev, "vsa", "vsa_coarse", cfg, |b| {
+    launch!(kind = "vsa coarse+top-k"; &dev, "vsa", "vsa_coarse", cfg, |b| {
         push_mut(b, &mut coarse.data);
         b.arg(&mut kept).arg(qcd).arg(kcd).arg(vcd);
         b.arg(&nk32).arg(&h32).arg(&d32).arg(&k32).arg(&scale);
@@ -140,7 +141,7 @@ pub fn vsa_attention(
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(&dev, "attention", "vsa_v_transpose_bf16", cfg, |b| {
+        launch!(kind = "vsa V transpose"; &dev, "attention", "vsa_v_transpose_bf16", cfg, |b| {
             push_mut(b, &mut vt.data);
             push(b, &vs.data);
             b.arg(&ki[0])
@@ -161,7 +162,7 @@ pub fn vsa_attention(
         let gs = gate.as_ref().map(storage).transpose()?;
         let has_gate = gs.is_some() as i32;
         let cd = f32_data(&coarse)?;
-        launch!(&dev, "attention", "vsa_fine_wgmma_bf16_d128", cfg, |b| {
+        launch!(kind = "vsa fine"; &dev, "attention", "vsa_fine_wgmma_bf16_d128", cfg, |b| {
             push_mut(b, &mut out.data);
             push(b, &s.data);
             push(b, &ks.data);
@@ -187,6 +188,7 @@ pub fn vsa_attention(
     let lq32 = lq as i32;
     let cd = f32_data(&coarse)?;
     launch!(
+        kind = "vsa fine";
         &dev,
         "vsa",
         &format!("vsa_fine_{}", suffix(dt)?),

@@ -11,7 +11,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{cast, conv3d, f32_param, f32_slice, grid, i32_of, push, push_mut, storage, wrap};
 use crate::cpu::conv::Conv3dDims;
-use crate::cuda::gemm::{operand as gemm_operand, Epilogue, Gemm};
+use crate::cuda::gemm::{operand as gemm_operand, Epilogue, Gemm, Operands, Types};
 use crate::cuda::{CudaBackend, CudaData, CudaStorage};
 use crate::{ConvEpilogue, DType, Result, Tensor};
 
@@ -51,7 +51,7 @@ pub(super) unsafe fn tile_gemm(
         _ => return Err(dev.err("conv3d: operands must be f32 or bf16 alike")),
     };
     let g = Gemm {
-        bf16,
+        types: if bf16 { Types::Bf16 } else { Types::F32 },
         transa: false,
         m: n as u64,
         n: cout as u64,
@@ -79,8 +79,13 @@ pub(super) unsafe fn tile_gemm(
                 *dev.blas.handle(),
                 s,
                 g,
-                [ap, bp, dp + (at * size) as u64],
-                None,
+                Operands {
+                    a: ap,
+                    b: bp,
+                    c: dp + (at * size) as u64,
+                    bias: None,
+                    scales: None,
+                },
             )
         };
         r.map_err(|e| dev.err(format!("conv3d GEMM {n}×{kk}×{cout}: {e}")))
