@@ -6,7 +6,6 @@
 //! so scaling afterwards rounds once, as the CPU reference does. Plans are kept per shape
 //! (`gemm.rs`), as for bf16.
 
-use cudarc::cublaslt::MatmulShared;
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::gemm::{Epilogue, Gemm, Operands, Types};
@@ -91,7 +90,7 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         };
         // SAFETY: operands sized m×k, n×k, m×n as checked by `crate::ops::linear`; the scales
         // are one f32 each (tensorwise) or the unit scale.
-        unsafe { plans.run(*dev.blas.handle(), s, g, ops) }
+        unsafe { plans.run(s, g, ops) }
             .map_err(|e| dev.err(format!("cuBLASLt fp8 {m}×{k}×{n}: {e}")))
     })?;
     let mut out = out;

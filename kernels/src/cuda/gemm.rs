@@ -84,10 +84,11 @@ const WORKSPACE: usize = 32 << 20;
 /// vary with the frame size).
 const MAX_PLANS: usize = 1024;
 
-/// A device's plans and the workspace they share. Held under `CudaBackend::blas_lock`: one
-/// call at a time may use the workspace and set a plan's bias pointer.
-#[derive(Default)]
+/// A device's cuBLASLt handle, its plans and the workspace they share. Held under
+/// `CudaBackend::blas_lock`: one call at a time may use the workspace and point a plan at its
+/// operands.
 pub(crate) struct Plans {
+    handle: Owned<sys::cublasLtHandle_t>,
     plans: HashMap<Gemm, Plan>,
     workspace: Option<CudaSlice<u8>>,
     /// A device 1.0, the unit scale of fp8 GEMMs whose scales are applied afterwards.
@@ -237,6 +238,19 @@ impl Plan {
 }
 
 impl Plans {
+    /// A new handle for the device whose context is bound to this thread.
+    pub(crate) fn new() -> Result<Plans, CublasError> {
+        Ok(Plans {
+            handle: Owned {
+                handle: result::create_handle()?,
+                drop: result::destroy_handle,
+            },
+            plans: HashMap::new(),
+            workspace: None,
+            one: None,
+        })
+    }
+
     /// The device address of a 1.0 (f32) on `stream`'s device: the unit scale of fp8 GEMMs
     /// whose scales are applied afterwards.
     pub(crate) fn one(&mut self, stream: &std::sync::Arc<CudaStream>) -> Result<u64, String> {
@@ -255,7 +269,6 @@ impl Plans {
     /// (the bias `m` values in C's type, each scale one f32), alive until the GEMM has run.
     pub(crate) unsafe fn run(
         &mut self,
-        handle: sys::cublasLtHandle_t,
         stream: &std::sync::Arc<CudaStream>,
         g: Gemm,
         ops: Operands,
@@ -273,6 +286,7 @@ impl Plans {
         if self.plans.len() >= MAX_PLANS && !self.plans.contains_key(&g) {
             self.plans.clear();
         }
+        let handle = self.handle.handle;
         // SAFETY: the caller's promise on the addresses; the plan's descriptors are live.
         unsafe {
             let plan = match self.plans.entry(g) {

@@ -15,7 +15,6 @@ mod storage;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::cublaslt::CudaBlasLT;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 pub use storage::{CudaData, CudaStorage};
@@ -33,7 +32,6 @@ pub struct CudaBackend {
     /// A second stream, made on first use, for collectives that may run while the ops' stream
     /// computes (see [`side_waits_main`](Self::side_waits_main)).
     side: Mutex<Option<Arc<CudaStream>>>,
-    pub(crate) blas: CudaBlasLT,
     /// Held around each cuBLASLt call: one call may enqueue several kernels that share the
     /// workspace (a split-K GEMM and its reduction), and threads sharing this device (ranks over
     /// the loopback on one GPU) must not interleave theirs between them. It holds the GEMM
@@ -157,7 +155,8 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| dev_err(ordinal, e))?;
         keep_pool_memory(ordinal);
-        let blas = CudaBlasLT::new(stream.clone()).map_err(|e| dev_err(ordinal, e))?;
+        ctx.bind_to_thread().map_err(|e| dev_err(ordinal, e))?;
+        let plans = gemm::Plans::new().map_err(|e| dev_err(ordinal, e))?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let attr = |a| ctx.attribute(a).map_err(|e| dev_err(ordinal, e));
         let (major, minor) = (
@@ -178,8 +177,7 @@ impl CudaBackend {
             ctx,
             stream,
             side: Mutex::new(None),
-            blas,
-            blas_lock: Mutex::new(gemm::Plans::default()),
+            blas_lock: Mutex::new(plans),
             modules: Mutex::new(HashMap::new()),
             profiling: std::sync::atomic::AtomicBool::new(false),
             marks: Mutex::new(Vec::new()),

@@ -5,11 +5,9 @@ pub(crate) use cudarc::driver::{
     CudaSlice as DeviceBuf, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 
-pub(crate) use super::{CudaBackend as Backend, CudaData as GpuData, CudaStorage as GpuStorage};
-use cudarc::cublaslt::MatmulShared;
-
 use super::gemm::{operand as gemm_operand, Epilogue, Gemm, Operands, Types};
 use super::CudaStorage;
+pub(crate) use super::{CudaBackend as Backend, CudaData as GpuData, CudaStorage as GpuStorage};
 use crate::{DType, Error, Result, Storage, Tensor};
 
 #[macro_use]
@@ -149,7 +147,6 @@ pub fn linear_act(
         // above, all on this device's stream.
         unsafe {
             plans.run(
-                *dev.blas.handle(),
                 s,
                 g,
                 Operands {

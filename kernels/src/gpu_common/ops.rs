@@ -63,8 +63,8 @@ pub(super) fn push_mut<'a>(b: &mut LaunchArgs<'a>, d: &'a mut GpuData) {
 /// Launches kernel `$name` of `$module`; the body pushes the arguments its kernel declares, in
 /// order, through `$b: &mut LaunchArgs` (buffers are sized by the shape checks in `crate::ops`).
 macro_rules! launch {
-    // A profile kind of its own (profiles otherwise group launches by module).
-    (kind = $kind:literal; $dev:expr, $module:expr, $name:expr, $cfg:expr, |$b:ident| $body:block) => {{
+    // Profiled under a kind of its own; without one, under its module's name.
+    (kind = $kind:expr; $dev:expr, $module:expr, $name:expr, $cfg:expr, |$b:ident| $body:block) => {{
         let name: &str = &$name;
         let func = $dev.func($module, name)?;
         let mut builder = $dev.stream.launch_builder(&func);
@@ -78,20 +78,9 @@ macro_rules! launch {
             Ok(())
         })?;
     }};
-    ($dev:expr, $module:expr, $name:expr, $cfg:expr, |$b:ident| $body:block) => {{
-        let name: &str = &$name;
-        let func = $dev.func($module, name)?;
-        let mut builder = $dev.stream.launch_builder(&func);
-        {
-            let $b = &mut builder;
-            $body
-        }
-        $dev.timed($module, || {
-            // SAFETY: the argument list matches the kernel's parameters; sizes were checked.
-            unsafe { builder.launch($cfg) }.map_err(|e| $dev.err(format!("{name}: {e}")))?;
-            Ok(())
-        })?;
-    }};
+    ($dev:expr, $module:expr, $name:expr, $cfg:expr, |$b:ident| $body:block) => {
+        launch!(kind = $module; $dev, $module, $name, $cfg, |$b| $body)
+    };
 }
 
 /// `x` converted to `dtype` on the device (a copy only when it differs).

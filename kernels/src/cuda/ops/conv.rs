@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use cudarc::cublaslt::MatmulShared;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{cast, conv3d, f32_param, f32_slice, grid, i32_of, push, push_mut, storage, wrap};
@@ -76,7 +75,6 @@ pub(super) unsafe fn tile_gemm(
         // SAFETY: the caller's promise on the operand sizes; D starts `at` elements in.
         let r = unsafe {
             plans.run(
-                *dev.blas.handle(),
                 s,
                 g,
                 Operands {
