@@ -24,17 +24,30 @@ WL_DEVICE void vsa_tile_means(float* out, const T* x, const int* order, const in
 // One block per (query tile i, head h): coarse scores against every key tile (in dynamic shared
 // memory), their softmax applied to the key-tile means (`coarse[i, h, :]`), and the `top_k` best
 // key tiles (ties to the lower index) written in increasing index order to `kept[i, h, :]`.
+// A warp scores one key tile at a time, its lanes reading consecutive elements of the tile's mean
+// (one thread a tile read rows a head's stride apart: every load its own memory sector).
 WL_KERNEL void vsa_coarse(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, int nk,
                           int heads, int d, int top_k, float scale) {
     extern __shared__ float vsa_scores[];
     __shared__ float scratch[1024 / WL_WARP_SIZE];
     const int i = blockIdx.x, h = blockIdx.y;
+    const int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
+    const int warps = blockDim.x / WL_WARP_SIZE;
     const float* q = qc + ((wl_u64)i * heads + h) * d;
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+    float qr[WL_VSA_MAX_D / 32];
+    for (int t = 0; t < WL_VSA_MAX_D / 32; ++t) {
+        const int e = lane + t * WL_WARP_SIZE;
+        qr[t] = e < d ? q[e] : 0.0f;
+    }
+    for (int j = warp; j < nk; j += warps) {
         const float* k = kc + ((wl_u64)j * heads + h) * d;
         float s = 0.0f;
-        for (int e = 0; e < d; ++e) s += q[e] * k[e];
-        vsa_scores[j] = s * scale;
+        for (int t = 0; t < WL_VSA_MAX_D / 32; ++t) {
+            const int e = lane + t * WL_WARP_SIZE;
+            if (e < d) s += qr[t] * k[e];
+        }
+        for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) s += wl_shfl_xor(s, o);
+        if (lane == 0) vsa_scores[j] = s * scale;
     }
     __syncthreads();
     float mx = -WL_INF;
@@ -43,13 +56,18 @@ WL_KERNEL void vsa_coarse(float* coarse, int* kept, const float* qc, const float
     float sum = 0.0f;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) sum += expf(vsa_scores[j] - mx);
     sum = wl_block_sum(sum, scratch);
+    // Each tile's softmax weight once (the second half of the shared memory, the rank flags'
+    // place until the ranking below), not once per output element.
+    float* prob = vsa_scores + nk;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) prob[j] = expf(vsa_scores[j] - mx) / sum;
+    __syncthreads();
     for (int e = threadIdx.x; e < d; e += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j < nk; ++j) acc += expf(vsa_scores[j] - mx) / sum * vc[((wl_u64)j * heads + h) * d + e];
+        for (int j = 0; j < nk; ++j) acc += prob[j] * vc[((wl_u64)j * heads + h) * d + e];
         coarse[((wl_u64)i * heads + h) * d + e] = acc;
     }
     // Rank of each tile: how many beat it (higher score, or equal and earlier). Exactly top_k
-    // tiles have a rank below top_k; the flag reuses the score slot after everyone has read it.
+    // tiles have a rank below top_k; the flags take the weights' place once all have read them.
     __syncthreads();
     int* rank_ok = (int*)(vsa_scores + nk);
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
