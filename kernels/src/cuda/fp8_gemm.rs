@@ -49,23 +49,9 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let rowwise = *xrow || *wrow;
     let out = CudaStorage::alloc(dev, DType::BF16, m * n)?;
     let s = &dev.stream;
-    // Column-major view: A = w (k×n, transposed), B = xᵀ (k×m), D = outᵀ (n×m).
-    let g = Gemm {
-        types: Types::Fp8,
-        transa: true,
-        m: n as u64,
-        n: m as u64,
-        k: k as u64,
-        lda: k as i64,
-        ldb: k as i64,
-        ldc: n as i64,
-        epilogue: Epilogue::None,
-    };
+    let g = Gemm::linear(Types::Fp8, m, k, n, Epilogue::None);
     dev.timed("gemm", || {
-        let mut plans = dev
-            .blas_lock
-            .lock()
-            .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
+        let mut plans = dev.gemm_plans()?;
         let (xq_p, _g1) = xq.device_ptr(s);
         let (wq_p, _g2) = wq.device_ptr(s);
         let (xsc_p, _g3) = xsc.device_ptr(s);

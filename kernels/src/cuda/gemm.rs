@@ -26,6 +26,24 @@ pub(crate) enum Epilogue {
     GeluBias,
 }
 
+impl Gemm {
+    /// Row-major `out[m, n] = x[m, k]·w[n, k]ᵀ` (a linear layer) as column-major
+    /// `outᵀ[n, m] = w[n, k]·xᵀ`: A = w (its k×n column-major storage, transposed), B = xᵀ.
+    pub fn linear(types: Types, m: usize, k: usize, n: usize, epilogue: Epilogue) -> Gemm {
+        Gemm {
+            types,
+            transa: true,
+            m: n as u64,
+            n: m as u64,
+            k: k as u64,
+            lda: k as i64,
+            ldb: k as i64,
+            ldc: n as i64,
+            epilogue,
+        }
+    }
+}
+
 impl Epilogue {
     fn has_bias(self) -> bool {
         matches!(self, Epilogue::Bias | Epilogue::GeluBias)

@@ -184,6 +184,13 @@ impl CudaBackend {
         })
     }
 
+    /// The GEMM plans, held for one cuBLASLt call (see `blas_lock`).
+    pub(crate) fn gemm_plans(&self) -> Result<std::sync::MutexGuard<'_, gemm::Plans>> {
+        self.blas_lock
+            .lock()
+            .map_err(|_| self.err("cuBLASLt lock poisoned"))
+    }
+
     /// Runs `f`, which enqueues one kind of work, between two timing marks when profiling.
     pub fn timed<R>(&self, kind: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
         if !self.profiling.load(std::sync::atomic::Ordering::Relaxed) {

@@ -104,31 +104,17 @@ pub fn linear_act(
         (false, true) => Epilogue::Gelu,
         (true, true) => Epilogue::GeluBias,
     };
-    // Row-major out[m,n] = x[m,k]·w[n,k]ᵀ is column-major outᵀ[n,m] = w[n,k]·xᵀ: A = w (transposed
-    // view of its k×n column-major storage), B = xᵀ (k×m column-major).
-    let g = Gemm {
-        types: if gemm_dtype == DType::BF16 {
-            Types::Bf16
-        } else {
-            Types::F32
-        },
-        transa: true,
-        m: n as u64,
-        n: m as u64,
-        k: k as u64,
-        lda: k as i64,
-        ldb: k as i64,
-        ldc: n as i64,
-        epilogue,
+    let types = if gemm_dtype == DType::BF16 {
+        Types::Bf16
+    } else {
+        Types::F32
     };
+    let g = Gemm::linear(types, m, k, n, epilogue);
     let s = &dev.stream;
     let (ws, xs) = (&storage(&w)?.data, &storage(&x)?.data);
     let fb = fused_bias.as_ref().map(storage).transpose()?;
     dev.timed("gemm", || {
-        let mut plans = dev
-            .blas_lock
-            .lock()
-            .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
+        let mut plans = dev.gemm_plans()?;
         let (a, _a) = gemm_operand(ws, s).ok_or_else(|| dev.err("linear: weight not f32/bf16"))?;
         let (b, _b) = gemm_operand(xs, s).ok_or_else(|| dev.err("linear: input not f32/bf16"))?;
         let (c, _c) = gemm_operand(&out.data, s).ok_or_else(|| dev.err("linear: output"))?;

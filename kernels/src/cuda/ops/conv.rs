@@ -61,11 +61,7 @@ pub(super) unsafe fn tile_gemm(
         epilogue: Epilogue::None,
     };
     let s = &dev.stream;
-    // One cuBLASLt call at a time on this device (see `CudaBackend::blas_lock`).
-    let mut plans = dev
-        .blas_lock
-        .lock()
-        .map_err(|_| dev.err("cuBLASLt lock poisoned"))?;
+    let mut plans = dev.gemm_plans()?;
     dev.timed("gemm", || {
         let size = if bf16 { 2 } else { 4 };
         let missing = || dev.err("conv3d GEMM operand");
