@@ -91,12 +91,6 @@ run() {
     codecs)
       part bench-codecs 300 "$dir/worker" bench codecs --device cuda --repeat 3 --json "$out/codecs.json"
       part peer-codecs 300 python3 worker/bench/codecs_peer.py "$out/codecs_peer.json"
-      # The 128-channel implicit-GEMM tile (Hopper; off by default until measured): its
-      # correctness on the conv shapes, then the bf16 coders with it.
-      part test-conv128 200 env WORLDLINE_CONV_BM=128 "$dir/backend_consistency" video_vae \
-        --test-threads=1 --nocapture
-      part bench-codecs-conv128 300 env WORLDLINE_CONV_BM=128 "$dir/worker" bench codecs \
-        --device cuda --repeat 3 --codec-dtypes bf16 --json "$out/codecs128.json"
       ;;
     sp)
       if [ "$gpus" -ge 2 ]; then

@@ -339,8 +339,4 @@ WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, con
 
 WL_CONV_IGEMM(16, 2, conv_igemm_bf16_m16)
 WL_CONV_IGEMM(64, 3, conv_igemm_bf16_m64)
-// 128 output channels a block (4 m16 tiles a warp): each staged input pixel feeds twice the
-// products of m64, for the VAE's 128–384-channel convs; ~106 KiB of shared memory at 3×3, so
-// Hopper only (the host offers it behind WORLDLINE_CONV_BM=128 until measured).
-WL_CONV_IGEMM(128, 2, conv_igemm_bf16_m128)
 #endif

@@ -567,7 +567,7 @@ fn video_vae_ops_match_the_cpu(dev: Device) {
         // output blocks with odd sizes (a partial last tile both ways), a temporal stride
         // (the VAE encoder's time conv), a 3-channel RGB head (the 16-output block) with a
         // spatial stride, a tiny-decoder-like 3×3 with 128 channels in, and 136 channels out
-        // (the 128-channel block with a partial second block, under WORLDLINE_CONV_BM=128).
+        // (a partial last block of 64 output channels).
         let cases: [ConvCase; 9] = [
             (
                 [5, 3, 9, 11],
