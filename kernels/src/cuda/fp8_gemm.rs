@@ -1,14 +1,20 @@
 //! fp8 e4m3 GEMMs through cuBLASLt (Hopper's fp8 tensor cores), bf16 output.
 //!
-//! Tensorwise scales go to cuBLASLt as its A/B scale pointers (no extra pass). Rowwise scales
-//! (per token of the activation, per output channel of the weight) are applied after a GEMM with
-//! unit scales, in one pass over the output: the fp8 products are exact in the f32 accumulator,
-//! so scaling afterwards rounds once, as the CPU reference does. Plans are kept per shape
-//! (`gemm.rs`), as for bf16.
+//! Scales are applied to the f32 accumulator before its one rounding to bf16, as the CPU
+//! reference does (the fp8 products are exact in f32). Tensorwise scales go to cuBLASLt as its
+//! A/B scale pointers. Rowwise scales (per token of the activation, per output channel of the
+//! weight) go there too, as cuBLASLt 12.9+'s outer-vector scale mode: a unit-scale GEMM and then a
+//! separate pass over the bf16 output ran at 0.77–0.98× `torch._scaled_mm` on an H200, which
+//! scales in its epilogue. Where cuBLASLt refuses that plan (an older library, a GPU or shape it
+//! has no kernel for, a vector on one side and a scalar on the other if it takes no such mix)
+//! that shape and mode fall back to the separate pass, decided on its first call and kept with
+//! the plans (`gemm.rs`, per shape as for bf16). `WORLDLINE_FP8_ROWWISE=pass` forces the separate pass, for comparing the two.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::gemm::{Epilogue, Gemm, Operands, Types};
+use super::gemm::{Epilogue, Gemm, Operands, Tried, Types};
 use super::ops::storage;
 use super::{CudaBackend, CudaData, CudaStorage};
 use crate::{DType, Error, Result, Storage, Tensor};
@@ -19,6 +25,30 @@ pub fn supported(x: &Tensor, w: &Tensor) -> bool {
         && w.dtype() == DType::F8E4M3
         && w.dim(1).is_multiple_of(16)
         && w.dim(0).is_multiple_of(16)
+}
+
+/// Whether rowwise scales may go into cuBLASLt's GEMM: yes unless `WORLDLINE_FP8_ROWWISE=pass`
+/// (read per call, so a benchmark can time both paths in one process).
+fn rowwise_in_gemm() -> bool {
+    std::env::var("WORLDLINE_FP8_ROWWISE").map_or(true, |v| v != "pass")
+}
+
+/// Says once per process which path rowwise scales take (each path once, as shapes may differ).
+fn log_rowwise(in_gemm: bool, why: impl FnOnce() -> String) {
+    static IN_GEMM: AtomicBool = AtomicBool::new(false);
+    static PASS: AtomicBool = AtomicBool::new(false);
+    let flag = if in_gemm { &IN_GEMM } else { &PASS };
+    if flag.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    if in_gemm {
+        tracing::info!("fp8 rowwise scales: in cuBLASLt's GEMM (outer-vector scale mode)");
+    } else {
+        tracing::info!(
+            reason = %why(),
+            "fp8 rowwise scales: a separate pass after a unit-scale cuBLASLt GEMM"
+        );
+    }
 }
 
 /// `out[m, n] = Σ x[m, k]·w[n, k]` on fp8 operands, bf16 out.
@@ -47,10 +77,21 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         });
     };
     let rowwise = *xrow || *wrow;
+    let in_gemm = rowwise && rowwise_in_gemm();
+    if rowwise && !in_gemm {
+        log_rowwise(false, || "WORLDLINE_FP8_ROWWISE=pass".into());
+    }
     let out = CudaStorage::alloc(dev, DType::BF16, m * n)?;
     let s = &dev.stream;
     let g = Gemm::linear(Types::Fp8, m, k, n, Epilogue::None);
-    dev.timed("gemm", || {
+    // Column-major, A = w and B = xᵀ: A's outer vector is the weight's n scales, B's the
+    // activation's m.
+    let outer = Types::Fp8Outer {
+        a_vec: *wrow,
+        b_vec: *xrow,
+    };
+    let g_outer = Gemm::linear(outer, m, k, n, Epilogue::None);
+    let pass = dev.timed("gemm", || {
         let mut plans = dev.gemm_plans()?;
         let (xq_p, _g1) = xq.device_ptr(s);
         let (wq_p, _g2) = wq.device_ptr(s);
@@ -60,6 +101,27 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             return Err(dev.err("linear_fp8: output not bf16"));
         };
         let (o_p, _g5) = o.device_ptr(s);
+        if in_gemm {
+            let ops = Operands {
+                a: wq_p,
+                b: xq_p,
+                c: o_p,
+                bias: None,
+                scales: Some([wsc_p, xsc_p]),
+            };
+            // SAFETY: operands sized m×k, n×k, m×n as checked by `crate::ops::linear`; the
+            // scales hold n (w, rowwise) or 1 and m (x, rowwise) or 1 f32, as `outer` says.
+            match unsafe { plans.try_run(s, g_outer, ops) } {
+                Ok(Tried::Ran) => {
+                    log_rowwise(true, String::new);
+                    return Ok(false);
+                }
+                Ok(Tried::Refused(why)) => log_rowwise(false, || {
+                    format!("cuBLASLt refused {m}×{k}×{n} {outer:?}: {why}")
+                }),
+                Err(e) => return Err(dev.err(format!("cuBLASLt fp8 {m}×{k}×{n}: {e}"))),
+            }
+        }
         // Tensorwise scales ride on the GEMM; rowwise ones are applied after it.
         let scales = if rowwise {
             let one = plans.one(s).map_err(|e| dev.err(e))?;
@@ -77,10 +139,11 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         // SAFETY: operands sized m×k, n×k, m×n as checked by `crate::ops::linear`; the scales
         // are one f32 each (tensorwise) or the unit scale.
         unsafe { plans.run(s, g, ops) }
-            .map_err(|e| dev.err(format!("cuBLASLt fp8 {m}×{k}×{n}: {e}")))
+            .map_err(|e| dev.err(format!("cuBLASLt fp8 {m}×{k}×{n}: {e}")))?;
+        Ok(rowwise)
     })?;
     let mut out = out;
-    if rowwise {
+    if pass {
         apply_scales(dev, &mut out, xsc, *xrow, wsc, *wrow, m, n)?;
     }
     let mut shape = x.shape().to_vec();

@@ -58,6 +58,35 @@ pub(crate) enum Types {
     Bf16,
     /// fp8 e4m3 operands with a scale pointer each, bf16 out.
     Fp8,
+    /// fp8 e4m3 operands, bf16 out, each scale one f32 or an outer vector: one f32 per row of
+    /// op(A) (`m` values) when `a_vec`, per column of B (`n` values) when `b_vec`. cuBLASLt
+    /// 12.9+ only, and not for every GPU: run through [`Plans::try_run`].
+    Fp8Outer {
+        a_vec: bool,
+        b_vec: bool,
+    },
+}
+
+impl Types {
+    fn fp8(self) -> bool {
+        matches!(self, Types::Fp8 | Types::Fp8Outer { .. })
+    }
+}
+
+/// cuBLASLt's `CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F` and `..._OUTER_VEC_32F`. The scale-mode
+/// attributes take the value as a plain 32-bit integer; cudarc's enum for the 12.8 API we bind
+/// has no `OUTER_VEC_32F` (new in 12.9), so the raw values go in. An older library rejects the
+/// value, and the plan is refused like any other it cannot make.
+const SCALE_SCALAR_32F: i32 = 0;
+const SCALE_OUTER_VEC_32F: i32 = 3;
+
+/// What [`Plans::try_run`] did.
+#[derive(Debug)]
+pub(crate) enum Tried {
+    Ran,
+    /// cuBLASLt refused the plan (now or on an earlier call, whose reason this is); nothing was
+    /// enqueued.
+    Refused(String),
 }
 
 /// Column-major `C[m × n] (ld ldc) = op(A)·B`, `op(A)` = Aᵀ (A stored k × m, ld lda) when
@@ -107,7 +136,9 @@ const MAX_PLANS: usize = 1024;
 /// operands.
 pub(crate) struct Plans {
     handle: Owned<sys::cublasLtHandle_t>,
-    plans: HashMap<Gemm, Plan>,
+    /// Each shape's plan, or why cuBLASLt refused one [`Plans::try_run`] asked for: kept so
+    /// that it is asked once.
+    plans: HashMap<Gemm, std::result::Result<Plan, String>>,
     workspace: Option<CudaSlice<u8>>,
     /// A device 1.0, the unit scale of fp8 GEMMs whose scales are applied afterwards.
     one: Option<CudaSlice<f32>>,
@@ -121,7 +152,7 @@ pub(crate) struct Operands {
     pub c: u64,
     /// The epilogue's bias, `m` values in C's type.
     pub bias: Option<u64>,
-    /// fp8: A's and B's scale, one f32 each.
+    /// fp8: A's and B's scale, one f32 each, or for [`Types::Fp8Outer`] a vector where it says.
     pub scales: Option<[u64; 2]>,
 }
 
@@ -191,7 +222,9 @@ impl Plan {
                 C::CUBLAS_COMPUTE_32F_FAST_TF32,
             ),
             Types::Bf16 => (T::CUDA_R_16BF, T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
-            Types::Fp8 => (T::CUDA_R_8F_E4M3, T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+            Types::Fp8 | Types::Fp8Outer { .. } => {
+                (T::CUDA_R_8F_E4M3, T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F)
+            }
         };
         let epilogue = match g.epilogue {
             Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
@@ -212,6 +245,21 @@ impl Plan {
                 (D::CUBLASLT_MATMUL_DESC_TRANSC, 0),
             ] {
                 set(desc.handle, attr, (&v) as *const i32 as *const c_void, 4)?;
+            }
+            if let Types::Fp8Outer { a_vec, b_vec } = g.types {
+                let mode = |vec: bool| {
+                    if vec {
+                        SCALE_OUTER_VEC_32F
+                    } else {
+                        SCALE_SCALAR_32F
+                    }
+                };
+                for (attr, v) in [
+                    (D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode(a_vec)),
+                    (D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode(b_vec)),
+                ] {
+                    set(desc.handle, attr, (&v) as *const i32 as *const c_void, 4)?;
+                }
             }
             set(
                 desc.handle,
@@ -291,9 +339,41 @@ impl Plans {
         g: Gemm,
         ops: Operands,
     ) -> Result<(), String> {
-        if g.epilogue.has_bias() != ops.bias.is_some()
-            || (g.types == Types::Fp8) != ops.scales.is_some()
-        {
+        // SAFETY: the caller's promise.
+        match unsafe { self.enqueue(stream, g, ops, false) }? {
+            Tried::Ran => Ok(()),
+            Tried::Refused(e) => Err(format!("plan: {e}")),
+        }
+    }
+
+    /// [`Plans::run`] for a GEMM cuBLASLt may not support here (a newer scale mode): a plan it
+    /// refuses (no algorithm, a value it does not know, `NOT_SUPPORTED` on the first run) is
+    /// answered [`Tried::Refused`] with nothing enqueued, and the refusal is kept with the
+    /// plans, so later calls for `g` are answered at once.
+    ///
+    /// # Safety
+    /// As [`Plans::run`], with each scale `m` (A's) or `n` (B's) f32 where [`Types::Fp8Outer`]
+    /// makes it a vector.
+    pub(crate) unsafe fn try_run(
+        &mut self,
+        stream: &std::sync::Arc<CudaStream>,
+        g: Gemm,
+        ops: Operands,
+    ) -> Result<Tried, String> {
+        // SAFETY: the caller's promise.
+        unsafe { self.enqueue(stream, g, ops, true) }
+    }
+
+    /// # Safety
+    /// As [`Plans::try_run`].
+    unsafe fn enqueue(
+        &mut self,
+        stream: &std::sync::Arc<CudaStream>,
+        g: Gemm,
+        ops: Operands,
+        may_refuse: bool,
+    ) -> Result<Tried, String> {
+        if g.epilogue.has_bias() != ops.bias.is_some() || g.types.fp8() != ops.scales.is_some() {
             return Err(format!("GEMM {g:?} with operands {ops:?}"));
         }
         if self.workspace.is_none() {
@@ -307,20 +387,30 @@ impl Plans {
         let handle = self.handle.handle;
         // SAFETY: the caller's promise on the addresses; the plan's descriptors are live.
         unsafe {
-            let plan = match self.plans.entry(g) {
-                std::collections::hash_map::Entry::Occupied(o) => {
-                    let plan = o.into_mut();
-                    point(plan.desc.handle, &ops).map_err(|e| e.to_string())?;
-                    plan
+            let new = !self.plans.contains_key(&g);
+            if new {
+                match Plan::new(handle, &g, &ops) {
+                    Ok(plan) => {
+                        self.plans.insert(g, Ok(plan));
+                    }
+                    Err(e) if may_refuse => {
+                        self.plans.insert(g, Err(e.to_string()));
+                    }
+                    Err(e) => return Err(format!("plan: {e}")),
                 }
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(Plan::new(handle, &g, &ops).map_err(|e| format!("plan: {e}"))?)
-                }
+            }
+            let plan = match self.plans.get(&g) {
+                Some(Ok(plan)) => plan,
+                Some(Err(why)) => return Ok(Tried::Refused(why.clone())),
+                None => return Err(format!("no plan for {g:?}")),
             };
+            if !new {
+                point(plan.desc.handle, &ops).map_err(|e| e.to_string())?;
+            }
             let ws = self.workspace.as_mut().ok_or("no workspace")?;
             let (w, _w) = ws.device_ptr_mut(stream);
             let (alpha, beta) = (1.0f32, 0.0f32);
-            result::matmul(
+            let ran = result::matmul(
                 handle,
                 plan.desc.handle,
                 (&alpha) as *const f32 as *const c_void,
@@ -337,8 +427,20 @@ impl Plans {
                 w as *mut c_void,
                 WORKSPACE,
                 stream.cu_stream() as *mut _,
-            )
-            .map_err(|e| e.to_string())
+            );
+            match ran {
+                Ok(()) => Ok(Tried::Ran),
+                // cuBLASLt checks these before it launches anything.
+                Err(CublasError(
+                    e @ (sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
+                    | sys::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE),
+                )) if may_refuse && new => {
+                    let why = format!("{e:?}");
+                    self.plans.insert(g, Err(why.clone()));
+                    Ok(Tried::Refused(why))
+                }
+                Err(e) => Err(e.to_string()),
+            }
         }
     }
 }
