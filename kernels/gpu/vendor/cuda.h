@@ -91,6 +91,49 @@ WL_DEVICE void wl_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned
 WL_DEVICE void wl_wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Makes shared memory written by ordinary stores and cp.async visible to wgmma's operand reads.
 WL_DEVICE void wl_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// ---- Tensor memory accelerator (TMA), sm_90: a bulk copy of a tile described by a tensor map
+// (made on the host, passed as a __grid_constant__ parameter) into shared memory, its bytes
+// counted on an mbarrier. One thread issues a whole tile, so the copies cost no issue slots of
+// the warps doing the math, and many tiles can be in flight (cp.async by every thread topped out
+// near 4 TB/s of L2 traffic in our attention).
+struct __align__(64) wl_tmap {
+    unsigned long long opaque[16];
+};
+WL_DEVICE void wl_mbar_init(void* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(wl_smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the TMA unit before any copy signals them.
+WL_DEVICE void wl_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// This thread's arrival, announcing `bytes` still to come from copies.
+WL_DEVICE void wl_mbar_expect_tx(void* bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wl_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+// Waits until the barrier's phase `parity` has completed.
+WL_DEVICE void wl_mbar_wait(void* bar, int parity) {
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(wl_smem_addr(bar)), "r"(parity)
+                     : "memory");
+    }
+}
+// The box of `map` at coordinates (c0, c1, c2), innermost first, into `dst`; parts outside the
+// tensor arrive as zeros.
+WL_DEVICE void wl_tma_load_3d(void* dst, const wl_tmap* map, int c0, int c1, int c2, void* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(wl_smem_addr(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(wl_smem_addr(bar))
+        : "memory");
+}
+// Descriptor of a K-major operand as TMA writes it with 128-byte swizzling: rows of 128 bytes,
+// 8-row groups 1024 bytes apart (the tile 1024-byte aligned). A 16-element step along K inside a
+// row is +32 bytes on the start address; the hardware applies the swizzle to the final address.
+WL_DEVICE unsigned long long wl_wgmma_desc_sw128(const void* smem) {
+    return wl_wgmma_desc(smem, 16, 1024) | (1ull << 62);
+}
 // D[64×64] (+)= A[64×16] · B[16×64], both operands K-major in shared memory.
 WL_DEVICE void wl_wgmma_64x64x16_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
     asm volatile(

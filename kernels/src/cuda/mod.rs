@@ -11,6 +11,7 @@ mod fp8_gemm;
 pub(crate) mod gemm;
 pub mod ops;
 mod storage;
+mod tma;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

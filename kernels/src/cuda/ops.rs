@@ -185,9 +185,9 @@ const FLASH_BLOCK_QUERIES: usize = 128;
 pub enum FlashKernel {
     /// mma.sync (sm_80 and later): 4 warps × 32 queries, `bc` (32 or 64) keys per tile.
     Mma { bc: usize },
-    /// wgmma (sm_90a only): 2 warpgroups × 64 queries, `bc` (64 or 128) keys per tile,
-    /// `blocks` (1 or 2) blocks per SM; V goes through a transposed copy.
-    Wgmma { bc: usize, blocks: usize },
+    /// wgmma fed by TMA (sm_90a only): 2 warpgroups × 64 queries, `bc` (64 or 128) keys per
+    /// tile, `stages` tiles in flight; V goes through a transposed copy.
+    Tma { bc: usize, stages: usize },
 }
 
 impl FlashKernel {
@@ -195,14 +195,14 @@ impl FlashKernel {
     pub fn available(arch: &str) -> Vec<FlashKernel> {
         let mut v = Vec::new();
         if arch == "sm_90a" {
-            // Measured on the H200 (`bench kernels`, 4680 × 28080 × 40 heads): 64-key tiles,
-            // one block per SM 276 TFLOP/s; two blocks 275; 128-key tiles 219; mma.sync 241 (64)
-            // and 221 (32). A variant overlapping each warpgroup's softmax with its P·V product
-            // (three stages) ran at 227–239 and was dropped.
+            // Measured on the H200 (`bench kernels`, 4680 × 28080 × 40 heads, SDPA 601 TFLOP/s
+            // in the same run): 128-key tiles 492 (3 stages) and 483 (2); 64-key tiles 401 (6).
+            // The cp.async wgmma kernel these replaced ran at 277, mma.sync at 239. Overlapping
+            // each warpgroup's softmax with its P·V product gained nothing over 3 stages.
             v.extend([
-                FlashKernel::Wgmma { bc: 64, blocks: 1 },
-                FlashKernel::Wgmma { bc: 64, blocks: 2 },
-                FlashKernel::Wgmma { bc: 128, blocks: 1 },
+                FlashKernel::Tma { bc: 128, stages: 3 },
+                FlashKernel::Tma { bc: 128, stages: 2 },
+                FlashKernel::Tma { bc: 64, stages: 6 },
             ]);
         }
         v.extend([FlashKernel::Mma { bc: 64 }, FlashKernel::Mma { bc: 32 }]);
@@ -214,10 +214,11 @@ impl FlashKernel {
             FlashKernel::Mma { bc: bc @ (32 | 64) } => {
                 Ok(format!("flash_attention_bf16_d128_bc{bc}"))
             }
-            FlashKernel::Wgmma {
-                bc: bc @ (64 | 128),
-                blocks: blocks @ (1 | 2),
-            } if bc * blocks <= 128 => Ok(format!("flash_wgmma_bf16_d128_bc{bc}_x{blocks}")),
+            FlashKernel::Tma {
+                bc: 128,
+                stages: stages @ (2 | 3),
+            } => Ok(format!("flash_tma_bf16_d128_bc128_s{stages}")),
+            FlashKernel::Tma { bc: 64, stages: 6 } => Ok("flash_tma_bf16_d128_bc64_s6".into()),
             other => Err(Error::Shape {
                 op: "attention",
                 msg: format!("no flash kernel {other:?}"),
@@ -225,31 +226,35 @@ impl FlashKernel {
         }
     }
 
-    /// Dynamic shared memory: the Q tile, then two stages of K and V tiles (mma.sync rows are
-    /// padded to 136 elements; wgmma tiles are dense core matrices).
+    /// Dynamic shared memory: the Q tile, then the stages of K and V tiles (mma.sync rows are
+    /// padded to 136 elements; TMA tiles are dense, and each stage and Q has an 8-byte barrier).
     fn smem_bytes(self) -> u32 {
         let bytes = match self {
             FlashKernel::Mma { bc } => (FLASH_BLOCK_QUERIES * 136 + 2 * 2 * bc * 136) * 2,
-            FlashKernel::Wgmma { bc, .. } => (FLASH_BLOCK_QUERIES * 128 + 2 * 2 * bc * 128) * 2,
+            FlashKernel::Tma { bc, stages } => {
+                FLASH_BLOCK_QUERIES * 256 + stages * 2 * bc * 256 + (stages + 1) * 8
+            }
         };
         bytes as u32
+    }
+
+    /// The name `WORLDLINE_FLASH` takes.
+    pub fn tag(self) -> String {
+        match self {
+            FlashKernel::Mma { bc } => format!("mma{bc}"),
+            FlashKernel::Tma { bc, stages } => format!("tma{bc}s{stages}"),
+        }
     }
 }
 
 /// The kernel `attention` uses on `arch`: the first of [`FlashKernel::available`], unless
-/// `WORLDLINE_FLASH` names another (`wgmma64x2`, `wgmma128x1`, `mma64`, `mma32`), a knob for
-/// `bench kernels`.
+/// `WORLDLINE_FLASH` names another by its [`FlashKernel::tag`] (`tma128s2`, `tma64s6`, `mma64`,
+/// `mma32`), a knob for `bench kernels`.
 fn default_flash(arch: &str) -> FlashKernel {
     let all = FlashKernel::available(arch);
-    let pick = std::env::var("WORLDLINE_FLASH").ok().and_then(|v| {
-        all.iter().copied().find(|k| {
-            let tag = match k {
-                FlashKernel::Mma { bc } => format!("mma{bc}"),
-                FlashKernel::Wgmma { bc, blocks } => format!("wgmma{bc}x{blocks}"),
-            };
-            tag == v
-        })
-    });
+    let pick = std::env::var("WORLDLINE_FLASH")
+        .ok()
+        .and_then(|v| all.iter().copied().find(|k| k.tag() == v));
     pick.unwrap_or(all[0])
 }
 
@@ -289,10 +294,35 @@ pub fn flash_attention_with(
     let (lq32, kv32, h32, bt) = (lq as i32, kv_len as i32, heads as i32, block_tokens as i32);
     let scale = 1.0f32 / (FLASH_HEAD_DIM as f32).sqrt();
     let (qs, ks, vs) = (storage(&qb)?, storage(&kb)?, storage(&vb)?);
-    // wgmma reads V as [heads, 128, keys], padded with zeros to whole 128-key tiles.
-    let vt = match kernel {
-        FlashKernel::Mma { .. } => None,
-        FlashKernel::Wgmma { .. } => {
+    let func = dev.func("attention", &name)?;
+    // More than the default 48 KiB of dynamic shared memory must be asked for.
+    func.set_attribute(
+        Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(|e| dev.err(e))?;
+    let grid_dim = (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1);
+    match kernel {
+        FlashKernel::Mma { .. } => {
+            let cfg = LaunchConfig {
+                grid_dim,
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            let mut b = dev.stream.launch_builder(&func);
+            push_mut(&mut b, &mut out.data);
+            push(&mut b, &qs.data);
+            push(&mut b, &ks.data);
+            push(&mut b, &vs.data);
+            b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
+            dev.timed("attention", || {
+                // SAFETY: bf16 buffers of [lq|kv, heads, 128], then the sizes.
+                unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
+                Ok(())
+            })?;
+        }
+        FlashKernel::Tma { bc, .. } => {
+            // TMA reads V as [heads, 128, keys], padded with zeros to whole 128-key tiles.
             let stride = kv_len.max(1).div_ceil(128) * 128;
             let mut vt = CudaStorage::alloc(dev, DType::BF16, heads * 128 * stride)?;
             let stride32 = stride as i32;
@@ -306,42 +336,41 @@ pub fn flash_attention_with(
                 push(b, &vs.data);
                 b.arg(&kv32).arg(&h32).arg(&stride32);
             });
-            Some((vt, stride32))
-        }
-    };
-    let func = dev.func("attention", &name)?;
-    // More than the default 48 KiB of dynamic shared memory must be asked for.
-    func.set_attribute(
-        Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(|e| dev.err(e))?;
-    let cfg = LaunchConfig {
-        grid_dim: (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1),
-        block_dim: (if vt.is_some() { 256 } else { 128 }, 1, 1),
-        shared_mem_bytes: smem,
-    };
-    let mut b = dev.stream.launch_builder(&func);
-    push_mut(&mut b, &mut out.data);
-    push(&mut b, &qs.data);
-    push(&mut b, &ks.data);
-    match &vt {
-        None => {
-            push(&mut b, &vs.data);
-            b.arg(&lq32).arg(&kv32);
-        }
-        Some((vt, stride)) => {
-            push(&mut b, &vt.data);
-            b.arg(&lq32).arg(&kv32).arg(stride);
+            let st = &dev.stream;
+            let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("attention: not bf16"));
+            let ((q_p, _g1), (k_p, _g2), (vt_p, _g3)) =
+                (addr(&qs.data)?, addr(&ks.data)?, addr(&vt.data)?);
+            let row = (heads * FLASH_HEAD_DIM * 2) as u64;
+            let (h, d) = (heads as u64, FLASH_HEAD_DIM as u64);
+            let map = |a, dims, strides, boxes| {
+                super::tma::bf16_3d(a, dims, strides, boxes).map_err(|e| dev.err(e))
+            };
+            let tq = map(q_p, [d, h, lq as u64], [256, row], [64, 1, 128])?;
+            let tk = map(k_p, [d, h, kv_len as u64], [256, row], [64, 1, bc as u32])?;
+            let tv = map(
+                vt_p,
+                [stride as u64, d, h],
+                [stride as u64 * 2, stride as u64 * d * 2],
+                [64, 128, 1],
+            )?;
+            let cfg = LaunchConfig {
+                grid_dim,
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            let mut b = dev.stream.launch_builder(&func);
+            push_mut(&mut b, &mut out.data);
+            b.arg(&tq).arg(&tk).arg(&tv);
+            b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
+            dev.timed("attention", || {
+                // SAFETY: the tensor maps describe the live bf16 buffers q [lq, heads, 128],
+                // k [kv_len.., heads, 128] and vt [heads, 128, stride], held until the launch is
+                // enqueued (the stream orders any reuse); then the sizes.
+                unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
+                Ok(())
+            })?;
         }
     }
-    b.arg(&h32).arg(&bt).arg(&scale);
-    dev.timed("attention", || {
-        // SAFETY: the arguments are the kernel's: bf16 buffers of [lq|kv, heads, 128] (V
-        // transposed to [heads, 128, stride] for wgmma), then the sizes.
-        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
-        Ok(())
-    })?;
     cast(&wrap(out, q.shape()), q.dtype())
 }
 
