@@ -286,21 +286,6 @@ WL_FLASH(64)
 WL_FLASH(32)
 #endif
 
-// V for the wgmma kernel: [kv_len, heads, 128] → [heads, 128, stride], keys contiguous, zeros
-// from kv_len to stride (P·V reads whole tiles; masked probabilities are 0 and 0·0 stays 0).
-// wgmma's B operand is K-major, and for P·V the reduction runs over keys.
-WL_KERNEL void attention_v_transpose_bf16(wl_bf16* out, const wl_bf16* v, int kv_len, int heads, int stride) {
-    __shared__ wl_bf16 t[32][33];
-    const int k0 = blockIdx.x * 32, c0 = blockIdx.y * 32;  // c: head·128 + dim
-    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    for (int r = ty; r < 32; r += blockDim.x / 32) {
-        const int key = k0 + r;
-        t[r][tx] = key < kv_len ? v[(wl_u64)key * heads * 128 + c0 + tx] : (wl_bf16)0;
-    }
-    __syncthreads();
-    for (int r = ty; r < 32; r += blockDim.x / 32) out[(wl_u64)(c0 + r) * stride + k0 + tx] = t[tx][r];
-}
-
 // V for the VSA fine kernel: key tile j's tokens (through the tiling's index arrays) at
 // columns j·64 .. j·64 + size_j of [heads, 128, tiles·64], zeros in the rest of each 64-slot block.
 WL_KERNEL void vsa_v_transpose_bf16(wl_bf16* out, const wl_bf16* v, const int* order, const int* offsets,
@@ -319,10 +304,10 @@ WL_KERNEL void vsa_v_transpose_bf16(wl_bf16* out, const wl_bf16* v, const int* o
 #if defined(WL_HAS_WGMMA)
 // Hopper's warpgroup MMA (wgmma): a warpgroup of four warps owns 64 query rows; S = Q·Kᵀ reads
 // its operands from shared memory through descriptors, and P stays in registers as the A operand
-// of O += P·V, whose B operand is a transposed V tile (attention_v_transpose_bf16). The dense
-// kernel takes two warpgroups per block of 128 queries and loads by TMA (flash_tma_d128). The
-// VSA fine kernel gathers rows with cp.async into 8×8 core matrices (see vendor/cuda.h), each
-// 16-byte chunk at index i = ((r / 8)·(C / 8) + c / 8)·8 + r % 8 of an R×C tile.
+// of O += P·V. The dense kernel takes two such warpgroups per block of 128 queries, fed by TMA
+// (flash_tma_d128). The VSA fine kernel gathers rows with cp.async into 8×8 core matrices (see
+// vendor/cuda.h), each 16-byte chunk at index i = ((r / 8)·(C / 8) + c / 8)·8 + r % 8 of an R×C
+// tile, and reads V from a transposed copy (vsa_v_transpose_bf16).
 #define FW_BR 128
 
 // Copies rows [first, first + rows) × 128 dims of one head into core-matrix order; rows at or
@@ -349,20 +334,23 @@ WL_DEVICE void fw_load_vt(wl_bf16* dst, const wl_bf16* vt, int first, int stride
 // One tile's online-softmax step for this thread's two rows (e = 0: row0, 1: row0 + 8) of a
 // 64×BC score block in the wgmma accumulator layout: masks, turns scores into probabilities in
 // place, and returns each row's new max, rescale factor and partial sum (this lane's share).
+// Keys kb + column at or past a row's limit are masked by a select, not a branch: the dense
+// kernel runs this while a wgmma is in flight, and ptxas serialises wgmmas around branches.
 template <int BC>
-WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, bool masked, int kb,
-                          int row0, int cq, int kv_len, int block_tokens, float scale2) {
+WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, int kb, int row0, int cq,
+                          int kv_len, int block_tokens, float scale2) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-        if (masked) {
-            const int rq = row0 + e * 8;
-            const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
+        const int rq = row0 + e * 8;
+        const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
+        const int visible = lim - kb - cq;  // column j·8 + c is visible iff j·8 + c < visible
 #pragma unroll
-            for (int j = 0; j < BC / 8; ++j)
+        for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
-                for (int c = 0; c < 2; ++c)
-                    if (kb + j * 8 + cq + c >= lim) s[4 * j + 2 * e + c] = -WL_INF;
-        }
+            for (int c = 0; c < 2; ++c) {
+                float& x = s[4 * j + 2 * e + c];
+                x = j * 8 + c < visible ? x : -WL_INF;
+            }
         float mx = -WL_INF;
 #pragma unroll
         for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
@@ -402,65 +390,68 @@ WL_DEVICE void fw_rescale(float* o, float* m, float* l, const float* n, const fl
     }
 }
 
-// The dense kernel: K, Q and Vᵀ tiles come by TMA into 128-byte-swizzled shared memory, `ST`
-// stages of K|Vᵀ in flight, each stage's arrival counted on its own mbarrier. Thread 0 issues
-// the copies; a stage is refilled once every warpgroup is past it. Q stays in shared memory and
-// both products read their B operand through descriptors (P·V takes P from registers).
-// Measured on the H200 at 4680 × 28080 × 40 heads: the cp.async kernel it replaced ran at 277
-// TFLOP/s (551 with its loads off); this one at 483–492 with 128-key tiles.
+// The dense kernel, in three warpgroups. The producer (warpgroup 2, one thread) copies Q and then
+// K and V tiles of BC keys by TMA into `ST` stages of 128-byte-swizzled shared memory, each
+// stage's arrival counted on its "full" barrier, and refills a stage once both consumers have
+// arrived on its "empty" barrier. Two consumer warpgroups own 64 queries each:
+//  - S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together, and the softmax of S_j runs while
+//    P·V is still on the tensor cores (O is rescaled once it is done);
+//  - ping-pong: named barriers 1 and 2 order the two warpgroups' issue, so one's softmax runs
+//    under the other's products instead of both waiting on the exponentials at once;
+//  - V is read as stored ([keys, heads, 128]) as an N-major B operand: no transposed copy.
+// Measured on the H200 at 4680 × 28080 × 40 heads (exp harness, SDPA 591 TFLOP/s in the same
+// run): 538; the same with a transposed V 539; without ping-pong 509 (489 with Vᵀ); thread 0 of
+// a consumer loading and a block-wide sync per tile 478; cp.async by every thread 277. In
+// `bench kernels` (SDPA 615): 618.
+#define FT_THREADS 384
 template <int BC, int ST>
 WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv, int lq,
                               int kv_len, int heads, int block_tokens, float scale) {
-    constexpr int KB = BC * 256, SB = 2 * KB;  // bytes of a K (or Vᵀ) tile, of a stage
+    constexpr int KB = BC * 256, SB = 2 * KB;  // bytes of a K (or V) tile, of a stage
     extern __shared__ __align__(1024) unsigned char ft_smem[];
-    unsigned char* qs = ft_smem;                                      // dims 0-63 | 64-127, 128 rows each
-    unsigned char* stages = ft_smem + FW_BR * 256;                    // ST × (K | Vᵀ)
-    unsigned long long* bars = (unsigned long long*)(stages + ST * SB);  // a stage's, then Q's
+    unsigned char* qs = ft_smem;                      // dims 0-63 | 64-127, 128 rows each
+    unsigned char* stages = ft_smem + FW_BR * 256;    // ST × (K | V), each as two 64-dim halves
+    unsigned long long* full = (unsigned long long*)(stages + ST * SB);
+    unsigned long long* empty = full + ST;
+    unsigned long long* qbar = empty + ST;
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
     const int h = blockIdx.y, qb = blockIdx.x * FW_BR;
     const wl_u64 row = (wl_u64)heads * 128;
-    const int row0 = qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
-    const int cq = (lane % 4) * 2;
-    const float scale2 = scale * 1.4426950408889634f;
-    int block_end = kv_len, wg_clear = kv_len;
-    if (block_tokens > 0) {
-        const int last_q = min(lq - 1, qb + FW_BR - 1);
-        block_end = min(kv_len, (last_q / block_tokens + 1) * block_tokens);
-        wg_clear = min(kv_len, ((qb + wg * 64) / block_tokens + 1) * block_tokens);
-    }
+    int block_end = kv_len;
+    if (block_tokens > 0) block_end = min(kv_len, (min(lq - 1, qb + FW_BR - 1) / block_tokens + 1) * block_tokens);
     const int n = (block_end + BC - 1) / BC;
     if (threadIdx.x == 0) {
-        for (int s = 0; s <= ST; ++s) wl_mbar_init(bars + s, 1);
+        for (int s = 0; s < ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
+        wl_mbar_init(qbar, 1);
         wl_mbar_init_fence();
     }
     __syncthreads();
-    // Tile j into stage s: K as two 64-dim halves of BC rows, Vᵀ as 64-key blocks of 128 rows.
-    auto issue = [&](int s, int j) {
-        unsigned char* ks = stages + s * SB;
-        wl_mbar_expect_tx(bars + s, SB);
-        wl_tma_load_3d(ks, tk, 0, h, j * BC, bars + s);
-        wl_tma_load_3d(ks + BC * 128, tk, 64, h, j * BC, bars + s);
-        for (int b = 0; b < BC / 64; ++b) wl_tma_load_3d(ks + KB + b * 16384, tv, j * BC + b * 64, 0, h, bars + s);
-    };
-    if (threadIdx.x == 0) {
-        wl_mbar_expect_tx(bars + ST, FW_BR * 256);
-        wl_tma_load_3d(qs, tq, 0, h, qb, bars + ST);
-        wl_tma_load_3d(qs + FW_BR * 128, tq, 64, h, qb, bars + ST);
-        for (int s = 0; s < ST && s < n; ++s) issue(s, s);
+    if (wg == 2) {
+        // 40 registers for the producer leave 232 for each consumer thread.
+        WL_SETMAXNREG_DEC(40);
+        if (t == 0) {
+            wl_mbar_expect_tx(qbar, FW_BR * 256);
+            wl_tma_load_3d(qs, tq, 0, h, qb, qbar);
+            wl_tma_load_3d(qs + FW_BR * 128, tq, 64, h, qb, qbar);
+            for (int j = 0; j < n; ++j) {
+                const int s = j % ST;
+                if (j >= ST) wl_mbar_wait(empty + s, (j / ST - 1) & 1);
+                unsigned char* ks = stages + s * SB;
+                wl_mbar_expect_tx(full + s, SB);
+                wl_tma_load_3d(ks, tk, 0, h, j * BC, full + s);
+                wl_tma_load_3d(ks + BC * 128, tk, 64, h, j * BC, full + s);
+                wl_tma_load_3d(ks + KB, tv, 0, h, j * BC, full + s);
+                wl_tma_load_3d(ks + KB + BC * 128, tv, 64, h, j * BC, full + s);
+            }
+        }
+        return;
     }
-    float o[64];
-#pragma unroll
-    for (int j = 0; j < 64; ++j) o[j] = 0.0f;
-    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    WL_SETMAXNREG_INC(232);
+    const int row0 = qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
+    const int cq = (lane % 4) * 2;
+    const float scale2 = scale * 1.4426950408889634f;
     const unsigned char* qw = qs + wg * 64 * 128;  // this warpgroup's rows in each half
-    wl_mbar_wait(bars + ST, 0);
-    for (int j = 0; j < n; ++j) {
-        const int s = j % ST;
-        wl_mbar_wait(bars + s, (j / ST) & 1);
-        const unsigned char* ks = stages + s * SB;
-        const unsigned char* vs = ks + KB;
-        float sc[BC / 2];
-        wl_wgmma_fence();
+    auto scores = [&](float* sc, const unsigned char* ks) {
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
             const int half = kk / 4, step = (kk % 4) * 32;
@@ -469,26 +460,66 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
             if constexpr (BC == 64) wl_wgmma_64x64x16_ss(sc, da, db, kk);
             else wl_wgmma_64x128x16_ss(sc, da, db, kk);
         }
-        wl_wgmma_commit();
-        wl_wgmma_wait_all();
-        float nm[2], corr[2], sum[2];
-        fw_softmax<BC>(sc, m, nm, corr, sum, (j + 1) * BC > wg_clear, j * BC, row0, cq, kv_len, block_tokens, scale2);
-        fw_rescale(o, m, l, nm, corr, sum);
-        unsigned int pa[BC / 16][4];
+    };
+    auto pv = [&](float* o, const unsigned int (*pa)[4], const unsigned char* vs) {
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk)
+            wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_wgmma_desc_sw128_mn(vs + kk * 2048, BC * 128));
+    };
+    auto pack = [](unsigned int (*pa)[4], const float* sc) {
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk)
 #pragma unroll
             for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-        wl_wgmma_fence();
+    };
+    float o[64];
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk)
-            wl_wgmma_64x128x16_rs(o, pa[kk], wl_wgmma_desc_sw128(vs + (kk / 4) * 16384 + (kk % 4) * 32));
+    for (int j = 0; j < 64; ++j) o[j] = 0.0f;
+    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    unsigned int pa[BC / 16][4];
+    wl_mbar_wait(qbar, 0);
+    wl_mbar_wait(full, 0);
+    // Warpgroup 0 issues first; each arrival on the other's barrier hands the turn over.
+    if (wg == 1) wl_named_arrive(1, 256);
+    {
+        float sc[BC / 2];
+        wl_named_sync(1 + wg, 256);
+        wl_wgmma_fence();
+        scores(sc, stages);
         wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
-        // Every warpgroup is done with stage s: it may take tile j + ST.
-        __syncthreads();
-        if (threadIdx.x == 0 && j + ST < n) issue(s, j + ST);
+        float nm[2], corr[2], sum[2];
+        fw_softmax<BC>(sc, m, nm, corr, sum, 0, row0, cq, kv_len, block_tokens, scale2);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
+        pack(pa, sc);
     }
+    for (int j = 1; j < n; ++j) {
+        const int s = j % ST, prev = (j - 1) % ST;
+        wl_mbar_wait(full + s, (j / ST) & 1);
+        float sc[BC / 2];
+        wl_named_sync(1 + wg, 256);
+        wl_wgmma_fence();
+        scores(sc, stages + s * SB);
+        wl_wgmma_commit();
+        pv(o, pa, stages + prev * SB + KB);
+        wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
+        wl_wgmma_wait_one();
+        float nm[2], corr[2], sum[2];
+        fw_softmax<BC>(sc, m, nm, corr, sum, j * BC, row0, cq, kv_len, block_tokens, scale2);
+        wl_wgmma_wait_all();
+        if (t == 0) wl_mbar_arrive(empty + prev);
+        fw_rescale(o, m, l, nm, corr, sum);
+        pack(pa, sc);
+    }
+    // Warpgroup 1 arrived on barrier 1 once more than warpgroup 0 waited there.
+    if (wg == 0) wl_named_sync(1, 256);
+    wl_wgmma_fence();
+    pv(o, pa, stages + ((n - 1) % ST) * SB + KB);
+    wl_wgmma_commit();
+    wl_wgmma_wait_all();
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         float tl = l[e];
@@ -577,7 +608,7 @@ WL_DEVICE void vsa_fine_wgmma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, 
         wl_wgmma_wait_all();
         float n[2], corr[2], sum[2];
         // Slots at or past the tile's size are masked (kv_len = kn, no chunk mask).
-        fw_softmax<64>(sc, m, n, corr, sum, kn < 64, 0, r0, cq, kn, 0, scale2);
+        fw_softmax<64>(sc, m, n, corr, sum, 0, r0, cq, kn, 0, scale2);
         fw_rescale(o, m, l, n, corr, sum);
         unsigned int pa[4][4];
 #pragma unroll
@@ -622,16 +653,13 @@ WL_KERNEL void __launch_bounds__(128, 2)
                    k_sizes, heads, top_k, vt_stride, scale);
 }
 
-// q and k as [L, heads, 128] with boxes of 64 dims × 1 head × (128 queries | BC keys); Vᵀ as
-// [heads, 128, stride] with boxes of 64 keys × 128 dims (attention_v_transpose_bf16 makes it).
+// q, k and v as [L, heads, 128], in boxes of 64 dims × 1 head × (128 queries | BC keys).
 #define WL_FLASH_TMA(BC, ST)                                                                                    \
-    WL_KERNEL void __launch_bounds__(256, 1) flash_tma_bf16_d128_bc##BC##_s##ST(                                \
+    WL_KERNEL void __launch_bounds__(FT_THREADS, 1) flash_tma_bf16_d128_bc##BC##_s##ST(                         \
         wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                  \
         const __grid_constant__ wl_tmap tv, int lq, int kv_len, int heads, int block_tokens, float scale) {    \
         flash_tma_d128<BC, ST>(out, &tq, &tk, &tv, lq, kv_len, heads, block_tokens, scale);                     \
     }
 // Shared memory: 32 KiB of Q, then ST stages of 2·BC·256 bytes (the H200 gives a block 227 KiB).
-WL_FLASH_TMA(128, 2)
 WL_FLASH_TMA(128, 3)
-WL_FLASH_TMA(64, 6)
 #endif

@@ -89,6 +89,8 @@ WL_DEVICE unsigned long long wl_wgmma_desc(const void* smem, unsigned int lbo, u
 WL_DEVICE void wl_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 WL_DEVICE void wl_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 WL_DEVICE void wl_wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most the last committed group is still running.
+WL_DEVICE void wl_wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // Makes shared memory written by ordinary stores and cp.async visible to wgmma's operand reads.
 WL_DEVICE void wl_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // ---- Tensor memory accelerator (TMA), sm_90: a bulk copy of a tile described by a tensor map
@@ -128,11 +130,33 @@ WL_DEVICE void wl_tma_load_3d(void* dst, const wl_tmap* map, int c0, int c1, int
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(wl_smem_addr(bar))
         : "memory");
 }
+// A plain arrival (no bytes expected), e.g. a consumer releasing a stage.
+WL_DEVICE void wl_mbar_arrive(void* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wl_smem_addr(bar)) : "memory");
+}
+// Named barriers over `threads` threads (id 0 is __syncthreads'): sync waits for the count,
+// arrive counts this thread without waiting.
+WL_DEVICE void wl_named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+WL_DEVICE void wl_named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Moves registers between warpgroups of a block (every thread of the warpgroup executes it):
+// a producer warpgroup that only issues copies gives its share to the ones doing the math.
+#define WL_SETMAXNREG_DEC(n) asm volatile("setmaxnreg.dec.sync.aligned.u32 " #n ";\n" ::: "memory")
+#define WL_SETMAXNREG_INC(n) asm volatile("setmaxnreg.inc.sync.aligned.u32 " #n ";\n" ::: "memory")
 // Descriptor of a K-major operand as TMA writes it with 128-byte swizzling: rows of 128 bytes,
 // 8-row groups 1024 bytes apart (the tile 1024-byte aligned). A 16-element step along K inside a
 // row is +32 bytes on the start address; the hardware applies the swizzle to the final address.
 WL_DEVICE unsigned long long wl_wgmma_desc_sw128(const void* smem) {
     return wl_wgmma_desc(smem, 16, 1024) | (1ull << 62);
+}
+// Descriptor of an MN-major operand (N contiguous) in the same layout: rows of 128 bytes (64
+// elements along N) at consecutive K, 8-row groups 1024 bytes apart, and the next 64 columns
+// `panel` bytes on. A 16-row step along K is +2048 bytes.
+WL_DEVICE unsigned long long wl_wgmma_desc_sw128_mn(const void* smem, unsigned int panel) {
+    return wl_wgmma_desc(smem, panel, 1024) | (1ull << 62);
 }
 // D[64×64] (+)= A[64×16] · B[16×64], both operands K-major in shared memory.
 WL_DEVICE void wl_wgmma_64x64x16_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
@@ -155,6 +179,14 @@ WL_DEVICE void wl_wgmma_64x128x16_ss(float* d, unsigned long long da, unsigned l
 WL_DEVICE void wl_wgmma_64x128x16_rs(float* d, const unsigned int* a, unsigned long long db) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+// The same with B N-major (imm-trans-b): rows of B along K, N contiguous, e.g. V tiles as stored
+// ([keys][dims]), so P·V needs no transposed copy of V.
+WL_DEVICE void wl_wgmma_64x128x16_rs_nmajor(float* d, const unsigned int* a, unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }

@@ -168,7 +168,9 @@ pub fn attention(
     kv_len: usize,
     block_tokens: usize,
 ) -> Result<Tensor> {
-    if q.dim(2) == FLASH_HEAD_DIM {
+    // The flash kernels need a key and a query to tile (the TMA one would wait for a tile that
+    // never comes); the portable kernel handles the empty cases as the CPU does.
+    if q.dim(2) == FLASH_HEAD_DIM && kv_len > 0 && q.dim(0) > 0 {
         return flash_attention(q, k, v, kv_len, block_tokens);
     }
     attention_portable(q, k, v, kv_len, block_tokens)
@@ -180,13 +182,17 @@ pub const FLASH_HEAD_DIM: usize = 128;
 /// Queries per block of the tensor-core kernels (attention.cu's `FA_BR` and `FW_BR`).
 const FLASH_BLOCK_QUERIES: usize = 128;
 
+/// Threads of the TMA kernel: two consumer warpgroups and the producer (attention.cu's
+/// `FT_THREADS`).
+const FLASH_TMA_THREADS: u32 = 384;
+
 /// One of the tensor-core attention kernels of attention.cu.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlashKernel {
     /// mma.sync (sm_80 and later): 4 warps × 32 queries, `bc` (32 or 64) keys per tile.
     Mma { bc: usize },
-    /// wgmma fed by TMA (sm_90a only): 2 warpgroups × 64 queries, `bc` (64 or 128) keys per
-    /// tile, `stages` tiles in flight; V goes through a transposed copy.
+    /// wgmma fed by TMA (sm_90a only): a producer warpgroup and 2 consumer warpgroups × 64
+    /// queries, `bc` (128) keys per tile, `stages` (3) tiles in flight.
     Tma { bc: usize, stages: usize },
 }
 
@@ -195,15 +201,10 @@ impl FlashKernel {
     pub fn available(arch: &str) -> Vec<FlashKernel> {
         let mut v = Vec::new();
         if arch == "sm_90a" {
-            // Measured on the H200 (`bench kernels`, 4680 × 28080 × 40 heads, SDPA 601 TFLOP/s
-            // in the same run): 128-key tiles 492 (3 stages) and 483 (2); 64-key tiles 401 (6).
-            // The cp.async wgmma kernel these replaced ran at 277, mma.sync at 239. Overlapping
-            // each warpgroup's softmax with its P·V product gained nothing over 3 stages.
-            v.extend([
-                FlashKernel::Tma { bc: 128, stages: 3 },
-                FlashKernel::Tma { bc: 128, stages: 2 },
-                FlashKernel::Tma { bc: 64, stages: 6 },
-            ]);
+            // Measured on the H200 (`bench kernels`, 4680 × 28080 × 40 heads, SDPA 615 TFLOP/s
+            // in the same run): 618 (attention.cu says what else was tried; with 2 stages, so
+            // that a stage is refilled only after the next tile's P·V, 383); mma.sync 239.
+            v.push(FlashKernel::Tma { bc: 128, stages: 3 });
         }
         v.extend([FlashKernel::Mma { bc: 64 }, FlashKernel::Mma { bc: 32 }]);
         v
@@ -214,11 +215,7 @@ impl FlashKernel {
             FlashKernel::Mma { bc: bc @ (32 | 64) } => {
                 Ok(format!("flash_attention_bf16_d128_bc{bc}"))
             }
-            FlashKernel::Tma {
-                bc: 128,
-                stages: stages @ (2 | 3),
-            } => Ok(format!("flash_tma_bf16_d128_bc128_s{stages}")),
-            FlashKernel::Tma { bc: 64, stages: 6 } => Ok("flash_tma_bf16_d128_bc64_s6".into()),
+            FlashKernel::Tma { bc: 128, stages: 3 } => Ok("flash_tma_bf16_d128_bc128_s3".into()),
             other => Err(Error::Shape {
                 op: "attention",
                 msg: format!("no flash kernel {other:?}"),
@@ -227,12 +224,13 @@ impl FlashKernel {
     }
 
     /// Dynamic shared memory: the Q tile, then the stages of K and V tiles (mma.sync rows are
-    /// padded to 136 elements; TMA tiles are dense, and each stage and Q has an 8-byte barrier).
+    /// padded to 136 elements; TMA tiles are dense), then the TMA kernel's barriers: full and
+    /// empty per stage, one for Q.
     fn smem_bytes(self) -> u32 {
         let bytes = match self {
             FlashKernel::Mma { bc } => (FLASH_BLOCK_QUERIES * 136 + 2 * 2 * bc * 136) * 2,
             FlashKernel::Tma { bc, stages } => {
-                FLASH_BLOCK_QUERIES * 256 + stages * 2 * bc * 256 + (stages + 1) * 8
+                FLASH_BLOCK_QUERIES * 256 + stages * 2 * bc * 256 + (2 * stages + 1) * 8
             }
         };
         bytes as u32
@@ -248,8 +246,8 @@ impl FlashKernel {
 }
 
 /// The kernel `attention` uses on `arch`: the first of [`FlashKernel::available`], unless
-/// `WORLDLINE_FLASH` names another by its [`FlashKernel::tag`] (`tma128s2`, `tma64s6`, `mma64`,
-/// `mma32`), a knob for `bench kernels`.
+/// `WORLDLINE_FLASH` names another by its [`FlashKernel::tag`] (`mma64`, `mma32`), a knob for
+/// `bench kernels`.
 fn default_flash(arch: &str) -> FlashKernel {
     let all = FlashKernel::available(arch);
     let pick = std::env::var("WORLDLINE_FLASH")
@@ -284,6 +282,15 @@ pub fn flash_attention_with(
     let dev = &s.dev;
     let name = kernel.name()?;
     let (lq, heads) = (q.dim(0), q.dim(1));
+    if kv_len == 0 || lq == 0 || kv_len > k.dim(0) || kv_len > v.dim(0) {
+        return Err(Error::Shape {
+            op: "attention",
+            msg: format!(
+                "{name} takes 1..={} keys and at least one query, got {kv_len} keys, {lq} queries",
+                k.dim(0).min(v.dim(0))
+            ),
+        });
+    }
     let (qb, kb, vb) = (
         cast(q, DType::BF16)?,
         cast(k, DType::BF16)?,
@@ -322,40 +329,24 @@ pub fn flash_attention_with(
             })?;
         }
         FlashKernel::Tma { bc, .. } => {
-            // TMA reads V as [heads, 128, keys], padded with zeros to whole 128-key tiles.
-            let stride = kv_len.max(1).div_ceil(128) * 128;
-            let mut vt = CudaStorage::alloc(dev, DType::BF16, heads * 128 * stride)?;
-            let stride32 = stride as i32;
-            let cfg = LaunchConfig {
-                grid_dim: ((stride / 32) as u32, (heads * 128 / 32) as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(dev, "attention", "attention_v_transpose_bf16", cfg, |b| {
-                push_mut(b, &mut vt.data);
-                push(b, &vs.data);
-                b.arg(&kv32).arg(&h32).arg(&stride32);
-            });
             let st = &dev.stream;
             let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("attention: not bf16"));
-            let ((q_p, _g1), (k_p, _g2), (vt_p, _g3)) =
-                (addr(&qs.data)?, addr(&ks.data)?, addr(&vt.data)?);
+            let ((q_p, _g1), (k_p, _g2), (v_p, _g3)) =
+                (addr(&qs.data)?, addr(&ks.data)?, addr(&vs.data)?);
             let row = (heads * FLASH_HEAD_DIM * 2) as u64;
             let (h, d) = (heads as u64, FLASH_HEAD_DIM as u64);
-            let map = |a, dims, strides, boxes| {
-                super::tma::bf16_3d(a, dims, strides, boxes).map_err(|e| dev.err(e))
+            // Rows past kv_len (a cache's unused capacity) are outside the maps: TMA reads
+            // them as zeros, never stale values.
+            let map = |a, rows: usize, boxed: usize| {
+                super::tma::bf16_3d(a, [d, h, rows as u64], [256, row], [64, 1, boxed as u32])
+                    .map_err(|e| dev.err(e))
             };
-            let tq = map(q_p, [d, h, lq as u64], [256, row], [64, 1, 128])?;
-            let tk = map(k_p, [d, h, kv_len as u64], [256, row], [64, 1, bc as u32])?;
-            let tv = map(
-                vt_p,
-                [stride as u64, d, h],
-                [stride as u64 * 2, stride as u64 * d * 2],
-                [64, 128, 1],
-            )?;
+            let tq = map(q_p, lq, FLASH_BLOCK_QUERIES)?;
+            let tk = map(k_p, kv_len, bc)?;
+            let tv = map(v_p, kv_len, bc)?;
             let cfg = LaunchConfig {
                 grid_dim,
-                block_dim: (256, 1, 1),
+                block_dim: (FLASH_TMA_THREADS, 1, 1),
                 shared_mem_bytes: smem,
             };
             let mut b = dev.stream.launch_builder(&func);
@@ -363,9 +354,9 @@ pub fn flash_attention_with(
             b.arg(&tq).arg(&tk).arg(&tv);
             b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
             dev.timed("attention", || {
-                // SAFETY: the tensor maps describe the live bf16 buffers q [lq, heads, 128],
-                // k [kv_len.., heads, 128] and vt [heads, 128, stride], held until the launch is
-                // enqueued (the stream orders any reuse); then the sizes.
+                // SAFETY: the tensor maps describe the live bf16 buffers q [lq, heads, 128] and
+                // k, v [kv_len.., heads, 128], held until the launch is enqueued (the stream
+                // orders any reuse); then the sizes.
                 unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
                 Ok(())
             })?;
