@@ -286,50 +286,12 @@ WL_FLASH(64)
 WL_FLASH(32)
 #endif
 
-// V for the VSA fine kernel: key tile j's tokens (through the tiling's index arrays) at
-// columns j·64 .. j·64 + size_j of [heads, 128, tiles·64], zeros in the rest of each 64-slot block.
-WL_KERNEL void vsa_v_transpose_bf16(wl_bf16* out, const wl_bf16* v, const int* order, const int* offsets,
-                                    const int* sizes, int heads, int stride) {
-    __shared__ wl_bf16 t[32][33];
-    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
-    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    for (int r = ty; r < 32; r += blockDim.x / 32) {
-        const int p = p0 + r, j = p / 64, slot = p % 64;
-        t[r][tx] = slot < sizes[j] ? v[(wl_u64)order[offsets[j] + slot] * heads * 128 + c0 + tx] : (wl_bf16)0;
-    }
-    __syncthreads();
-    for (int r = ty; r < 32; r += blockDim.x / 32) out[(wl_u64)(c0 + r) * stride + p0 + tx] = t[tx][r];
-}
-
 #if defined(WL_HAS_WGMMA)
 // Hopper's warpgroup MMA (wgmma): a warpgroup of four warps owns 64 query rows; S = Q·Kᵀ reads
 // its operands from shared memory through descriptors, and P stays in registers as the A operand
-// of O += P·V. The dense kernel takes two such warpgroups per block of 128 queries, fed by TMA
-// (flash_tma_d128). The VSA fine kernel gathers rows with cp.async into 8×8 core matrices (see
-// vendor/cuda.h), each 16-byte chunk at index i = ((r / 8)·(C / 8) + c / 8)·8 + r % 8 of an R×C
-// tile, and reads V from a transposed copy (vsa_v_transpose_bf16).
+// of O += P·V. The dense kernel takes two such warpgroups per block of 128 queries, the VSA fine
+// kernel one query tile per warpgroup, both fed by TMA.
 #define FW_BR 128
-
-// Copies rows [first, first + rows) × 128 dims of one head into core-matrix order; rows at or
-// past `limit` become zeros.
-WL_DEVICE void fw_load_rows(wl_bf16* dst, const wl_bf16* src, int first, int rows, int limit, wl_u64 row, int h) {
-    for (int i = threadIdx.x; i < rows * 16; i += blockDim.x) {
-        const int r = (i / 128) * 8 + i % 8, c8 = (i / 8) % 16;
-        const bool valid = first + r < limit;
-        const wl_u64 at = (wl_u64)(valid ? first + r : 0) * row + (wl_u64)h * 128 + c8 * 8;
-        wl_cp_async16(dst + i * 8, src + at, valid);
-    }
-}
-
-// Copies the transposed V's 128 dims × keys [first, first + BC) of one head (always in bounds:
-// the transposed copy is padded to a whole number of tiles).
-template <int BC>
-WL_DEVICE void fw_load_vt(wl_bf16* dst, const wl_bf16* vt, int first, int stride, int h) {
-    for (int i = threadIdx.x; i < 128 * BC / 8; i += blockDim.x) {
-        const int r = (i / BC) * 8 + i % 8, c8 = (i / 8) % (BC / 8);
-        wl_cp_async16(dst + i * 8, vt + (wl_u64)(h * 128 + r) * stride + first + c8 * 8, true);
-    }
-}
 
 // One tile's online-softmax step for this thread's two rows (e = 0: row0, 1: row0 + 8) of a
 // 64×BC score block in the wgmma accumulator layout: masks, turns scores into probabilities in
@@ -536,93 +498,174 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     }
 }
 
-// ---- The fine branch of VSA (kernels/src/vsa.rs) on wgmma: one warpgroup per (query tile,
-// head) attends its ≤ 64 tokens to the tokens of its `top_k` kept key tiles, one 64-slot key
-// tile per step, then adds gate · coarse. Tokens are gathered through the tiling's index arrays
-// as they are copied to shared memory; V comes from vsa_v_transpose_bf16, one 64-slot column
-// block per key tile. Two stages, two blocks per SM.
-WL_DEVICE void fw_load_gather(wl_bf16* dst, const wl_bf16* src, const int* order, int first, int n, wl_u64 row, int h) {
-    for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) {
-        const int r = (i / 128) * 8 + i % 8, c8 = (i / 8) % 16;
-        const bool valid = r < n;
-        const wl_u64 at = (wl_u64)(valid ? order[first + r] : 0) * row + (wl_u64)h * 128 + c8 * 8;
-        wl_cp_async16(dst + i * 8, src + at, valid);
-    }
+// ---- The fine branch of VSA fed by TMA, as the dense kernel: a producer warpgroup and two
+// consumer warpgroups, each consumer a query tile of its own (same head) with its own stage
+// ring. A 4×4×4 tile of tokens is one box of a five-dimensional map over [t, h, w, heads, dims]
+// (64 rows in the tiling's t → h → w order), so tiles need no gather and V no transposed copy;
+// the slots of an edge tile that fall outside the grid arrive as zeros and are masked (keys) or
+// not written (queries). Per kept key tile, S = Q·Kᵀ and the previous tile's P·V are issued
+// together and the two consumers take turns on the tensor cores.
+#define VT_STAGES 3
+struct vsa_grid {
+    int t, h, w;     // tokens per axis
+    int nh, nw;      // tiles per axis (h, w)
+};
+// Tile j's origin (t, h, w).
+WL_DEVICE void vt_origin(const vsa_grid& g, int j, int* o) {
+    o[0] = j / (g.nh * g.nw) * 4;
+    o[1] = j / g.nw % g.nh * 4;
+    o[2] = j % g.nw * 4;
 }
 
-WL_DEVICE void vsa_fine_wgmma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt,
-                              const wl_bf16* gate, int has_gate, const float* coarse, const int* kept,
-                              const int* q_order, const int* q_offsets, const int* q_sizes, const int* k_order,
-                              const int* k_offsets, const int* k_sizes, int heads, int top_k, int vt_stride,
-                              float scale) {
-    constexpr int TILE = 64 * 128;
-    extern __shared__ __align__(128) unsigned char fw_smem[];
-    wl_bf16* qs = (wl_bf16*)fw_smem;
-    wl_bf16* tiles = qs + TILE;  // [stage][K|Vᵀ][TILE]
-    const int i = blockIdx.x, h = blockIdx.y;
-    const int t = threadIdx.x, lane = t % 32;
-    const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 of the query tile
+WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
+                            const wl_bf16* gate, int has_gate, const float* coarse, const int* kept, vsa_grid qg,
+                            vsa_grid kg, int nq, int heads, int top_k, float scale) {
+    constexpr int TB = 64 * 256;  // bytes of one tile of K, V or Q (two 64-dim halves)
+    constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
+    extern __shared__ __align__(1024) unsigned char vt_smem[];
+    unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);  // per consumer: full, empty, q
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
+    const int h = blockIdx.y;
+    if (threadIdx.x == 0) {
+        for (int c = 0; c < 2; ++c) {
+            unsigned long long* b = bars + c * (2 * VT_STAGES + 1);
+            for (int s = 0; s < VT_STAGES; ++s) wl_mbar_init(b + s, 1), wl_mbar_init(b + VT_STAGES + s, 1);
+            wl_mbar_init(b + 2 * VT_STAGES, 1);
+        }
+        wl_mbar_init_fence();
+    }
+    __syncthreads();
+    if (wg == 2) {
+        WL_SETMAXNREG_DEC(40);
+        if (t == 0) {
+            int tile[2];
+            for (int c = 0; c < 2; ++c) {
+                tile[c] = min(blockIdx.x * 2 + c, nq - 1);
+                unsigned char* qs = vt_smem + c * CB;
+                unsigned long long* qbar = bars + c * (2 * VT_STAGES + 1) + 2 * VT_STAGES;
+                int o[3];
+                vt_origin(qg, tile[c], o);
+                wl_mbar_expect_tx(qbar, TB);
+                wl_tma_load_5d(qs, tq, 0, h, o[2], o[1], o[0], qbar);
+                wl_tma_load_5d(qs + TB / 2, tq, 64, h, o[2], o[1], o[0], qbar);
+            }
+            for (int u = 0; u < top_k; ++u) {
+                for (int c = 0; c < 2; ++c) {
+                    const int s = u % VT_STAGES;
+                    unsigned long long* full = bars + c * (2 * VT_STAGES + 1);
+                    unsigned long long* empty = full + VT_STAGES;
+                    if (u >= VT_STAGES) wl_mbar_wait(empty + s, (u / VT_STAGES - 1) & 1);
+                    unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
+                    int o[3];
+                    vt_origin(kg, kept[((wl_u64)tile[c] * heads + h) * top_k + u], o);
+                    wl_mbar_expect_tx(full + s, 2 * TB);
+                    wl_tma_load_5d(ks, tk, 0, h, o[2], o[1], o[0], full + s);
+                    wl_tma_load_5d(ks + TB / 2, tk, 64, h, o[2], o[1], o[0], full + s);
+                    wl_tma_load_5d(ks + TB, tv, 0, h, o[2], o[1], o[0], full + s);
+                    wl_tma_load_5d(ks + TB + TB / 2, tv, 64, h, o[2], o[1], o[0], full + s);
+                }
+            }
+        }
+        return;
+    }
+    WL_SETMAXNREG_INC(232);
+    const int i = min(blockIdx.x * 2 + wg, nq - 1);
+    const bool mine = blockIdx.x * 2 + wg < nq;  // the odd block's second consumer only keeps time
+    unsigned char* qs = vt_smem + wg * CB;
+    unsigned char* stages = qs + TB;
+    unsigned long long* full = bars + wg * (2 * VT_STAGES + 1);
+    unsigned long long* empty = full + VT_STAGES;
+    const int* kl = kept + ((wl_u64)i * heads + h) * top_k;
+    const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 (tile slots)
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
-    const wl_u64 row = (wl_u64)heads * 128;
-    const int qn = q_sizes[i], q0 = q_offsets[i];
-    const int* mine = kept + ((wl_u64)i * heads + h) * top_k;
-
-    fw_load_gather(qs, q, q_order, q0, qn, row, h);
-    {
-        const int j = mine[0];
-        fw_load_gather(tiles, k, k_order, k_offsets[j], k_sizes[j], row, h);
-        fw_load_vt<64>(tiles + TILE, vt, j * 64, vt_stride, h);
-    }
-    wl_cp_async_commit();
-
-    float o[64];
+    auto scores = [&](float* sc, const unsigned char* ks) {
 #pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
-    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
-    int stage = 0;
-    for (int u = 0; u < top_k; ++u, stage ^= 1) {
-        if (u + 1 < top_k) {
-            const int j = mine[u + 1];
-            wl_bf16* next = tiles + (stage ^ 1) * 2 * TILE;
-            fw_load_gather(next, k, k_order, k_offsets[j], k_sizes[j], row, h);
-            fw_load_vt<64>(next + TILE, vt, j * 64, vt_stride, h);
-            wl_cp_async_commit();
-            wl_cp_async_wait_one();
-        } else {
-            wl_cp_async_wait_all();
+        for (int kk = 0; kk < 8; ++kk) {
+            const int half = kk / 4, step = (kk % 4) * 32;
+            wl_wgmma_64x64x16_ss(sc, wl_wgmma_desc_sw128(qs + half * (TB / 2) + step),
+                                 wl_wgmma_desc_sw128(ks + half * (TB / 2) + step), kk);
         }
-        __syncthreads();
-        wl_fence_proxy_async();
-        const wl_bf16* ks = tiles + stage * 2 * TILE;
-        const wl_bf16* vs = ks + TILE;
-        const int kn = k_sizes[mine[u]];
-
-        float sc[32];
-        wl_wgmma_fence();
+    };
+    auto pv = [&](float* o, const unsigned int (*pa)[4], const unsigned char* vs) {
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk)
-            wl_wgmma_64x64x16_ss(sc, wl_wgmma_desc(qs + kk * 128, 128, 2048), wl_wgmma_desc(ks + kk * 128, 128, 2048),
-                                 kk);
-        wl_wgmma_commit();
-        wl_wgmma_wait_all();
-        float n[2], corr[2], sum[2];
-        // Slots at or past the tile's size are masked (kv_len = kn, no chunk mask).
-        fw_softmax<64>(sc, m, n, corr, sum, 0, r0, cq, kn, 0, scale2);
-        fw_rescale(o, m, l, n, corr, sum);
-        unsigned int pa[4][4];
+        for (int kk = 0; kk < 4; ++kk)
+            wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_wgmma_desc_sw128_mn(vs + kk * 2048, TB / 2));
+    };
+    // Masks slots of key tile j outside the key grid (select, not branch: a wgmma is in flight),
+    // then the softmax step.
+    auto softmax = [&](float* sc, float* m, float* nm, float* corr, float* sum, int j) {
+        int o[3];
+        vt_origin(kg, j, o);
+        const int lt = kg.t - o[0], lh = kg.h - o[1], lw = kg.w - o[2];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int slot = jj * 8 + cq + c;
+                const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
+            }
+        fw_softmax<64>(sc, m, nm, corr, sum, 0, r0, cq, 64, 0, scale2);
+    };
+    auto pack = [](unsigned int (*pa)[4], const float* sc) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
             for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-        wl_wgmma_fence();
+    };
+    float o[64];
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x16_rs(o, pa[kk], wl_wgmma_desc(vs + kk * 128, 128, 64 * 16));
+    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    unsigned int pa[4][4];
+    wl_mbar_wait(full + 2 * VT_STAGES, 0);
+    wl_mbar_wait(full, 0);
+    if (wg == 1) wl_named_arrive(1, 256);
+    {
+        float sc[32];
+        wl_named_sync(1 + wg, 256);
+        wl_wgmma_fence();
+        scores(sc, stages);
         wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
-        __syncthreads();
+        float nm[2], corr[2], sum[2];
+        softmax(sc, m, nm, corr, sum, kl[0]);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
+        pack(pa, sc);
     }
-    const float* c = coarse + ((wl_u64)i * heads + h) * 128;
+    for (int u = 1; u < top_k; ++u) {
+        const int s = u % VT_STAGES, prev = (u - 1) % VT_STAGES;
+        wl_mbar_wait(full + s, (u / VT_STAGES) & 1);
+        float sc[32];
+        wl_named_sync(1 + wg, 256);
+        wl_wgmma_fence();
+        scores(sc, stages + s * 2 * TB);
+        wl_wgmma_commit();
+        pv(o, pa, stages + prev * 2 * TB + TB);
+        wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
+        wl_wgmma_wait_one();
+        float nm[2], corr[2], sum[2];
+        softmax(sc, m, nm, corr, sum, kl[u]);
+        wl_wgmma_wait_all();
+        if (t == 0) wl_mbar_arrive(empty + prev);
+        fw_rescale(o, m, l, nm, corr, sum);
+        pack(pa, sc);
+    }
+    if (wg == 0) wl_named_sync(1, 256);
+    wl_wgmma_fence();
+    pv(o, pa, stages + ((top_k - 1) % VT_STAGES) * 2 * TB + TB);
+    wl_wgmma_commit();
+    wl_wgmma_wait_all();
+    if (!mine) return;
+    int qo[3];
+    vt_origin(qg, i, qo);
+    const float* cv = coarse + ((wl_u64)i * heads + h) * 128;
+    const wl_u64 row = (wl_u64)heads * 128;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         float tl = l[e];
@@ -630,28 +673,30 @@ WL_DEVICE void vsa_fine_wgmma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, 
         tl += wl_shfl_xor(tl, 2);
         const float inv = 1.0f / tl;
         const int r = r0 + e * 8;
-        if (r < qn) {
-            const wl_u64 base = (wl_u64)q_order[q0 + r] * row + (wl_u64)h * 128;
+        const int tt = qo[0] + (r >> 4), yy = qo[1] + ((r >> 2) & 3), xx = qo[2] + (r & 3);
+        if (tt < qg.t && yy < qg.h && xx < qg.w) {
+            const wl_u64 base = (((wl_u64)tt * qg.h + yy) * qg.w + xx) * row + (wl_u64)h * 128;
 #pragma unroll
             for (int jj = 0; jj < 16; ++jj) {
                 const int dim = jj * 8 + cq;
                 const float g0 = has_gate ? wl_ld(gate, base + dim) : 1.0f;
                 const float g1 = has_gate ? wl_ld(gate, base + dim + 1) : 1.0f;
-                *(unsigned int*)(out + base + dim) =
-                    wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv + g0 * c[dim], o[4 * jj + 2 * e + 1] * inv + g1 * c[dim + 1]);
+                *(unsigned int*)(out + base + dim) = wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv + g0 * cv[dim],
+                                                                   o[4 * jj + 2 * e + 1] * inv + g1 * cv[dim + 1]);
             }
         }
     }
 }
 
-WL_KERNEL void __launch_bounds__(128, 2)
-    vsa_fine_wgmma_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* vt, const wl_bf16* gate,
-                             int has_gate, const float* coarse, const int* kept, const int* q_order,
-                             const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
-                             const int* k_sizes, int heads, int top_k, int vt_stride, float scale) {
-    vsa_fine_wgmma(out, q, k, vt, gate, has_gate, coarse, kept, q_order, q_offsets, q_sizes, k_order, k_offsets,
-                   k_sizes, heads, top_k, vt_stride, scale);
+// q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; two query
+// tiles per block.
+WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
+    vsa_fine_tma_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
+                           const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int has_gate, const float* coarse,
+                           const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
+    vsa_fine_tma(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
 }
+
 
 // q, k and v as [L, heads, 128], in boxes of 64 dims × 1 head × (128 queries | BC keys).
 #define WL_FLASH_TMA(BC, ST)                                                                                    \

@@ -360,3 +360,233 @@ WL_NORM_VEC(float, f32, float, f32)
 WL_NORM_VEC(float, f32, wl_bf16, bf16)
 WL_NORM_VEC(wl_bf16, bf16, float, f32)
 WL_NORM_VEC(wl_bf16, bf16, wl_bf16, bf16)
+
+// ---- "lean": the vec kernel's layout (128 threads a row, 16-byte loads, the row in registers)
+// with far less arithmetic per element. The vec kernel tops out near 65% of copy bandwidth
+// because it is bound by instructions, not memory: four f32↔f64 conversions an element (16 a
+// clock on an SM on sm_90, an eighth of the f32 rate), two passes of statistics with a two-barrier
+// block reduction each, shift/scale read by scalar loads (a 64-bit offset each, four times the L1
+// wavefronts of a 16-byte load) and, for fp8, an encoder with two float→int conversions and a
+// branch an element. Here:
+// - statistics in one pass: Σ(x−k) and Σ(x−k)² in f64 about the row's first element k, one f64
+//   conversion an element and one reduction. With k one of the row's values, (mean−k)² ≤
+//   (cols−1)·var, so the cancellation in var = Σ(x−k)²/n − (mean−k)² costs at most log2(cols)
+//   of f64's 29 spare bits: var stays far inside f32 rounding of the two-pass value;
+// - (x − mean)·inv in f32 with mean and inv as f32 pairs and x − mean_hi exact (TwoSum): every
+//   rounding but the last is ~2^-24 below the result, so y is the f32 rounding of the f64
+//   expression unless that lies within ~2^-46 of a rounding midpoint (about one element in
+//   2^22, and far fewer of the bf16 or e4m3 roundings after it);
+// - shift/scale as 16-byte (or 8-byte) vectors (a [cols] shift/scale stays in L1 for all rows);
+// - the fp8 encoder without branches or conversions (wl_e4m3_lean, the same codes).
+
+// N shift/scale values (f32 or bf16) of vector j of a row, as f32.
+template <typename P, int N>
+WL_DEVICE void wl_ld_params(float* v, const P* row, unsigned int j);
+template <>
+WL_DEVICE void wl_ld_params<float, 4>(float* v, const float* row, unsigned int j) {
+    WlVec<float>::load(v, row, j);
+}
+template <>
+WL_DEVICE void wl_ld_params<float, 8>(float* v, const float* row, unsigned int j) {
+    WlVec<float>::load(v, row, 2 * j);
+    WlVec<float>::load(v + 4, row, 2 * j + 1);
+}
+template <>
+WL_DEVICE void wl_ld_params<wl_bf16, 8>(float* v, const wl_bf16* row, unsigned int j) {
+    WlVec<wl_bf16>::load(v, row, j);
+}
+template <>
+WL_DEVICE void wl_ld_params<wl_bf16, 4>(float* v, const wl_bf16* row, unsigned int j) {
+    const uint2 r = ((const uint2*)row)[j];
+    v[0] = __uint_as_float(r.x << 16);
+    v[1] = __uint_as_float(r.x & 0xffff0000u);
+    v[2] = __uint_as_float(r.y << 16);
+    v[3] = __uint_as_float(r.y & 0xffff0000u);
+}
+
+// Block reductions that run once per block, each into its own scratch: one barrier, not
+// wl_block_reduce's two (those guard a scratch reused by the next reduction). The same order of
+// additions as wl_block_reduce.
+WL_DEVICE void wl_block_sum2_f64(double* a, double* b, double* sa, double* sb) {
+    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) {
+        *a += wl_shfl_xor(*a, m);
+        *b += wl_shfl_xor(*b, m);
+    }
+    const int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
+    if (lane == 0) {
+        sa[warp] = *a;
+        sb[warp] = *b;
+    }
+    __syncthreads();
+    double ta = sa[0], tb = sb[0];
+#pragma unroll
+    for (int w = 1; w < WL_VEC_THREADS / WL_WARP_SIZE; ++w) {
+        ta += sa[w];
+        tb += sb[w];
+    }
+    *a = ta;
+    *b = tb;
+}
+WL_DEVICE float wl_block_max_once(float a, float* s) {
+    for (int m = WL_WARP_SIZE / 2; m > 0; m >>= 1) a = fmaxf(a, wl_shfl_xor(a, m));
+    if (threadIdx.x % WL_WARP_SIZE == 0) s[threadIdx.x / WL_WARP_SIZE] = a;
+    __syncthreads();
+    float t = s[0];
+#pragma unroll
+    for (int w = 1; w < WL_VEC_THREADS / WL_WARP_SIZE; ++w) t = fmaxf(t, s[w]);
+    return t;
+}
+
+// (v − (mh + ml))·(ih + il): v − mh as s + e exactly (TwoSum: additions only, so no contraction
+// can change it), then one rounding of s·ih plus the small terms.
+WL_DEVICE float wl_norm_lean(float v, float mh, float ml, float ih, float il) {
+    const float s = v - mh;
+    const float bb = s - v;
+    const float e = (v - (s - bb)) + (-mh - bb);
+    return fmaf(s, ih, fmaf(s, il, (e - ml) * ih));
+}
+
+// wl_to_e4m3's codes (checked equal on all 2^32 floats) without its branch and its two
+// float→int conversions: magnitudes from 448 up (and ±inf) clamp to 448, code 0x7e; normal
+// values round their mantissa to 3 bits in the integer bits (a carry moves into the exponent, as
+// a rounding up to the next binade should); below 2^-6 the f32 addition to 2^14 rounds to the
+// multiples of 2^-9 that are the subnormal codes.
+WL_DEVICE unsigned int wl_e4m3_lean(float x) {
+    const float af = fminf(fabsf(x), 448.0f);
+    const unsigned int a = __float_as_uint(af);
+    unsigned int c = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+    if (af < 0.015625f) c = __float_as_uint(af + 16384.0f) - 0x46800000u;
+    c |= (__float_as_uint(x) >> 24) & 0x80u;
+    return x != x ? 0x7fu : c;
+}
+WL_DEVICE unsigned int wl_pack_e4m3_lean(const float* v, float r) {
+    return wl_e4m3_lean(v[0] * r) | (wl_e4m3_lean(v[1] * r) << 8) | (wl_e4m3_lean(v[2] * r) << 16) |
+           (wl_e4m3_lean(v[3] * r) << 24);
+}
+
+// v ← LayerNorm(row)·(1 + scale) + shift, vector i of this thread at v[i·N ..]; `sh`/`sc` point
+// at this row's shift/scale.
+template <typename T, typename P>
+WL_DEVICE void wl_lean_row(float* v, const T* xr, wl_u64 cols, float eps, const P* sh, const P* sc) {
+    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
+    __shared__ double scratch[2][WL_VEC_THREADS / WL_WARP_SIZE];
+    const unsigned int nv = (unsigned int)(cols / N);
+    const double k = (double)wl_ld(xr, 0);
+    double s1 = 0.0, s2 = 0.0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
+        if (j < nv) {
+            WlVec<T>::load(v + i * N, xr, j);
+#pragma unroll
+            for (int c = 0; c < N; ++c) {
+                const double d = (double)v[i * N + c] - k;
+                s1 += d;
+                s2 = fma(d, d, s2);
+            }
+        }
+    }
+    wl_block_sum2_f64(&s1, &s2, scratch[0], scratch[1]);
+    const double n = (double)cols, m1 = s1 / n, mean = k + m1;
+    const double inv = 1.0 / sqrt(fmax(s2 / n - m1 * m1, 0.0) + (double)eps);
+    const float mh = (float)mean, ml = (float)(mean - (double)mh);
+    const float ih = (float)inv, il = (float)(inv - (double)ih);
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
+        if (j < nv) {
+            float a[N], b[N];
+            wl_ld_params<P, N>(a, sc, j);
+            wl_ld_params<P, N>(b, sh, j);
+#pragma unroll
+            for (int c = 0; c < N; ++c)
+                v[i * N + c] = wl_norm_lean(v[i * N + c], mh, ml, ih, il) * (1.0f + a[c]) + b[c];
+        }
+    }
+}
+
+// On CUDA one cvt.rn.bf16x2 a pair instead of ~7 integer operations an element. Its bits are
+// wl_pack_bf16's for every value but NaN (round to nearest even either way), and the values here
+// come out of f32 arithmetic, whose NaNs NVIDIA hardware makes the canonical 0x7fffffff: 0x7fff
+// from both.
+WL_DEVICE unsigned int wl_pack_bf16_lean(float lo, float hi) {
+#if defined(WL_CUDA)
+    return wl_cvt_bf16x2(lo, hi);
+#else
+    return wl_pack_bf16(lo, hi);
+#endif
+}
+
+template <typename T, typename P>
+WL_DEVICE void norm_modulate_lean(wl_bf16* out, const T* x, const P* shift, const P* scale, wl_u64 cols,
+                                  wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
+    const wl_u64 row = blockIdx.x;
+    float v[WL_VEC_VALUES];
+    wl_lean_row(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n, scale + (row * cols) % scale_n);
+    const unsigned int nv = (unsigned int)(cols / N);
+    wl_bf16* o = out + row * cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
+        if (j < nv) {
+            const float* w = v + i * N;
+            if constexpr (N == 8)
+                ((uint4*)o)[j] = make_uint4(wl_pack_bf16_lean(w[0], w[1]), wl_pack_bf16_lean(w[2], w[3]),
+                                            wl_pack_bf16_lean(w[4], w[5]), wl_pack_bf16_lean(w[6], w[7]));
+            else
+                ((uint2*)o)[j] = make_uint2(wl_pack_bf16_lean(w[0], w[1]), wl_pack_bf16_lean(w[2], w[3]));
+        }
+    }
+}
+
+template <typename T, typename P>
+WL_DEVICE void norm_modulate_lean_fp8(unsigned char* codes, float* scales, const T* x, const P* shift,
+                                      const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
+    __shared__ float scratch[WL_VEC_THREADS / WL_WARP_SIZE];
+    const wl_u64 row = blockIdx.x;
+    float v[WL_VEC_VALUES];
+    wl_lean_row(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n, scale + (row * cols) % scale_n);
+    const unsigned int nv = (unsigned int)(cols / N);
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+        if (threadIdx.x + i * WL_VEC_THREADS < nv)
+#pragma unroll
+            for (int c = 0; c < N; ++c) a = fmaxf(a, fabsf(v[i * N + c]));
+    const float s = fmaxf(wl_block_max_once(a, scratch) / 448.0f, 1e-12f);
+    const float r = 1.0f / s;
+    unsigned char* cr = codes + row * cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
+        if (j < nv) {
+            if constexpr (N == 8)
+                ((uint2*)cr)[j] = make_uint2(wl_pack_e4m3_lean(v + i * N, r), wl_pack_e4m3_lean(v + i * N + 4, r));
+            else
+                ((unsigned int*)cr)[j] = wl_pack_e4m3_lean(v + i * N, r);
+        }
+    }
+    if (threadIdx.x == 0) scales[row] = s;
+}
+
+// ≤ 80 registers (77-80 on sm_90a, no spills): six 128-thread rows an SM, up to 120 KB of loads in
+// flight, which is what keeps HBM busy while other rows reduce and compute.
+#define WL_NORM_LEAN(T, tn, P, pn)                                                                          \
+    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 6)                                                     \
+        norm_modulate_lean_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale,     \
+                                              wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {     \
+        norm_modulate_lean(out, x, shift, scale, cols, shift_n, scale_n, eps);                              \
+    }                                                                                                       \
+    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 6)                                                     \
+        norm_modulate_lean_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, \
+                                             const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,   \
+                                             float eps) {                                                   \
+        norm_modulate_lean_fp8(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);                \
+    }
+
+WL_NORM_LEAN(float, f32, float, f32)
+WL_NORM_LEAN(float, f32, wl_bf16, bf16)
+WL_NORM_LEAN(wl_bf16, bf16, float, f32)
+WL_NORM_LEAN(wl_bf16, bf16, wl_bf16, bf16)

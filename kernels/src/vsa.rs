@@ -26,6 +26,8 @@ pub const TILE: [usize; 3] = [4, 4, 4];
 /// `offsets[j] .. offsets[j] + sizes[j]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tiling {
+    /// The token grid `(t, h, w)` the tiling covers.
+    pub grid: [usize; 3],
     pub order: Vec<usize>,
     pub sizes: Vec<usize>,
     pub offsets: Vec<usize>,
@@ -53,6 +55,7 @@ impl Tiling {
             }
         }
         Tiling {
+            grid,
             order,
             sizes,
             offsets,

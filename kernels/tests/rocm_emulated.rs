@@ -154,22 +154,24 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         let c = Tensor::cat(&[&a, &v[0]], 1)?;
         c.permute(&[2, 0, 1])
     });
-    // The vectorised fused norm (f32 and bf16 rows) into bf16 and fp8.
-    std::env::set_var("WORLDLINE_NORM", "vec");
-    for dt in [DType::F32, DType::BF16] {
-        let x = input(5, &[9, 384], dt);
-        let (sh, sc) = (
-            input(6, &[384], DType::F32),
-            input(7, &[9, 384], DType::F32),
-        );
-        for out in [NormOut::Dtype(DType::BF16), NormOut::Fp8Rowwise] {
-            check(
-                &format!("norm_modulate vec {dt:?} → {out:?}"),
-                dev,
-                2e-2,
-                &[&x, &sh, &sc],
-                |v| ops::norm_modulate(&v[0], &v[1], &v[2], 1e-6, out)?.to_dtype(DType::F32),
+    // The vectorised fused norms (f32 and bf16 rows) into bf16 and fp8.
+    for kernel in ["vec", "lean"] {
+        std::env::set_var("WORLDLINE_NORM", kernel);
+        for dt in [DType::F32, DType::BF16] {
+            let x = input(5, &[9, 384], dt);
+            let (sh, sc) = (
+                input(6, &[384], DType::F32),
+                input(7, &[9, 384], DType::F32),
             );
+            for out in [NormOut::Dtype(DType::BF16), NormOut::Fp8Rowwise] {
+                check(
+                    &format!("norm_modulate {kernel} {dt:?} → {out:?}"),
+                    dev,
+                    2e-2,
+                    &[&x, &sh, &sc],
+                    |v| ops::norm_modulate(&v[0], &v[1], &v[2], 1e-6, out)?.to_dtype(DType::F32),
+                );
+            }
         }
     }
     std::env::remove_var("WORLDLINE_NORM");
@@ -196,5 +198,38 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
     );
     check("vsa", dev, 1e-4, &[&q, &k, &v], |t| {
         kernels::vsa::attention(&t[0], &t[1], &t[2], None, [8, 8, 8], [8, 8, 8], 4)
+    });
+    // Partial tiles (a 3×6×9 chunk over a 9×6×9 cache: 6 query tiles, under one coarse block's
+    // 8, and 18 key tiles of 16 to 64 tokens), through each path of the means and coarse
+    // kernels: 16-byte means rows (bf16 d 32, f32 d 6), element loads (bf16 d 20: rows of 60),
+    // a partial slice of d in the scores (d 20) and d not a multiple of 4 (d 6).
+    let (qg, kg) = ([3, 6, 9], [9, 6, 9]);
+    for (heads, d, dt, top_k, tol) in [
+        (2, 32, DType::BF16, 5, 1e-3),
+        (3, 20, DType::BF16, 9, 1e-3),
+        (2, 6, DType::F32, 7, 1e-4),
+    ] {
+        let (q, k, v) = (
+            input(14, &[162, heads, d], dt),
+            input(15, &[486, heads, d], dt),
+            input(16, &[486, heads, d], dt),
+        );
+        check(
+            &format!("vsa {dt:?} d {d} top-{top_k}"),
+            dev,
+            tol,
+            &[&q, &k, &v],
+            |t| kernels::vsa::attention(&t[0], &t[1], &t[2], None, qg, kg, top_k),
+        );
+    }
+    // Every key tile scores the same (constant keys), so the selection is all ties: the lowest
+    // tile indices win, and the values tell which were taken.
+    let (q, v) = (
+        input(17, &[162, 2, 32], DType::F32),
+        input(18, &[486, 2, 32], DType::F32),
+    );
+    let k = Tensor::from_vec(vec![0.25; 486 * 2 * 32], &[486, 2, 32]).expect("keys");
+    check("vsa ties", dev, 1e-4, &[&q, &k, &v], |t| {
+        kernels::vsa::attention(&t[0], &t[1], &t[2], None, qg, kg, 5)
     });
 }

@@ -132,10 +132,10 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             copy.as_secs_f64() * 1e3,
             gbs(copy_bytes, copy)
         );
-        // Both kernels of the fused norm (`WORLDLINE_NORM`, read at each call), the default
-        // last so the variable is left as the user had it.
+        // Each kernel of the fused norm (`WORLDLINE_NORM`, read at each call); the variable is
+        // then left as the user had it.
         let user = std::env::var("WORLDLINE_NORM").ok();
-        for kernel in ["vec", "rows"] {
+        for kernel in ["vec", "lean", "rows"] {
             std::env::set_var("WORLDLINE_NORM", kernel);
             for (out, bytes_out, label) in [
                 (NormOut::Dtype(DType::BF16), 2, "bf16"),
@@ -260,13 +260,19 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         )?)?;
         let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4)?;
         let frame_tokens = grid[1] * grid[2];
+        // The engine's cache dtype: bf16 on GPUs (pipeline/src/engine.rs), f32 on the CPU.
+        let cache_dtype = if dev.is_cpu() {
+            DType::F32
+        } else {
+            DType::BF16
+        };
         let mut cache = kernels::KvCache::new(
             18,
             6,
             frame_tokens,
             cfg.num_heads,
             cfg.head_dim(),
-            DType::F32,
+            cache_dtype,
         )?
         .on_device(dev)?;
         // Fill the window as a running session would have.
@@ -275,7 +281,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             10,
             &[15 * frame_tokens, cfg.num_heads, cfg.head_dim()],
             1.0,
-            DType::F32,
+            cache_dtype,
         )?;
         cache.write(0, &filler, &filler)?;
         let inp = BlockInputs {
@@ -303,6 +309,39 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             t,
             flops::block(&cfg, tokens, 18 * frame_tokens),
         );
+        // Where the block's time goes, by kind of launch.
+        if let Device::Cuda(i) = dev {
+            let b = kernels::cuda::backend(i)?;
+            b.synchronize()?;
+            b.profile(true);
+            let ran = block.forward(
+                &x,
+                &inp,
+                &text,
+                Some(&cam),
+                KvMode::Cache {
+                    cache: &mut cache,
+                    first_frame: 15,
+                },
+                false,
+            );
+            b.profile(false);
+            ran?;
+            let p = b.take_profile()?;
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let kinds: Vec<String> = p
+                .kinds
+                .iter()
+                .map(|(kind, d, n)| format!("{kind} {:.3} ms ×{n}", ms(*d)))
+                .collect();
+            println!(
+                "{} block profile: span {:.3} ms = {}, idle {:.3} ms",
+                cfg.name,
+                ms(p.span),
+                kinds.join(", "),
+                ms(p.unmarked())
+            );
+        }
     }
     if let Some(path) = json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)

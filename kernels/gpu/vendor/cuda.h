@@ -146,6 +146,14 @@ WL_DEVICE void wl_named_arrive(int id, int threads) {
 // a producer warpgroup that only issues copies gives its share to the ones doing the math.
 #define WL_SETMAXNREG_DEC(n) asm volatile("setmaxnreg.dec.sync.aligned.u32 " #n ";\n" ::: "memory")
 #define WL_SETMAXNREG_INC(n) asm volatile("setmaxnreg.inc.sync.aligned.u32 " #n ";\n" ::: "memory")
+// The same for a five-dimensional map (e.g. tokens viewed as [t, h, w, heads, dims]).
+WL_DEVICE void wl_tma_load_5d(void* dst, const wl_tmap* map, int c0, int c1, int c2, int c3, int c4, void* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+        "%6}], [%7];\n" ::"r"(wl_smem_addr(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(wl_smem_addr(bar))
+        : "memory");
+}
 // Descriptor of a K-major operand as TMA writes it with 128-byte swizzling: rows of 128 bytes,
 // 8-row groups 1024 bytes apart (the tile 1024-byte aligned). A 16-element step along K inside a
 // row is +32 bytes on the start address; the hardware applies the swizzle to the final address.

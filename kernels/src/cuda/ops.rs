@@ -338,7 +338,7 @@ pub fn flash_attention_with(
             // Rows past kv_len (a cache's unused capacity) are outside the maps: TMA reads
             // them as zeros, never stale values.
             let map = |a, rows: usize, boxed: usize| {
-                super::tma::bf16_3d(a, [d, h, rows as u64], [256, row], [64, 1, boxed as u32])
+                super::tma::bf16(a, [d, h, rows as u64], &[256, row], [64, 1, boxed as u32])
                     .map_err(|e| dev.err(e))
             };
             let tq = map(q_p, lq, FLASH_BLOCK_QUERIES)?;
@@ -363,6 +363,116 @@ pub fn flash_attention_with(
         }
     }
     cast(&wrap(out, q.shape()), q.dtype())
+}
+
+/// The token grid of a VSA tiling as attention.cu's `vsa_grid`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct VsaGrid {
+    t: i32,
+    h: i32,
+    w: i32,
+    tiles_h: i32,
+    tiles_w: i32,
+}
+
+// SAFETY: five i32, as the kernel's struct.
+unsafe impl DeviceRepr for VsaGrid {}
+
+impl VsaGrid {
+    fn new(dev: &Backend, grid: [usize; 3]) -> Result<VsaGrid> {
+        let i = |x: usize| {
+            i32::try_from(x).map_err(|_| dev.err(format!("vsa: grid {grid:?} exceeds i32")))
+        };
+        Ok(VsaGrid {
+            t: i(grid[0])?,
+            h: i(grid[1])?,
+            w: i(grid[2])?,
+            tiles_h: i(grid[1].div_ceil(4))?,
+            tiles_w: i(grid[2].div_ceil(4))?,
+        })
+    }
+}
+
+/// Threads and dynamic shared memory of `vsa_fine_tma_bf16_d128`: a producer and two consumer
+/// warpgroups; per consumer a query tile and three stages of a key and a value tile (64 × 128
+/// bf16 each), then 7 barriers.
+const VSA_TMA_THREADS: u32 = 384;
+const VSA_TMA_SMEM: u32 = 2 * (64 * 256 + 3 * 2 * 64 * 256) + 2 * 7 * 8;
+
+/// VSA's fine branch (plus `gate ⊙ coarse`) on Hopper through TMA, where it applies: bf16, head
+/// dim 128, sm_90a, 4×4×4 tiles. `None` elsewhere (the caller takes the portable kernel).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn vsa_fine_fast(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    gate: Option<&Tensor>,
+    coarse: &DeviceBuf<f32>,
+    kept: &DeviceBuf<i32>,
+    qt: &crate::vsa::Tiling,
+    kt: &crate::vsa::Tiling,
+    top_k: usize,
+) -> Result<Option<Tensor>> {
+    let s = storage(q)?;
+    let dev = &s.dev;
+    let (heads, d) = (q.dim(1), q.dim(2));
+    let bf16 = [q, k, v].iter().all(|t| t.dtype() == DType::BF16)
+        && gate.is_none_or(|g| g.dtype() == DType::BF16);
+    if !bf16 || d != FLASH_HEAD_DIM || dev.arch != "sm_90a" || crate::vsa::TILE != [4, 4, 4] {
+        return Ok(None);
+    }
+    let (qg, kg) = (VsaGrid::new(dev, qt.grid)?, VsaGrid::new(dev, kt.grid)?);
+    let nq = qt.tiles();
+    let st = &dev.stream;
+    let (ks, vs) = (storage(k)?, storage(v)?);
+    let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("vsa: not bf16"));
+    let ((q_p, _g1), (k_p, _g2), (v_p, _g3)) = (addr(&s.data)?, addr(&ks.data)?, addr(&vs.data)?);
+    // Tokens as [t, h, w, heads, 128], innermost first, in boxes of 64 dims × 1 head × 4³.
+    let map = |a, g: [usize; 3]| {
+        let row = (heads * d * 2) as u64;
+        let [t, h, w] = g.map(|x| x as u64);
+        super::tma::bf16(
+            a,
+            [d as u64, heads as u64, w, h, t],
+            &[256, row, row * w, row * w * h],
+            [64, 1, 4, 4, 4],
+        )
+        .map_err(|e| dev.err(e))
+    };
+    let (tq, tk, tv) = (map(q_p, qt.grid)?, map(k_p, kt.grid)?, map(v_p, kt.grid)?);
+    let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
+    let func = dev.func("attention", "vsa_fine_tma_bf16_d128")?;
+    dev.allow_dynamic_smem(&func, VSA_TMA_SMEM)?;
+    let cfg = LaunchConfig {
+        grid_dim: (nq.div_ceil(2) as u32, heads as u32, 1),
+        block_dim: (VSA_TMA_THREADS, 1, 1),
+        shared_mem_bytes: VSA_TMA_SMEM,
+    };
+    let gs = gate.map(storage).transpose()?;
+    let has_gate = gs.is_some() as i32;
+    let (nq32, h32, k32) = (nq as i32, heads as i32, top_k as i32);
+    let scale = 1.0f32 / (d as f32).sqrt();
+    let mut b = dev.stream.launch_builder(&func);
+    push_mut(&mut b, &mut out.data);
+    b.arg(&tq).arg(&tk).arg(&tv);
+    // Without a gate the kernel never reads this pointer; q stands in.
+    push(&mut b, &gs.unwrap_or(s).data);
+    b.arg(&has_gate).arg(coarse).arg(kept);
+    b.arg(&qg)
+        .arg(&kg)
+        .arg(&nq32)
+        .arg(&h32)
+        .arg(&k32)
+        .arg(&scale);
+    dev.timed("vsa fine", || {
+        // SAFETY: the maps describe the live bf16 q, k, v ([tokens, heads, 128] in grid order),
+        // held until the launch is enqueued; `coarse` holds nq × heads × 128 f32 and `kept`
+        // nq × heads × top_k tile indices below kt.tiles(); the gate (when read) is shaped as q.
+        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("vsa_fine_tma_bf16_d128: {e}")))?;
+        Ok(())
+    })?;
+    Ok(Some(wrap(out, q.shape())))
 }
 
 // One source compiled once per vendor, on purpose.

@@ -14,24 +14,31 @@ pub struct TensorMap([u64; 16]);
 // has the same size and alignment.
 unsafe impl DeviceRepr for TensorMap {}
 
-/// A bf16 tensor of three dims (`dims` innermost first, `strides` in bytes for dims 1 and 2) at
+/// A bf16 tensor of `R` dims (`dims` innermost first, `strides` in bytes for dims 1..R) at
 /// device address `addr`, copied in boxes of `boxes` elements into 128-byte-swizzled shared
 /// memory; a box's parts outside the tensor arrive as zeros.
-pub fn bf16_3d(
+pub fn bf16<const R: usize>(
     addr: u64,
-    dims: [u64; 3],
-    strides: [u64; 2],
-    boxes: [u32; 3],
+    dims: [u64; R],
+    strides: &[u64],
+    boxes: [u32; R],
 ) -> Result<TensorMap, String> {
+    if strides.len() + 1 != R {
+        return Err(format!(
+            "tensor map of rank {R} with {} strides",
+            strides.len()
+        ));
+    }
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-    let elem = [1u32; 3];
-    // SAFETY: `map` is writable for one CUtensorMap; the arrays outlive the call; the driver
-    // checks the address, shape and box and returns an error for what it cannot map.
+    let elem = [1u32; R];
+    // SAFETY: `map` is writable for one CUtensorMap; the arrays outlive the call and hold R
+    // (R - 1 strides) values; the driver checks the address, shape and box and returns an
+    // error for what it cannot map.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            3,
+            R as u32,
             addr as *mut c_void,
             dims.as_ptr(),
             strides.as_ptr(),

@@ -1,7 +1,7 @@
 //! VSA on a GPU (`kernels/gpu/vsa.cu`), one source for both vendors (declared by `cuda::ops`
 //! and `rocm::ops` with `#[path]`): tile means, the coarse branch with the top-k selection, the
-//! fine branch over the kept tiles (on sm_90a the wgmma kernel of attention.cu). The tiling
-//! travels as index arrays.
+//! fine branch over the kept tiles (on sm_90a the TMA kernel of attention.cu, through the vendor
+//! module's `vsa_fine_fast`). The tiling travels as index arrays.
 
 #[allow(unused_imports)] // the ROCm side has these as inherent methods
 use super::PushKernelArg;
@@ -14,12 +14,27 @@ use crate::{DType, Result, Tensor};
 
 /// Warps per block of the fine kernel (`WL_VSA_WARPS`).
 const FINE_WARPS: usize = 4;
-/// Dynamic shared memory of the wgmma fine kernel: a 64-token query tile, then two stages of a
-/// key tile and its transposed V, 64 × 128 bf16 each.
-const WGMMA_FINE_SMEM: u32 = 5 * 64 * 128 * 2;
-/// Dynamic shared memory of the coarse kernel: a score and a flag per key tile, within the
-/// default 48 KiB.
+/// Threads of a means block (`WL_VSA_MEAN_THREADS`), each summing 16 bytes of columns.
+const MEAN_THREADS: usize = 128;
+/// Threads of a coarse block (`WL_VSA_COARSE_THREADS`) and the staged slice of d of its score
+/// phase (`WL_VSA_EC`).
+const COARSE_THREADS: usize = 256;
+const COARSE_EC: usize = 16;
+/// Shared memory a coarse block may take without opting in on CUDA.
 const COARSE_SMEM_LIMIT: usize = 48 << 10;
+
+/// Query tiles per coarse block (a kernel per choice, `vsa_coarse_{qg}`) and its dynamic shared
+/// memory: the most tiles whose scores, over every key tile, fit beside the staging of the score
+/// phase (and the static `qg × 256` floats of query means), for the fewest reads of the key-tile
+/// means; a block of one tile still takes 6 912 key tiles.
+fn coarse_shape(nk: usize) -> Option<(usize, usize)> {
+    let nks = nk.next_multiple_of(4);
+    [8, 4, 2, 1].into_iter().find_map(|qg| {
+        let dynamic =
+            4 * (qg * nks + COARSE_THREADS * (COARSE_EC + 4)).max(COARSE_THREADS * qg * 4);
+        (dynamic + qg * 256 * 4 <= COARSE_SMEM_LIMIT).then_some((qg, dynamic))
+    })
+}
 
 fn upload(dev: &CudaBackend, v: &[usize]) -> Result<CudaSlice<i32>> {
     let v: Vec<i32> = v
@@ -36,35 +51,55 @@ fn f32_data(s: &CudaStorage) -> Result<&CudaSlice<f32>> {
     }
 }
 
-/// Tile means `[tiles, heads, d]` (f32) of `x` in grid order.
+/// Tile means `[tiles, heads, d]` (f32) of q on its tiling and of k and v on the key tiling, in
+/// grid order, one launch.
 fn tile_means(
-    x: &Tensor,
-    t: &Tiling,
-    idx: &[CudaSlice<i32>; 3],
-    heads: usize,
-    d: usize,
-) -> Result<CudaStorage> {
-    let s = storage(x)?;
-    let mut out = CudaStorage::alloc(&s.dev, DType::F32, t.tiles() * heads * d)?;
+    qkv: [&Tensor; 3],
+    qt: &Tiling,
+    kt: &Tiling,
+    qi: &[CudaSlice<i32>; 3],
+    ki: &[CudaSlice<i32>; 3],
+    row: usize,
+) -> Result<[CudaStorage; 3]> {
+    let [q, k, v] = qkv;
+    let name = format!("vsa_tile_means_{}", suffix(q.dtype())?);
+    let (qs, ks, vs) = (storage(q)?, storage(k)?, storage(v)?);
+    let dev = &qs.dev;
+    let (nq, nk) = (qt.tiles(), kt.tiles());
+    let mut qm = CudaStorage::alloc(dev, DType::F32, nq * row)?;
+    let mut km = CudaStorage::alloc(dev, DType::F32, nk * row)?;
+    let mut vm = CudaStorage::alloc(dev, DType::F32, nk * row)?;
+    let chunks = row.div_ceil(MEAN_THREADS * 16 / q.dtype().size_in_bytes());
+    let blocks = (nq + 2 * nk) * chunks;
     let cfg = LaunchConfig {
-        grid_dim: (t.tiles() as u32, heads as u32, 1),
-        block_dim: (128, 1, 1),
+        grid_dim: (
+            u32::try_from(blocks).map_err(|_| dev.err(format!("vsa: {blocks} means blocks")))?,
+            1,
+            1,
+        ),
+        block_dim: (MEAN_THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (h32, d32) = (heads as i32, d as i32);
+    let (nq32, nk32, row32, chunks32) = (nq as i32, nk as i32, row as i32, chunks as i32);
     launch!(
         kind = "vsa means";
-        &s.dev,
+        dev,
         "vsa",
-        &format!("vsa_tile_means_{}", suffix(x.dtype())?),
+        name,
         cfg,
         |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            b.arg(&idx[0]).arg(&idx[1]).arg(&idx[2]).arg(&h32).arg(&d32);
+            push_mut(b, &mut qm.data);
+            push_mut(b, &mut km.data);
+            push_mut(b, &mut vm.data);
+            push(b, &qs.data);
+            push(b, &ks.data);
+            push(b, &vs.data);
+            b.arg(&qi[0]).arg(&qi[1]).arg(&qi[2]);
+            b.arg(&ki[0]).arg(&ki[1]).arg(&ki[2]);
+            b.arg(&nq32).arg(&nk32).arg(&row32).arg(&chunks32);
         }
     );
-    Ok(out)
+    Ok([qm, km, vm])
 }
 
 pub fn vsa_attention(
@@ -84,11 +119,13 @@ pub fn vsa_attention(
         return Err(dev.err(format!("vsa: head_dim {d} > 256")));
     }
     let (nq, nk) = (qt.tiles(), kt.tiles());
-    let smem = nk * 8;
-    if smem > COARSE_SMEM_LIMIT {
+    let Some((qg, smem)) = coarse_shape(nk) else {
         return Err(dev.err(format!(
             "vsa: {nk} key tiles exceed the coarse kernel's shared memory"
         )));
+    };
+    if i32::try_from(heads * d).is_err() {
+        return Err(dev.err(format!("vsa: {heads} heads × {d} exceed i32")));
     }
     let (k, v) = (cast(k, dt)?, cast(v, dt)?);
     let gate = gate.map(|g| cast(g, dt)).transpose()?;
@@ -107,75 +144,41 @@ pub fn vsa_attention(
         upload(&dev, &kt.sizes)?,
     ];
     let q_tile = upload(&dev, &q_tile)?;
-    let qc = tile_means(q, qt, &qi, heads, d)?;
-    let kc = tile_means(&k, kt, &ki, heads, d)?;
-    let vc = tile_means(&v, kt, &ki, heads, d)?;
+    let [qc, kc, vc] = tile_means([q, &k, &v], qt, kt, &qi, &ki, heads * d)?;
     let mut coarse = CudaStorage::alloc(&dev, DType::F32, nq * heads * d)?;
     let mut kept = dev
         .stream
         .alloc_zeros::<i32>(nq * heads * top_k)
         .map_err(|e| dev.err(e))?;
     let scale = 1.0 / (d as f32).sqrt();
-    let (nk32, h32, d32, k32) = (nk as i32, heads as i32, d as i32, top_k as i32);
+    let (nq32, nk32, h32, d32, k32) = (nq as i32, nk as i32, heads as i32, d as i32, top_k as i32);
     let cfg = LaunchConfig {
-        grid_dim: (nq as u32, heads as u32, 1),
-        block_dim: (256, 1, 1),
+        grid_dim: (nq.div_ceil(qg) as u32, heads as u32, 1),
+        block_dim: (COARSE_THREADS as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let (qcd, kcd, vcd) = (f32_data(&qc)?, f32_data(&kc)?, f32_data(&vc)?);
-    launch!(kind = "vsa coarse+top-k"; &dev, "vsa", "vsa_coarse", cfg, |b| {
+    let coarse_fn = format!("vsa_coarse_{qg}");
+    launch!(kind = "vsa coarse+top-k"; &dev, "vsa", &coarse_fn, cfg, |b| {
         push_mut(b, &mut coarse.data);
         b.arg(&mut kept).arg(qcd).arg(kcd).arg(vcd);
-        b.arg(&nk32).arg(&h32).arg(&d32).arg(&k32).arg(&scale);
+        b.arg(&nq32).arg(&nk32).arg(&h32).arg(&d32).arg(&k32).arg(&scale);
     });
-    let mut out = CudaStorage::alloc(&dev, dt, q.elem_count())?;
-    if dt == DType::BF16 && d == 128 && dev.arch == "sm_90a" {
-        // Tensor cores (attention.cu): one warpgroup per query tile and head, key tiles as
-        // 64-slot blocks of a transposed V.
-        let stride = nk * 64;
-        let mut vt = CudaStorage::alloc(&dev, DType::BF16, heads * 128 * stride)?;
-        let stride32 = stride as i32;
-        let vs = storage(&v)?;
-        let cfg = LaunchConfig {
-            grid_dim: ((stride / 32) as u32, (heads * 128 / 32) as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(kind = "vsa V transpose"; &dev, "attention", "vsa_v_transpose_bf16", cfg, |b| {
-            push_mut(b, &mut vt.data);
-            push(b, &vs.data);
-            b.arg(&ki[0])
-                .arg(&ki[1])
-                .arg(&ki[2])
-                .arg(&h32)
-                .arg(&stride32);
-        });
-        let smem = WGMMA_FINE_SMEM;
-        let func = dev.func("attention", "vsa_fine_wgmma_bf16_d128")?;
-        dev.allow_dynamic_smem(&func, smem)?;
-        let cfg = LaunchConfig {
-            grid_dim: (nq as u32, heads as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        let ks = storage(&k)?;
-        let gs = gate.as_ref().map(storage).transpose()?;
-        let has_gate = gs.is_some() as i32;
-        let cd = f32_data(&coarse)?;
-        launch!(kind = "vsa fine"; &dev, "attention", "vsa_fine_wgmma_bf16_d128", cfg, |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            push(b, &ks.data);
-            push(b, &vt.data);
-            // Without a gate the kernel never reads this pointer; q stands in.
-            push(b, &gs.unwrap_or(s).data);
-            b.arg(&has_gate).arg(cd).arg(&kept);
-            b.arg(&qi[0]).arg(&qi[1]).arg(&qi[2]);
-            b.arg(&ki[0]).arg(&ki[1]).arg(&ki[2]);
-            b.arg(&h32).arg(&k32).arg(&stride32).arg(&scale);
-        });
-        return Ok(wrap(out, q.shape()));
+    // Tensor cores where the vendor module has them (CUDA on sm_90a: TMA boxes of 4×4×4 tokens).
+    if let Some(out) = super::vsa_fine_fast(
+        q,
+        &k,
+        &v,
+        gate.as_ref(),
+        f32_data(&coarse)?,
+        &kept,
+        qt,
+        kt,
+        top_k,
+    )? {
+        return Ok(out);
     }
+    let mut out = CudaStorage::alloc(&dev, dt, q.elem_count())?;
     let jobs = lq * heads;
     let cfg = LaunchConfig {
         grid_dim: (jobs.div_ceil(FINE_WARPS) as u32, 1, 1),

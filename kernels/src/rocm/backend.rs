@@ -232,19 +232,6 @@ impl RocmBackend {
         crate::cuda::Profile::from_marks(&marks, |a, b| b.elapsed_since(a))
     }
 
-    /// Checks that `bytes` of dynamic shared memory (LDS) fit a workgroup: HIP needs no opt-in,
-    /// but CDNA3 has 64 KiB per workgroup (only the CUDA tensor-core kernels ask for more, and
-    /// they are not launched here).
-    pub(crate) fn allow_dynamic_smem(&self, _func: &HipFunction, bytes: u32) -> Result<()> {
-        if bytes > 64 << 10 {
-            return Err(self.err(format!(
-                "{bytes} bytes of LDS asked for; a {} workgroup has 64 KiB",
-                self.arch
-            )));
-        }
-        Ok(())
-    }
-
     /// Lanes per wavefront (`WL_WARP_SIZE` of vendor/hip.h), for launch shapes of kernels
     /// written per warp.
     pub fn warp_size(&self) -> usize {

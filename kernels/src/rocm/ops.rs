@@ -243,6 +243,22 @@ pub use common_conv::{
     channel_affine, channel_rms_norm, clamp, conv3d, soft_clamp, softmax_rows, upsample_nearest_2d,
 };
 
+/// VSA's fine branch has no TMA kernel here (CUDA's is Hopper-only): the portable kernel runs it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn vsa_fine_fast(
+    _q: &Tensor,
+    _k: &Tensor,
+    _v: &Tensor,
+    _gate: Option<&Tensor>,
+    _coarse: &DeviceBuf<f32>,
+    _kept: &DeviceBuf<i32>,
+    _qt: &crate::vsa::Tiling,
+    _kt: &crate::vsa::Tiling,
+    _top_k: usize,
+) -> Result<Option<Tensor>> {
+    Ok(None)
+}
+
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]
 #[path = "../gpu_common/vsa.rs"]
