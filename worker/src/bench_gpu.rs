@@ -309,7 +309,33 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             t,
             flops::block(&cfg, tokens, 18 * frame_tokens),
         );
-        // Where the block's time goes, by kind of launch.
+        // The same block with fp8 linears (weights per channel, activations per token), as
+        // `--dtype fp8` runs the engine.
+        let mut fp8_block = block.clone();
+        fp8_block.quantize_linears_fp8()?;
+        let t = time(dev, repeat.min(2), || {
+            fp8_block.forward(
+                &x,
+                &inp,
+                &text,
+                Some(&cam),
+                KvMode::Cache {
+                    cache: &mut cache,
+                    first_frame: 15,
+                },
+                false,
+            )?;
+            Ok(())
+        })?;
+        push(
+            format!(
+                "{} block fp8 linears, {tokens} tokens, 18-frame window",
+                cfg.name
+            ),
+            t,
+            flops::block(&cfg, tokens, 18 * frame_tokens),
+        );
+        // Where the (bf16) block's time goes, by kind of launch.
         if let Device::Cuda(i) = dev {
             let b = kernels::cuda::backend(i)?;
             b.synchronize()?;
