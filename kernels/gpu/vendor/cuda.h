@@ -13,6 +13,18 @@ typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 WL_DEVICE int wl_shfl(int v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 
+// Two floats to e4m3fn codes in one instruction (sm_89+): round to nearest even, saturating at
+// ±448, `lo` in the low byte; the codes of common.cuh's wl_to_e4m3 for every finite value and
+// ±inf (NaN: 0x7f for the canonical NaN that f32 arithmetic produces on NVIDIA hardware).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define WL_HAS_CVT_E4M3 1
+WL_DEVICE unsigned int wl_cvt_e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#endif
+
 // ---- tile level (tensor cores): the only place vendor matrix instructions appear.
 #define WL_HAS_MMA_BF16 1
 // D[16×8] += A[16×16] · B[16×8], bf16 operands, f32 accumulators (mma.sync.m16n8k16, sm_80+).
