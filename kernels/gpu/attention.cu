@@ -6,9 +6,11 @@
 #define WL_ATT_MAX_D 512
 #define WL_ATT_WARPS 4
 
+// `bias` (null for none): an f32 [heads, 2·span − 1] table added to the logits by key − query
+// offset (T5's relative position bias).
 template <typename T>
 WL_DEVICE void attention(T* out, const T* q, const T* k, const T* v, int lq, int kv_len, int heads, int d,
-                         int block_tokens, float scale) {
+                         int block_tokens, float scale, const float* bias, int span) {
     __shared__ float qs[WL_ATT_WARPS][WL_ATT_MAX_D];
     const int warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
     const wl_u64 job = (wl_u64)blockIdx.x * WL_ATT_WARPS + warp;
@@ -33,6 +35,7 @@ WL_DEVICE void attention(T* out, const T* q, const T* k, const T* v, int lq, int
             float dot = 0.0f;
             for (int e = 0; e < d; ++e) dot += qs[warp][e] * wl_ld(kr, e);
             s = dot * scale;
+            if (bias) s += bias[(wl_u64)h * (2 * span - 1) + (span - 1) + key - qi];
         }
         float mx = s;
         for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) mx = fmaxf(mx, wl_shfl_xor(mx, o));
@@ -64,7 +67,11 @@ WL_DEVICE void attention(T* out, const T* q, const T* k, const T* v, int lq, int
 #define WL_ATT(T, tn)                                                                                      \
     WL_KERNEL void attention_##tn(T* out, const T* q, const T* k, const T* v, int lq, int kv_len, int heads, \
                                   int d, int block_tokens, float scale) {                                  \
-        attention(out, q, k, v, lq, kv_len, heads, d, block_tokens, scale);                                \
+        attention(out, q, k, v, lq, kv_len, heads, d, block_tokens, scale, (const float*)0, 0);            \
+    }                                                                                                      \
+    WL_KERNEL void attention_bias_##tn(T* out, const T* q, const T* k, const T* v, int lq, int kv_len,      \
+                                       int heads, int d, float scale, const float* bias, int span) {        \
+        attention(out, q, k, v, lq, kv_len, heads, d, 0, scale, bias, span);                               \
     }
 
 WL_ATT(float, f32)

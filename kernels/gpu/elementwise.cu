@@ -19,6 +19,11 @@ WL_DEVICE void add(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) {
     WL_GRID_STRIDE(i, n) { wl_st(out, i, wl_ld(a, i) + wl_ld(b, i % b_n)); }
 }
 
+template <typename T, typename P>
+WL_DEVICE void mul(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) {
+    WL_GRID_STRIDE(i, n) { wl_st(out, i, wl_ld(a, i) * wl_ld(b, i % b_n)); }
+}
+
 #define WL_TP(T, P, tn, pn)                                                                          \
     WL_KERNEL void modulate_##tn##_##pn(T* out, const T* x, const P* shift, const P* scale, wl_u64 n,  \
                                         wl_u64 shift_n, wl_u64 scale_n) {                            \
@@ -28,7 +33,8 @@ WL_DEVICE void add(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) {
                                               wl_u64 gate_n) {                                       \
         gated_residual(out, x, y, gate, n, gate_n);                                                  \
     }                                                                                                \
-    WL_KERNEL void add_##tn##_##pn(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) { add(out, a, b, n, b_n); }
+    WL_KERNEL void add_##tn##_##pn(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) { add(out, a, b, n, b_n); } \
+    WL_KERNEL void mul_##tn##_##pn(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) { mul(out, a, b, n, b_n); }
 
 WL_TP(float, float, f32, f32)
 WL_TP(float, wl_bf16, f32, bf16)

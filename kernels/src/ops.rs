@@ -306,6 +306,24 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `a · b` element by element, same shape, or `b` a row broadcast over `a`'s rows (T5's gated
+/// FFN product).
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    no_fp8("mul", a)?;
+    no_fp8("mul", b)?;
+    check_rowparam("mul", a, b)?;
+    match a.storage() {
+        Storage::Cpu(_) => {
+            let (xs, ys) = (a.cpu_f32(), b.cpu_f32());
+            let n = ys.len();
+            let out = xs.iter().enumerate().map(|(i, x)| x * ys[i % n]).collect();
+            finish(out, a.shape(), a.dtype())
+        }
+        Storage::Cuda(_) => cuda::ops::mul(a, b),
+        Storage::Rocm(_) => rocm::ops::mul(a, b),
+    }
+}
+
 /// `alpha · x + beta · y`, computed in f64 and rounded once (the sampler's `x − σ·v` and
 /// re-noising; upstream computes the first in f64).
 pub fn axpby(alpha: f64, x: &Tensor, beta: f64, y: &Tensor) -> Result<Tensor> {
@@ -451,11 +469,74 @@ pub fn attention(
                 heads,
                 d,
             };
-            let out = cpu::attention::attention(&qs, &ks, &vs, dims, limit);
+            let scale = 1.0 / (d as f32).sqrt();
+            let out = cpu::attention::attention(&qs, &ks, &vs, dims, scale, None, limit);
             finish(out, q.shape(), q.dtype())
         }
         Storage::Cuda(_) => cuda::ops::attention(q, k, v, kv_len, block_tokens),
         Storage::Rocm(_) => rocm::ops::attention(q, k, v, kv_len, block_tokens),
+    }
+}
+
+/// Attention of `q: [lq, heads, d]` over the first `kv_len` rows of `k`, `v` with logits
+/// `scale · q·k + bias[h, span − 1 + j − i]`: an additive bias that depends only on the key −
+/// query offset (T5's relative position bias). `bias: [heads, 2·span − 1]` in f32, with
+/// `span ≥ max(lq, kv_len)` so that every offset has an entry. No mask beyond `kv_len`.
+pub fn attention_offset_bias(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    bias: &Tensor,
+    scale: f32,
+) -> Result<Tensor> {
+    for t in [q, k, v, bias] {
+        no_fp8("attention_offset_bias", t)?;
+        same_device("attention_offset_bias", q, t)?;
+    }
+    let shapes_ok = q.rank() == 3
+        && k.rank() == 3
+        && k.shape() == v.shape()
+        && q.dim(1) == k.dim(1)
+        && q.dim(2) == k.dim(2)
+        && kv_len >= 1
+        && kv_len <= k.dim(0);
+    let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
+    let span = (bias.rank() == 2 && bias.dim(1) % 2 == 1).then(|| bias.dim(1).div_ceil(2));
+    let bias_ok = span.is_some_and(|s| s >= lq.max(kv_len)) && bias.dim(0) == heads;
+    if !shapes_ok || !bias_ok || bias.dtype() != DType::F32 {
+        return Err(shape_err(
+            "attention_offset_bias",
+            format!(
+                "q {:?} k {:?} v {:?} kv_len {kv_len} bias {:?} {:?} (want [heads, 2·span − 1] \
+                 f32 with span ≥ max(lq, kv_len))",
+                q.shape(),
+                k.shape(),
+                v.shape(),
+                bias.shape(),
+                bias.dtype()
+            ),
+        ));
+    }
+    let span = span.unwrap_or(1);
+    match q.storage() {
+        Storage::Cpu(_) => {
+            let (qs, ks, vs, table) = (q.cpu_f32(), k.cpu_f32(), v.cpu_f32(), bias.cpu_f32());
+            let dims = cpu::attention::AttnDims {
+                lq,
+                kv_len,
+                heads,
+                d,
+            };
+            let bias = cpu::attention::OffsetBias {
+                table: &table,
+                span,
+            };
+            let out = cpu::attention::attention(&qs, &ks, &vs, dims, scale, Some(bias), |_| kv_len);
+            finish(out, q.shape(), q.dtype())
+        }
+        Storage::Cuda(_) => cuda::ops::attention_offset_bias(q, k, v, kv_len, bias, span, scale),
+        Storage::Rocm(_) => rocm::ops::attention_offset_bias(q, k, v, kv_len, bias, span, scale),
     }
 }
 

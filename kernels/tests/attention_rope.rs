@@ -115,6 +115,19 @@ test_device!(rope_time_offset, rope_time_offset_cpu);
 
 /// Softmax attention per head in f64; query `i` sees keys `[0, limit(i))`.
 fn attention_ref(q: &Tensor, k: &Tensor, v: &Tensor, limit: impl Fn(usize) -> usize) -> Vec<f64> {
+    let scale = 1.0 / (q.dim(2) as f64).sqrt();
+    attention_ref_with(q, k, v, limit, scale, |_, _, _| 0.0)
+}
+
+/// As [`attention_ref`] with logits `scale · q·k + bias(head, query, key)`.
+fn attention_ref_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    limit: impl Fn(usize) -> usize,
+    scale: f64,
+    bias: impl Fn(usize, usize, usize) -> f64,
+) -> Vec<f64> {
     let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
     let (qv, kv, vv) = (
         widen(&q.to_vec_f32()),
@@ -130,7 +143,8 @@ fn attention_ref(q: &Tensor, k: &Tensor, v: &Tensor, limit: impl Fn(usize) -> us
                     (0..d)
                         .map(|c| qv[at(i, h) + c] * kv[at(j, h) + c])
                         .sum::<f64>()
-                        / (d as f64).sqrt()
+                        * scale
+                        + bias(h, i, j)
                 })
                 .collect();
             let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -256,3 +270,77 @@ fn attention_errors(dev: Device) -> Result<()> {
     Ok(())
 }
 test_device!(attention_errors, attention_errors_cpu);
+
+/// T5's attention: logits `scale · q·k + table[h, span − 1 + j − i]`, keys past `kv_len` unread
+/// (NaN here), a table wider than the offsets need.
+fn attention_offset_bias(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(26);
+    let (lq, cap, kv_len, heads, d, span) = (6, 9, 7, 2, 8, 10);
+    let q = randn(dev, &mut rng, &[lq, heads, d])?;
+    let poison = |rng: &mut Rng| -> Result<Tensor> {
+        let mut data = rng.normals(cap * heads * d, 1.0);
+        data[kv_len * heads * d..].fill(f32::NAN);
+        tensor(dev, data, &[cap, heads, d])
+    };
+    let (k, v) = (poison(&mut rng)?, poison(&mut rng)?);
+    let table_v = rng.normals(heads * (2 * span - 1), 2.0);
+    let table = tensor(dev, table_v.clone(), &[heads, 2 * span - 1])?;
+    let bias = |h: usize, i: usize, j: usize| table_v[h * (2 * span - 1) + span - 1 + j - i] as f64;
+    for scale in [1.0f32, 0.3] {
+        let y = ops::attention_offset_bias(&q, &k, &v, kv_len, &table, scale)?;
+        assert_eq!(y.shape(), q.shape());
+        let want = attention_ref_with(&q, &k, &v, |_| kv_len, scale as f64, bias);
+        assert_f32_close(&format!("offset bias, scale {scale}"), &y, &want);
+    }
+    // A bias far above every logit at offset +2 makes each query (whose key i + 2 is visible)
+    // copy that key's value exactly: the offset is read with its sign.
+    let mut peaked = vec![0f32; heads * (2 * span - 1)];
+    for h in 0..heads {
+        peaked[h * (2 * span - 1) + span - 1 + 2] = 1e4;
+    }
+    let peaked = tensor(dev, peaked, &[heads, 2 * span - 1])?;
+    let y = ops::attention_offset_bias(&q, &k, &v, kv_len, &peaked, 1.0)?.to_vec_f32();
+    let vv = v.to_vec_f32();
+    let row = heads * d;
+    for i in 0..kv_len - 2 {
+        let want = &vv[(i + 2) * row..(i + 3) * row];
+        assert_bits_eq(
+            &format!("peaked offset, query {i}"),
+            &y[i * row..(i + 1) * row],
+            want,
+        );
+    }
+    let bf = q.to_dtype(DType::BF16)?;
+    let (kb, vb) = (k.to_dtype(DType::BF16)?, v.to_dtype(DType::BF16)?);
+    let y = ops::attention_offset_bias(&bf, &kb, &vb, kv_len, &table, 1.0)?;
+    let want = attention_ref_with(&bf, &kb, &vb, |_| kv_len, 1.0, bias);
+    assert_bf16_close("offset bias bf16", &y, &want);
+    // Errors: a table too narrow for the offsets, of even width, in bf16, or for other heads.
+    let name = "attention_offset_bias";
+    let narrow = tensor(dev, vec![0.5; heads * 11], &[heads, 11])?;
+    assert_err_names(
+        ops::attention_offset_bias(&q, &k, &v, kv_len, &narrow, 1.0),
+        name,
+    );
+    let even = tensor(dev, vec![0.5; heads * 20], &[heads, 20])?;
+    assert_err_names(
+        ops::attention_offset_bias(&q, &k, &v, kv_len, &even, 1.0),
+        name,
+    );
+    let t16 = table.to_dtype(DType::BF16)?;
+    assert_err_names(
+        ops::attention_offset_bias(&q, &k, &v, kv_len, &t16, 1.0),
+        name,
+    );
+    let heads3 = tensor(dev, vec![0.5; 3 * 19], &[3, 19])?;
+    assert_err_names(
+        ops::attention_offset_bias(&q, &k, &v, kv_len, &heads3, 1.0),
+        name,
+    );
+    assert_err_names(
+        ops::attention_offset_bias(&q, &k, &v, cap + 1, &table, 1.0),
+        name,
+    );
+    Ok(())
+}
+test_device!(attention_offset_bias, attention_offset_bias_cpu);

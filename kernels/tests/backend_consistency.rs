@@ -152,6 +152,41 @@ fn elementwise_and_norms_match_the_cpu(dev: Device) {
 }
 backend_test!(elementwise_and_norms_match_the_cpu);
 
+/// What the umT5 text encoder needs beyond the DiT's ops: attention with T5's relative
+/// position bias (unscaled logits, f32 bias by key − query offset, padded keys masked) at umT5's
+/// head dim and a small one, and the gated FFN's product.
+fn t5_ops_match_the_cpu(dev: Device) {
+    let mut rng = Rng::new(11);
+    for dt in [DType::F32, DType::BF16] {
+        for (lq, keys, kv_len, heads, d, span) in [(37, 37, 29, 3, 64, 37), (20, 24, 24, 2, 8, 30)]
+        {
+            let q = rand(&mut rng, &[lq, heads, d], dt);
+            let k = rand(&mut rng, &[keys, heads, d], dt);
+            let v = rand(&mut rng, &[keys, heads, d], dt);
+            let bias = rand(&mut rng, &[heads, 2 * span - 1], DType::F32);
+            for scale in [1.0f32, 0.125] {
+                check(
+                    &format!("attention_offset_bias {dt:?} d {d} scale {scale}"),
+                    dev,
+                    tol(dt),
+                    &[&q, &k, &v, &bias],
+                    |t| ops::attention_offset_bias(&t[0], &t[1], &t[2], kv_len, &t[3], scale),
+                );
+            }
+        }
+        let x = rand(&mut rng, &[37, 96], dt);
+        let y = rand(&mut rng, &[37, 96], dt);
+        let row = rand(&mut rng, &[96], DType::F32);
+        check(&format!("mul {dt:?}"), dev, tol(dt), &[&x, &y], |v| {
+            ops::mul(&v[0], &v[1])
+        });
+        check(&format!("mul row {dt:?}"), dev, tol(dt), &[&x, &row], |v| {
+            ops::mul(&v[0], &v[1])
+        });
+    }
+}
+backend_test!(t5_ops_match_the_cpu);
+
 fn fused_norm_modulate_matches_the_cpu(dev: Device) {
     // Every kernel (`WORLDLINE_NORM` picks `vec` or `lean` where it applies: f32 or bf16 rows
     // of a multiple of its vector up to 5120 columns, into bf16 or fp8).

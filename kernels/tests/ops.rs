@@ -294,6 +294,27 @@ fn axpby(dev: Device) -> Result<()> {
 }
 test_device!(axpby, axpby_cpu);
 
+/// The element-wise product, same shape and with a row broadcast (T5's gated FFN).
+fn mul(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(9);
+    let x = randn(dev, &mut rng, &[5, 12])?;
+    let y = randn(dev, &mut rng, &[5, 12])?;
+    let row = randn(dev, &mut rng, &[12])?;
+    let (xv, yv, rv) = (x.to_vec_f32(), y.to_vec_f32(), row.to_vec_f32());
+    let want: Vec<f64> = xv
+        .iter()
+        .zip(&yv)
+        .map(|(&a, &b)| a as f64 * b as f64)
+        .collect();
+    assert_f32_close("mul", &ops::mul(&x, &y)?, &want);
+    let want: Vec<f64> = (0..60).map(|i| xv[i] as f64 * rv[i % 12] as f64).collect();
+    assert_f32_close("mul row", &ops::mul(&x, &row)?, &want);
+    let bad = randn(dev, &mut rng, &[5])?;
+    assert_err_names(ops::mul(&x, &bad), "mul");
+    Ok(())
+}
+test_device!(mul, mul_cpu);
+
 fn activations(dev: Device) -> Result<()> {
     let mut rng = Rng::new(8);
     // Wide enough to reach the saturated tails, where exp overflow could make NaN.

@@ -190,6 +190,21 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
             |t| ops::attention(&t[0], &t[1], &t[2], 16, mask),
         );
     }
+    // T5's attention: unscaled logits plus a bias by key − query offset, the last keys masked
+    // (13 of 16 valid), a table wider than needed (span 20); and T5's gated product.
+    let bias = input(19, &[3, 39], DType::F32);
+    check(
+        "attention offset bias",
+        dev,
+        1e-5,
+        &[&q, &k, &v, &bias],
+        |t| ops::attention_offset_bias(&t[0], &t[1], &t[2], 13, &t[3], 1.0),
+    );
+    let (a, b) = (
+        input(20, &[9, 40], DType::BF16),
+        input(21, &[9, 40], DType::BF16),
+    );
+    check("mul bf16", dev, 1e-2, &[&a, &b], |t| ops::mul(&t[0], &t[1]));
     // Sparse attention (VSA), portable path: 4×4×4 tiles of an 8×8×8 grid, half the key tiles.
     let (q, k, v) = (
         input(11, &[512, 2, 32], DType::F32),

@@ -1,6 +1,7 @@
-//! The video codecs on each GPU backend against the CPU reference: the tiny decoder and encoder and
-//! the Wan VAE (decoder and encoder), each streamed over several chunks with random weights, in
-//! f32 (TF32 GEMMs) and bf16 weights. Skipped, with the reason printed, where no GPU is present.
+//! The codecs on each GPU backend against the CPU reference: the tiny decoder and encoder and the
+//! Wan VAE (decoder and encoder), each streamed over several chunks, and the umT5 text encoder,
+//! with random weights, in f32 (TF32 GEMMs) and bf16 weights. Skipped, with the reason printed,
+//! where no GPU is present.
 
 mod common;
 
@@ -8,6 +9,7 @@ use common::{gpus, rel_l2};
 
 use kernels::{DType, Device, Tensor};
 use pipeline::rng::NormalRng;
+use pipeline::text::{T5Config, T5Encoder};
 use pipeline::vae::{
     TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig, VaeConfig, WanVae,
 };
@@ -121,6 +123,45 @@ fn wan_vae_matches_the_cpu() {
                 |s| WanVae::load(&VaeConfig::tiny(), s).expect("vae"),
                 |v, x| v.encode_chunk(x),
             );
+        }
+    }
+}
+
+/// The umT5 encoder at a narrow width but umT5's head dim (64), bucketing and layer layout: the
+/// Wan context of 40 valid tokens (`encode`), and a masked pass over 48 ids of which the last 8
+/// are padding (`forward`, keys past the valid ones masked).
+#[test]
+fn t5_encoder_matches_the_cpu() {
+    let cfg = T5Config {
+        vocab: 512,
+        dim: 256,
+        dim_attn: 256,
+        dim_ffn: 640,
+        num_heads: 4,
+        num_layers: 2,
+        text_len: 64,
+        ..T5Config::umt5_xxl()
+    };
+    let ids: Vec<u32> = (0..48u32).map(|i| (i * 97 + 13) % 512).collect();
+    for dev in gpus() {
+        for dtype in [DType::F32, DType::BF16] {
+            let cpu = T5Encoder::load(&cfg, &WeightStore::random(23, dtype)).expect("cpu t5");
+            let gpu = T5Encoder::load(&cfg, &WeightStore::random(23, dtype).on_device(dev))
+                .expect("gpu t5");
+            for what in ["encode", "masked forward"] {
+                let run = |e: &T5Encoder| match what {
+                    "encode" => e.encode(&ids, 40),
+                    _ => e.forward(&ids, 40),
+                };
+                let want = run(&cpu).expect("cpu");
+                let got = run(&gpu).expect("gpu");
+                assert_eq!(got.device(), dev, "T5 {what}: output on {dev}");
+                assert_eq!(got.shape(), want.shape(), "T5 {what}: shape");
+                let got = got.to_device(Device::Cpu).expect("download").to_vec_f32();
+                let e = rel_l2(&got, &want.to_vec_f32());
+                println!("T5 {what} {dtype:?} on {dev}: rel L2 {e:.2e}");
+                assert!(e < tol(dtype), "T5 {what} {dtype:?}: rel L2 {e:.3e}");
+            }
         }
     }
 }

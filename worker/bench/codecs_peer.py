@@ -2,10 +2,18 @@
 (`pipeline/train/taehv.py`, the same nets our training uses) on the same chunk shapes, same card,
 same call. Eager PyTorch with cuDNN autotuning; random weights (timing only).
 
-Prints one line per measurement in the worker's format and writes JSON to argv[1] if given."""
+The text rows: one umT5-xxl prompt encode (HuggingFace transformers' `UMT5EncoderModel` at
+Wan's umt5-xxl shape, random bf16 weights drawn on the GPU) of 128 and 512 random token ids with
+an all-ones attention mask, batch 1, the same call as `worker bench codecs --codecs text`. Without
+transformers installed the text rows are skipped with a message.
+
+Usage: python3 codecs_peer.py [out.json] [--only all|coders|text]
+Prints one line per measurement in the worker's format and writes JSON to the path if given."""
+import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -117,24 +125,94 @@ def wan21_decoder(dim=96, mult=(1, 2, 4, 4), z=16, res_blocks=2, temporal=(True,
     return torch.nn.Sequential(*layers)
 
 
-torch.backends.cudnn.benchmark = True
-rows = []
-for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
-    ae = TinyAE(dec_widths=(256, 128, 64, 64), enc_widths=(64, 64, 64, 64), mem_blocks=3).cuda().to(dtype).eval()
-    lat = torch.randn(1, 16, LATENTS, H // 8, W // 8, device="cuda", dtype=dtype)
-    vid = torch.rand(1, 3, 4 * LATENTS, H, W, device="cuda", dtype=dtype)
-    for what, fn in [("torch tiny decoder (taew2_1) decode", lambda: ae.decoder(lat)),
-                     ("torch tiny encoder (taew2_1) encode", lambda: ae.encoder(vid))]:
-        ms = bench(fn)
+def coder_rows(rows):
+    torch.backends.cudnn.benchmark = True
+    for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
+        ae = TinyAE(dec_widths=(256, 128, 64, 64), enc_widths=(64, 64, 64, 64), mem_blocks=3).cuda().to(dtype).eval()
+        lat = torch.randn(1, 16, LATENTS, H // 8, W // 8, device="cuda", dtype=dtype)
+        vid = torch.rand(1, 3, 4 * LATENTS, H, W, device="cuda", dtype=dtype)
+        for what, fn in [("torch tiny decoder (taew2_1) decode", lambda: ae.decoder(lat)),
+                         ("torch tiny encoder (taew2_1) encode", lambda: ae.encoder(vid))]:
+            ms = bench(fn)
+            print(f"{what} {name}: {ms:.2f} ms")
+            rows.append({"what": what, "dtype": name, "ms": ms})
+    for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
+        dec = wan21_decoder().cuda().to(dtype).eval()
+        lat = torch.randn(1, 16, LATENTS, H // 8, W // 8, device="cuda", dtype=dtype)
+        what = "torch Wan2.1 VAE decode"
+        ms = bench(lambda: dec(lat), repeat=3)
         print(f"{what} {name}: {ms:.2f} ms")
         rows.append({"what": what, "dtype": name, "ms": ms})
-for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
-    dec = wan21_decoder().cuda().to(dtype).eval()
-    lat = torch.randn(1, 16, LATENTS, H // 8, W // 8, device="cuda", dtype=dtype)
-    what = "torch Wan2.1 VAE decode"
-    ms = bench(lambda: dec(lat), repeat=3)
-    print(f"{what} {name}: {ms:.2f} ms")
-    rows.append({"what": what, "dtype": name, "ms": ms})
-if len(sys.argv) > 1:
-    with open(sys.argv[1], "w") as f:
-        json.dump(rows, f, indent=1)
+
+
+# Wan's umt5-xxl (encoder half), as `pipeline/src/text` `T5Config::umt5_xxl` has it.
+UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, dropout_rate=0.0,
+                is_encoder_decoder=False, use_cache=False)
+TEXT_TOKENS = (128, 512)
+
+
+def text_rows(rows, repeat=5):
+    try:
+        from transformers import UMT5Config, UMT5EncoderModel
+    except ImportError as e:
+        print(f"umT5-xxl prompt encode skipped: transformers is not importable ({e})")
+        return
+    cfg = UMT5Config(**UMT5_XXL)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    # Built on the GPU in bf16 directly: no 23 GB f32 copy, no CPU init of 5.7B parameters.
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = UMT5EncoderModel(cfg)
+    except Exception as e:  # a transformers version that insists on f32 init: 23 GB fits the card
+        print(f"umT5 built in bf16 failed ({e}); building in f32 on the GPU, then casting")
+        torch.set_default_dtype(prev)
+        with torch.device("cuda"):
+            model = UMT5EncoderModel(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    model = model.to(device="cuda", dtype=torch.bfloat16).eval()
+    torch.cuda.synchronize()
+    ready = time.perf_counter() - t
+    params = sum(p.numel() for p in model.parameters())
+    print(f"torch umT5-xxl ({params / 1e9:.2f}B parameters, transformers UMT5EncoderModel) "
+          f"ready (random bf16 weights on the GPU) in {ready:.1f} s")
+    g = torch.Generator().manual_seed(11)
+    for n in TEXT_TOKENS:
+        ids = torch.randint(0, cfg.vocab_size, (1, n), generator=g).cuda()
+        mask = torch.ones(1, n, dtype=torch.long, device="cuda")
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert tuple(out.shape) == (1, n, cfg.d_model), out.shape
+        what = f"torch umT5-xxl prompt encode ({n} tokens)"
+        ms = bench(lambda: model(input_ids=ids, attention_mask=mask).last_hidden_state, repeat=repeat)
+        print(f"{what} bf16: {ms:.2f} ms")
+        rows.append({"what": what, "dtype": "bf16", "ms": ms, "ready_s": ready})
+    del model
+    torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", nargs="?", help="also write the rows as JSON here")
+    ap.add_argument("--only", choices=("all", "coders", "text"), default="all",
+                    help="coders: the tiny decoder/encoder and the Wan2.1 VAE decoder; text: the umT5-xxl "
+                         "prompt encode; all (default): both")
+    ap.add_argument("--repeat", type=int, default=5, help="text rows: timed encodes (the best is reported)")
+    args = ap.parse_args()
+    rows = []
+    if args.only in ("all", "coders"):
+        coder_rows(rows)
+    if args.only in ("all", "text"):
+        text_rows(rows, repeat=max(1, args.repeat))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -69,7 +69,8 @@ enum Command {
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
         /// on --device, at LingBot's shapes. `sp`: the streaming loop of --model on 1, 2, 4 …
         /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks. `codecs`: the
-        /// tiny decoder/encoder and the Wan2.1 VAE on one 480×832 chunk on --device.
+        /// tiny decoder/encoder and the Wan2.1 VAE on one 480×832 chunk on --device, and one
+        /// umT5-xxl prompt encode on a GPU (--codecs picks).
         #[arg(default_value = "cpu")]
         suite: String,
         /// `sp`: timed chunks per run.
@@ -84,6 +85,14 @@ enum Command {
         /// `codecs`: weight dtypes to run, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "bf16,f32")]
         codec_dtypes: Vec<String>,
+        /// `codecs`: rows to run, comma-separated: tiny-dec, tiny-enc, vae-dec, vae-enc, text
+        /// (the umT5-xxl prompt encode, bf16, GPU only).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "tiny-dec,tiny-enc,vae-dec,vae-enc,text"
+        )]
+        codecs: Vec<String>,
     },
     /// The procedural world of the embedded default: training data.
     #[command(subcommand)]
@@ -124,6 +133,7 @@ fn main() -> Result<()> {
             chunks,
             one_gpu,
             codec_dtypes,
+            codecs,
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
@@ -134,6 +144,7 @@ fn main() -> Result<()> {
                 json.as_deref(),
                 repeat.max(1),
                 &codec_dtypes,
+                &codecs,
             ),
             other => anyhow::bail!(
                 "unknown bench suite '{other}' (expected cpu, kernels, sp, gemm-rows or codecs)"

@@ -14,7 +14,22 @@ pub struct AttnDims {
     pub d: usize,
 }
 
-/// Scaled dot-product attention per head.
+/// An additive logit bias that depends only on the key − query offset (T5's relative position
+/// bias): `table: [heads, 2·span − 1]`, the bias of query `i` and key `j` in head `h` at
+/// `table[h · (2·span − 1) + span − 1 + j − i]`; `span` bounds `|j − i| + 1`.
+#[derive(Clone, Copy, Debug)]
+pub struct OffsetBias<'a> {
+    pub table: &'a [f32],
+    pub span: usize,
+}
+
+impl OffsetBias<'_> {
+    fn at(&self, h: usize, i: usize, j: usize) -> f32 {
+        self.table[h * (2 * self.span - 1) + self.span - 1 + j - i]
+    }
+}
+
+/// Dot-product attention per head: logits `scale · q·k (+ bias)`.
 ///
 /// `q: [lq, heads, d]`; `k`, `v`: at least `[kv_len, heads, d]` (rows past `kv_len`, such as the
 /// unused tail of a cache, are ignored). `key_limit(i)` is how many leading keys query `i` may see.
@@ -23,6 +38,8 @@ pub fn attention(
     k: &[f32],
     v: &[f32],
     dims: AttnDims,
+    scale: f32,
+    bias: Option<OffsetBias>,
     key_limit: impl Fn(usize) -> usize + Sync,
 ) -> Vec<f32> {
     let AttnDims {
@@ -31,7 +48,6 @@ pub fn attention(
         heads,
         d,
     } = dims;
-    let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; lq * heads * d];
     let gather = |src: &[f32], rows: usize, h: usize| -> Vec<f32> {
         let mut g = Vec::with_capacity(rows * d);
@@ -53,14 +69,19 @@ pub fn attention(
             s.par_chunks_mut(kv_len.max(1))
                 .enumerate()
                 .for_each(|(r, row)| {
-                    let limit = key_limit(start + r).min(kv_len);
+                    let i = start + r;
+                    let limit = key_limit(i).min(kv_len);
                     let (seen, hidden) = row.split_at_mut(limit);
-                    let max = seen
-                        .iter()
-                        .fold(f32::NEG_INFINITY, |m, &x| m.max(x * scale));
+                    for (j, x) in seen.iter_mut().enumerate() {
+                        *x *= scale;
+                        if let Some(b) = &bias {
+                            *x += b.at(h, i, j);
+                        }
+                    }
+                    let max = seen.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
                     let mut sum = 0f32;
                     for x in seen.iter_mut() {
-                        *x = (*x * scale - max).exp();
+                        *x = (*x - max).exp();
                         sum += *x;
                     }
                     let inv = 1.0 / sum;

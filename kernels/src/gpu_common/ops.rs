@@ -174,9 +174,18 @@ pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
     Ok(wrap(out, x.shape()))
 }
 
-pub fn add(a: &Tensor, bt: &Tensor) -> Result<Tensor> {
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary("add", a, b)
+}
+
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary("mul", a, b)
+}
+
+/// `a ∘ b` with `b` of `a`'s shape or one row broadcast (elementwise.cu's `add`, `mul`).
+fn binary(op: &str, a: &Tensor, bt: &Tensor) -> Result<Tensor> {
     let s = storage(a)?;
-    let name = format!("add_{}_{}", suffix(a.dtype())?, suffix(bt.dtype())?);
+    let name = format!("{op}_{}_{}", suffix(a.dtype())?, suffix(bt.dtype())?);
     let n = a.elem_count();
     let mut out = GpuStorage::alloc(&s.dev, a.dtype(), n)?;
     let (n64, bn) = (n as u64, bt.elem_count() as u64);
@@ -529,6 +538,39 @@ pub fn attention_portable(
     kv_len: usize,
     block_tokens: usize,
 ) -> Result<Tensor> {
+    let scale = 1.0f32 / (q.dim(2) as f32).sqrt();
+    portable(q, k, v, kv_len, Portable::Mask(block_tokens), scale)
+}
+
+/// The portable kernel with T5's relative position bias: `bias: [heads, 2·span − 1]` f32
+/// (checked by `crate::ops`).
+pub fn attention_offset_bias(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    bias: &Tensor,
+    span: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    portable(q, k, v, kv_len, Portable::Bias(bias, span), scale)
+}
+
+enum Portable<'a> {
+    /// Block-causal chunk size (0: no mask).
+    Mask(usize),
+    /// An f32 `[heads, 2·span − 1]` table and its span.
+    Bias(&'a Tensor, usize),
+}
+
+fn portable(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    extra: Portable,
+    scale: f32,
+) -> Result<Tensor> {
     let s = storage(q)?;
     let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
     if d > MAX_HEAD_DIM {
@@ -536,6 +578,9 @@ pub fn attention_portable(
             .dev
             .err(format!("attention head_dim {d} > {MAX_HEAD_DIM}")));
     }
+    let i32_of = |what: &str, v: usize| {
+        i32::try_from(v).map_err(|_| s.dev.err(format!("attention: {what} {v} exceeds 32 bits")))
+    };
     let (k, v) = (cast(k, q.dtype())?, cast(v, q.dtype())?);
     let mut out = GpuStorage::alloc(&s.dev, q.dtype(), q.elem_count())?;
     const WARPS: usize = 4;
@@ -544,33 +589,50 @@ pub fn attention_portable(
         block_dim: ((WARPS * s.dev.warp_size()) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (lq32, kv32, h32, d32, bt) = (
-        lq as i32,
-        kv_len as i32,
+    let (lq32, kv32, h32, d32) = (
+        i32_of("queries", lq)?,
+        i32_of("keys", kv_len)?,
         heads as i32,
         d as i32,
-        block_tokens as i32,
     );
-    let scale = 1.0f32 / (d as f32).sqrt();
     let (ks, vs) = (storage(&k)?, storage(&v)?);
-    launch!(
-        &s.dev,
-        "attention",
-        &format!("attention_{}", suffix(q.dtype())?),
-        cfg,
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            push(b, &ks.data);
-            push(b, &vs.data);
-            b.arg(&lq32)
-                .arg(&kv32)
-                .arg(&h32)
-                .arg(&d32)
-                .arg(&bt)
-                .arg(&scale);
+    let dt = suffix(q.dtype())?;
+    match extra {
+        Portable::Mask(block_tokens) => {
+            let bt = i32_of("block", block_tokens)?;
+            launch!(&s.dev, "attention", &format!("attention_{dt}"), cfg, |b| {
+                push_mut(b, &mut out.data);
+                push(b, &s.data);
+                push(b, &ks.data);
+                push(b, &vs.data);
+                b.arg(&lq32)
+                    .arg(&kv32)
+                    .arg(&h32)
+                    .arg(&d32)
+                    .arg(&bt)
+                    .arg(&scale);
+            });
         }
-    );
+        Portable::Bias(bias, span) => {
+            let span32 = i32_of("bias span", span)?;
+            let bs = storage(bias)?;
+            launch!(
+                &s.dev,
+                "attention",
+                &format!("attention_bias_{dt}"),
+                cfg,
+                |b| {
+                    push_mut(b, &mut out.data);
+                    push(b, &s.data);
+                    push(b, &ks.data);
+                    push(b, &vs.data);
+                    b.arg(&lq32).arg(&kv32).arg(&h32).arg(&d32).arg(&scale);
+                    push(b, &bs.data);
+                    b.arg(&span32);
+                }
+            );
+        }
+    }
     Ok(wrap(out, q.shape()))
 }
 

@@ -1,4 +1,4 @@
-use kernels::{ops, AttnMask, KvCache, RopeTable, Tensor};
+use kernels::{ops, AttnMask, DType, KvCache, RopeTable, Tensor};
 use sp::Ulysses;
 
 use super::layers::{Linear, RmsNorm};
@@ -228,6 +228,13 @@ impl CrossAttention {
             .forward(&self.k.forward(text)?)?
             .reshape(&shape)?;
         let v = self.v.forward(text)?.reshape(&shape)?;
+        // Kept in bf16 next to bf16 weights: the attention reads them in bf16 on every call.
+        if self.k.weight.dtype() == DType::BF16 {
+            return Ok(TextKv {
+                k: k.to_dtype(DType::BF16)?,
+                v: v.to_dtype(DType::BF16)?,
+            });
+        }
         Ok(TextKv { k, v })
     }
 

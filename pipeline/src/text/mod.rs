@@ -168,6 +168,8 @@ pub struct T5Block {
     pub fc2: Tensor,
     /// `[num_buckets, num_heads]`, kept in f32.
     pub pos_embedding: Tensor,
+    /// The same table on the host, where the per-offset bias is built.
+    pos_table: Vec<f32>,
     num_heads: usize,
     num_buckets: usize,
     max_dist: usize,
@@ -185,7 +187,13 @@ impl T5Block {
         }
         let attn = vb.pp("attn");
         let ffn = vb.pp("ffn");
+        let pos_embedding = vb.get_f32(
+            &[cfg.num_buckets, cfg.num_heads],
+            "pos_embedding.embedding.weight",
+        )?;
         Ok(T5Block {
+            pos_table: pos_embedding.try_to_vec_f32()?,
+            pos_embedding,
             norm1: vb.get(&[d], "norm1.weight")?,
             q: attn.get(&[a, d], "q.weight")?,
             k: attn.get(&[a, d], "k.weight")?,
@@ -195,10 +203,6 @@ impl T5Block {
             gate: ffn.get(&[f, d], "gate.0.weight")?,
             fc1: ffn.get(&[f, d], "fc1.weight")?,
             fc2: ffn.get(&[d, f], "fc2.weight")?,
-            pos_embedding: vb.get_f32(
-                &[cfg.num_buckets, cfg.num_heads],
-                "pos_embedding.embedding.weight",
-            )?,
             num_heads: cfg.num_heads,
             num_buckets: cfg.num_buckets,
             max_dist: cfg.max_dist,
@@ -206,21 +210,22 @@ impl T5Block {
         })
     }
 
-    /// The bias `[heads, len, len]` (query-major) from this layer's bucket table.
-    fn position_bias(&self, len: usize) -> Vec<f32> {
-        let table = self.pos_embedding.cpu_f32();
-        let h = self.num_heads;
-        let mut out = vec![0f32; h * len * len];
-        for i in 0..len {
-            for j in 0..len {
-                let b =
-                    relative_position_bucket(j as i64 - i as i64, self.num_buckets, self.max_dist);
-                for n in 0..h {
-                    out[(n * len + i) * len + j] = table[b * h + n];
-                }
+    /// The bias by key − query offset, `[heads, 2·len − 1]` (offset `j − i` at column
+    /// `len − 1 + j − i`), from this layer's bucket table, on `device`.
+    fn offset_bias(&self, len: usize, device: kernels::Device) -> Result<Tensor> {
+        let (h, span) = (self.num_heads, 2 * len - 1);
+        let mut out = vec![0f32; h * span];
+        for c in 0..span {
+            let b = relative_position_bucket(
+                c as i64 - (len as i64 - 1),
+                self.num_buckets,
+                self.max_dist,
+            );
+            for n in 0..h {
+                out[n * span + c] = self.pos_table[b * h + n];
             }
         }
-        out
+        Ok(Tensor::from_vec(out, &[h, span])?.to_device(device)?)
     }
 
     /// `x: [len, dim]`; keys at or after `mask_len` are padding (masked out of every query).
@@ -244,66 +249,27 @@ impl T5Block {
         let h = ops::rms_norm(&x, &self.norm2, self.eps)?;
         let g = ops::gelu_tanh(&linear_no_bias(&h, &self.gate)?)?;
         let u = linear_no_bias(&h, &self.fc1)?;
-        let prod = mul(&u, &g)?;
+        let prod = ops::mul(&u, &g)?;
         Ok(ops::add(&x, &linear_no_bias(&prod, &self.fc2)?)?)
     }
 
-    /// Unscaled multi-head attention with the position bias, on the host in f32 (the kernels'
-    /// attention has no additive bias yet); the result returns to the input's device and dtype.
+    /// Unscaled multi-head attention with the position bias, on the input's device; f32
+    /// logits and softmax whatever the dtype.
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask_len: usize) -> Result<Tensor> {
-        let len = q.dim(0);
-        let width = q.dim(1);
+        let (len, width) = (q.dim(0), q.dim(1));
         let heads = self.num_heads;
-        let d = width / heads;
-        let (qs, ks, vs) = (
-            q.try_to_vec_f32()?,
-            k.try_to_vec_f32()?,
-            v.try_to_vec_f32()?,
-        );
-        let bias = self.position_bias(len);
-        let mut out = vec![0f32; len * width];
-        let mut scores = vec![0f32; mask_len];
-        for n in 0..heads {
-            for i in 0..len {
-                let qi = &qs[i * width + n * d..i * width + (n + 1) * d];
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    let kj = &ks[j * width + n * d..j * width + (n + 1) * d];
-                    let dot: f32 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                    *s = dot + bias[(n * len + i) * len + j];
-                    max = max.max(*s);
-                }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let o = &mut out[i * width + n * d..i * width + (n + 1) * d];
-                for (j, s) in scores.iter().enumerate() {
-                    let w = s / sum;
-                    let vj = &vs[j * width + n * d..j * width + (n + 1) * d];
-                    for (oc, vc) in o.iter_mut().zip(vj) {
-                        *oc += w * vc;
-                    }
-                }
-            }
-        }
-        Ok(Tensor::from_f32(out, q.shape(), q.dtype())?.to_device(q.device())?)
+        let shape = [len, heads, width / heads];
+        let bias = self.offset_bias(len, q.device())?;
+        let out = ops::attention_offset_bias(
+            &q.reshape(&shape)?,
+            &k.reshape(&shape)?,
+            &v.reshape(&shape)?,
+            mask_len,
+            &bias,
+            1.0,
+        )?;
+        Ok(out.reshape(&[len, width])?)
     }
-}
-
-/// Element-wise product of two same-shape tensors (host f32; back on the inputs' device).
-fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if a.shape() != b.shape() {
-        return Err(Error::Input(format!(
-            "product of {:?} and {:?}",
-            a.shape(),
-            b.shape()
-        )));
-    }
-    let (x, y) = (a.try_to_vec_f32()?, b.try_to_vec_f32()?);
-    let data: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p * q).collect();
-    Ok(Tensor::from_f32(data, a.shape(), a.dtype())?.to_device(a.device())?)
 }
 
 /// The umT5 encoder.
@@ -371,13 +337,20 @@ impl T5Encoder {
                 token_ids.len()
             )));
         }
-        let mut data = vec![0f32; text_len * dim];
-        if mask_len > 0 {
-            let valid = self.forward(&token_ids[..mask_len], mask_len)?;
-            data[..mask_len * dim].copy_from_slice(&valid.try_to_vec_f32()?);
+        let device = self.token_embedding.device();
+        let pad = |rows: usize| -> Result<Tensor> {
+            Ok(Tensor::zeros(&[rows, dim], DType::F32)?.to_device(device)?)
+        };
+        if mask_len == 0 {
+            return pad(text_len);
         }
-        let out = Tensor::from_f32(data, &[text_len, dim], DType::F32)?;
-        Ok(out.to_device(self.token_embedding.device())?)
+        let valid = self
+            .forward(&token_ids[..mask_len], mask_len)?
+            .to_dtype(DType::F32)?;
+        if mask_len == text_len {
+            return Ok(valid);
+        }
+        Ok(Tensor::cat(&[&valid, &pad(text_len - mask_len)?], 0)?)
     }
 }
 
