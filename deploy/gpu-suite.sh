@@ -9,7 +9,8 @@
 # through the parts in order, each under its own time limit, and prints one summary line per part
 # at the end; a part that fails or times out does not stop the others. Parts (default: all that
 # the machine can run): tests, kernels, codecs, sp (tests1 / tests2: only the one- / two-GPU
-# tests). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch.
+# tests; quick: the tests of the ops, the DiT and the codecs; text: the umT5 prompt encode and
+# its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
 # under 20 s left is skipped and said so, so the summary still comes out inside one device call.
 set -uo pipefail
@@ -18,6 +19,7 @@ dir=target/gpu-suite
 tests1=(kernels:backend_consistency kernels:vsa pipeline:gpu pipeline:gpu_codecs pipeline:fp8_linears)
 tests2=(pipeline:gpu_sequence_parallel sp:nccl)
 tests=("${tests1[@]}" "${tests2[@]}")
+quick=(kernels:backend_consistency pipeline:gpu pipeline:gpu_codecs)
 
 stage() {
   set -e
@@ -70,6 +72,12 @@ run() {
   export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export WORLDLINE_KERNEL_CACHE=${WORLDLINE_KERNEL_CACHE:-/tmp/worldline-kernels}
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  # cuDNN for the convolutions where it measures faster: the PyTorch wheel's copy.
+  local cudnn
+  cudnn=$(python3 -c 'import os, nvidia.cudnn as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)
+  if [ -n "$cudnn" ] && [ -d "$cudnn" ]; then
+    export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cudnn WORLDLINE_REQUIRE_CUDNN=${WORLDLINE_REQUIRE_CUDNN:-1}
+  fi
   local gpus
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   local parts=("$@")
@@ -77,7 +85,7 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv >"$out/gpus.csv" 2>&1
   for p in "${parts[@]}"; do
     case $p in
-    tests | tests1 | tests2)
+    tests | tests1 | tests2 | quick)
       local -n list=$p
       for t in "${list[@]}"; do
         local name=${t#*:}
@@ -92,6 +100,16 @@ run() {
       part bench-codecs 300 "$dir/worker" bench codecs --device cuda --repeat 3 --json "$out/codecs.json"
       part peer-codecs 300 python3 worker/bench/codecs_peer.py "$out/codecs_peer.json"
       ;;
+    text)
+      part bench-text 200 "$dir/worker" bench codecs --device cuda --codecs text --repeat 3 --json "$out/text.json"
+      part peer-text 200 python3 worker/bench/codecs_peer.py "$out/text_peer.json" --only text --repeat 3
+      ;;
+    codecs-bf16)
+      part bench-codecs-bf16 300 "$dir/worker" bench codecs --device cuda --repeat 3 --codec-dtypes bf16 \
+        --codecs tiny-dec,tiny-enc,vae-dec,vae-enc --json "$out/codecs.json"
+      cp "$WORLDLINE_KERNEL_CACHE"/convs-*.tsv "$out/" 2>/dev/null
+      part peer-codecs 300 python3 worker/bench/codecs_peer.py "$out/codecs_peer.json" --only coders
+      ;;
     sp)
       if [ "$gpus" -ge 2 ]; then
         part bench-sp-14b 400 "$dir/worker" bench sp --model lingbot-14b --device cuda --cards 2 \
@@ -102,7 +120,7 @@ run() {
         summary+=("sp: skipped, $gpus GPU(s) here (needs 2)")
       fi
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, kernels, codecs, sp)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, kernels, codecs, codecs-bf16, text, sp)" >&2 ;;
     esac
   done
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -32,6 +32,19 @@ WL_DEVICE void add_channel_bias(T* y, const float* bias, wl_u64 per_channel, wl_
     WL_GRID_STRIDE(i, n) { wl_st(y, i, wl_ld(y, i) + bias[i / per_channel]); }
 }
 
+// After a library convolution (cuDNN): + bias[channel] (f32, or null), + res (the output's
+// layout, or null), then ReLU when act (NaN kept), in f32 and rounded once, in place.
+template <typename T>
+WL_DEVICE void conv_epilogue(T* y, const float* bias, const T* res, wl_u64 per_channel, wl_u64 n, int act) {
+    WL_GRID_STRIDE(i, n) {
+        float v = wl_ld(y, i);
+        if (bias) v += bias[i / per_channel];
+        if (res) v += wl_ld(res, i);
+        if (act && v < 0.0f) v = 0.0f;
+        wl_st(y, i, v);
+    }
+}
+
 // At each of the n positions: the channel vector over its L2 norm (floored at eps), times sqrt(c)
 // and gamma[c]; in f64 like the CPU reference, so both round the same products once.
 template <typename T>
@@ -107,6 +120,10 @@ WL_DEVICE void softmax_rows(T* out, const T* x, wl_u64 cols, float scale) {
     }                                                                                                       \
     WL_KERNEL void add_channel_bias_##tn(T* y, const float* bias, wl_u64 per_channel, wl_u64 n) {           \
         add_channel_bias(y, bias, per_channel, n);                                                          \
+    }                                                                                                       \
+    WL_KERNEL void conv_epilogue_##tn(T* y, const float* bias, const T* res, wl_u64 per_channel, wl_u64 n,     \
+                                      int act) {                                                            \
+        conv_epilogue(y, bias, res, per_channel, n, act);                                                   \
     }                                                                                                       \
     WL_KERNEL void channel_rms_norm_##tn(T* out, const T* x, const float* gamma, int c, wl_u64 n, float eps) { \
         channel_rms_norm(out, x, gamma, c, n, eps);                                                         \

@@ -767,6 +767,84 @@ fn video_vae_ops_match_the_cpu(dev: Device) {
 }
 backend_test!(video_vae_ops_match_the_cpu);
 
+/// cuDNN's convolutions, forced for every shape it takes (`WORLDLINE_CONV=cudnn`; in `auto`
+/// they run only where they measured faster), with the bias, residual and ReLU pass after them.
+/// With `WORLDLINE_REQUIRE_CUDNN=1` cuDNN must have run them.
+fn cudnn_convolutions_match_the_cpu(dev: Device) {
+    let Device::Cuda(ordinal) = dev else {
+        println!("skipping {dev}: cuDNN is CUDA's");
+        return;
+    };
+    std::env::set_var("WORLDLINE_CONV", "cudnn");
+    let mut rng = Rng::new(41);
+    for dt in [DType::F32, DType::BF16] {
+        let gemm_tol = if dt == DType::BF16 { 1e-2 } else { 3e-4 };
+        for (xs, ws, stride) in [
+            ([24, 3, 13, 21], [32, 24, 3, 3, 3], [1, 1, 1]),
+            ([16, 1, 20, 34], [16, 16, 1, 3, 3], [1, 2, 2]),
+            ([40, 2, 9, 11], [8, 40, 1, 1, 1], [1, 1, 1]),
+        ] {
+            let x = rand(&mut rng, &xs, dt);
+            let w = rand(&mut rng, &ws, dt);
+            let b = rand(&mut rng, &[ws[0]], DType::F32);
+            let pad = [[0, 0], [ws[3] / 2; 2], [ws[4] / 2; 2]];
+            let out = |d: usize, k: usize, s: usize, p: usize| (xs[d] + 2 * p - k) / s + 1;
+            let r = rand(
+                &mut rng,
+                &[
+                    ws[0],
+                    out(1, ws[2], stride[0], 0),
+                    out(2, ws[3], stride[1], ws[3] / 2),
+                    out(3, ws[4], stride[2], ws[4] / 2),
+                ],
+                dt,
+            );
+            check(
+                &format!("cuDNN conv3d {dt:?} {xs:?} * {ws:?} stride {stride:?}"),
+                dev,
+                gemm_tol,
+                &[&x, &w, &b],
+                |v| ops::conv3d(&v[0], &v[1], Some(&v[2]), stride, pad),
+            );
+            check(
+                &format!("cuDNN conv3d {dt:?} {xs:?} * {ws:?} no bias"),
+                dev,
+                gemm_tol,
+                &[&x, &w],
+                |v| ops::conv3d(&v[0], &v[1], None, stride, pad),
+            );
+            check(
+                &format!("cuDNN conv3d {dt:?} {xs:?} * {ws:?} + residual, relu"),
+                dev,
+                gemm_tol,
+                &[&x, &w, &b, &r],
+                |v| {
+                    let epi = kernels::ConvEpilogue {
+                        residual: Some(&v[3]),
+                        relu: true,
+                    };
+                    ops::conv3d_fused(&v[0], &v[1], Some(&v[2]), stride, pad, epi)
+                },
+            );
+        }
+    }
+    std::env::remove_var("WORLDLINE_CONV");
+    let (rows, status) = kernels::cuda::backend(ordinal)
+        .and_then(|b| b.conv_choices())
+        .expect("conv choices");
+    println!("{status}");
+    for (k, p) in &rows {
+        println!("  {k}: {p}");
+    }
+    if std::env::var("WORLDLINE_REQUIRE_CUDNN").is_ok_and(|v| v == "1") {
+        assert!(
+            rows.iter().any(|(_, p)| p.starts_with("cudnn")),
+            "cuDNN was required but ran nothing ({status})"
+        );
+    }
+}
+backend_test!(cudnn_convolutions_match_the_cpu);
+
 fn vsa_attention_matches_the_cpu(dev: Device) {
     let mut rng = Rng::new(8);
     // A 3-frame chunk over a 9-frame cache of 12×20 tokens (partial time tiles), and over a

@@ -288,6 +288,22 @@ pub fn run(
             );
         }
     }
+    if let Device::Cuda(i) = dev {
+        // Which convolutions ran on cuDNN: chosen per shape by timing both on first sight
+        // (`WORLDLINE_CONV`, kernels/src/cuda/ops/cudnn.rs).
+        let (choices, status) = kernels::cuda::backend(i)?.conv_choices()?;
+        let on_cudnn = choices
+            .iter()
+            .filter(|(_, p)| p.starts_with("cudnn"))
+            .count();
+        println!(
+            "convolutions: {} shapes, {on_cudnn} on cuDNN ({status})",
+            choices.len()
+        );
+        for (shape, path) in &choices {
+            println!("  {shape}: {path}");
+        }
+    }
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", p.display()))?;

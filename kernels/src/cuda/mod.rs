@@ -42,6 +42,9 @@ pub struct CudaBackend {
     /// Stream-time marks around each op while profiling (see [`profile`](Self::profile)).
     profiling: std::sync::atomic::AtomicBool,
     marks: Mutex<Vec<(&'static str, CudaMarker, CudaMarker)>>,
+    /// Which convolutions run on cuDNN (see `ops/cudnn.rs`), and its handle; held around its
+    /// calls.
+    pub(crate) convs: Mutex<ops::Convs>,
 }
 
 /// Stream time by kind of work over a profiled stretch (see [`CudaBackend::profile`]).
@@ -182,6 +185,7 @@ impl CudaBackend {
             modules: Mutex::new(HashMap::new()),
             profiling: std::sync::atomic::AtomicBool::new(false),
             marks: Mutex::new(Vec::new()),
+            convs: Mutex::new(ops::Convs::default()),
         })
     }
 
@@ -352,6 +356,16 @@ impl CudaBackend {
     /// runtime API, such as NCCL, take the device from it).
     pub fn bind_to_thread(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| self.err(e))
+    }
+
+    /// The convolution shapes decided so far and how each runs (ours or a cuDNN algorithm),
+    /// and cuDNN's state: its version, or why it is not used.
+    pub fn conv_choices(&self) -> Result<(Vec<(String, String)>, String)> {
+        let convs = self
+            .convs
+            .lock()
+            .map_err(|_| self.err("convolution choices poisoned"))?;
+        Ok(convs.report())
     }
 
     /// A marker after the work queued so far on this device's stream, to poll without

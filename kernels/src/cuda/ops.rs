@@ -486,7 +486,9 @@ use common_conv::{conv3d, f32_param, f32_slice, i32_of};
 
 mod conv;
 pub use conv::conv3d_fused;
+mod cudnn;
 use conv::tile_gemm;
+pub(crate) use cudnn::Convs;
 
 // One source compiled once per vendor, on purpose.
 #[allow(clippy::duplicate_mod)]

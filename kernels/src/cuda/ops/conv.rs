@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{cast, conv3d, f32_param, f32_slice, grid, i32_of, push, push_mut, storage, wrap};
+use super::{
+    add, cast, clamp, conv3d, f32_param, f32_slice, grid, i32_of, push, push_mut, storage, wrap,
+};
 use crate::cpu::conv::Conv3dDims;
 use crate::cuda::gemm::{operand as gemm_operand, Epilogue, Gemm, Operands, Types};
 use crate::cuda::{CudaBackend, CudaData, CudaStorage};
@@ -18,6 +20,9 @@ use crate::{ConvEpilogue, DType, Result, Tensor};
 /// weights run in the input's dtype, accumulation in f32 (TF32 tensor cores for f32 inputs).
 /// The convolution with its epilogue when the tensor-core path takes it (`true`), else the
 /// plain convolution (`false`: the caller applies the epilogue).
+///
+/// cuDNN takes the shapes where it measured faster (`cudnn.rs`); the result always carries the
+/// epilogue (`true`).
 pub fn conv3d_fused(
     x: &Tensor,
     w: &Tensor,
@@ -25,10 +30,23 @@ pub fn conv3d_fused(
     d: &Conv3dDims,
     epi: ConvEpilogue,
 ) -> Result<(Tensor, bool)> {
-    match igemm_tile(x.dtype(), d) {
-        Some(tile) => Ok((conv3d_igemm(x, w, bias, d, tile, epi)?, true)),
-        None => Ok((conv3d(x, w, bias, d)?, false)),
+    let ours = || -> Result<Tensor> {
+        if let Some(tile) = igemm_tile(x.dtype(), d) {
+            return conv3d_igemm(x, w, bias, d, tile, epi);
+        }
+        let mut y = conv3d(x, w, bias, d)?;
+        if let Some(r) = epi.residual {
+            y = add(&y, r)?;
+        }
+        if epi.relu {
+            y = clamp(&y, 0.0, f32::INFINITY)?;
+        }
+        Ok(y)
+    };
+    if let Some(y) = super::cudnn::conv3d(x, w, bias, d, &epi, &ours)? {
+        return Ok((y, true));
     }
+    Ok((ours()?, true))
 }
 
 /// Column-major `D[n × cout] (ld ldd) = A[n × kk] · B[kk × cout]` into `d` from element

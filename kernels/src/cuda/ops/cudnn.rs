@@ -1,0 +1,688 @@
+//! cuDNN convolutions, loaded at run time like the other CUDA libraries, and the choice for each
+//! convolution shape between cuDNN and our own kernels (conv.cu's implicit GEMM, or im2col +
+//! cuBLASLt), made by timing both once on the device; the choices persist next to the compiled
+//! kernels, so a warm start times nothing.
+//!
+//! `WORLDLINE_CONV` picks: `auto` (the default: measure, keep the faster), `ours` (never cuDNN),
+//! `cudnn` (cuDNN's fastest algorithm wherever cuDNN takes the convolution, not persisted; for
+//! tests). Without libcudnn (`libcudnn.so.9` on the library path) everything runs on ours.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::cudnn::sys;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::{cast, f32_param, f32_slice, grid, push, push_mut, storage, suffix, wrap};
+use crate::cpu::conv::Conv3dDims;
+use crate::cuda::gemm::operand;
+use crate::cuda::{CudaBackend, CudaStorage};
+use crate::{ConvEpilogue, DType, Result, Tensor};
+
+/// What `WORLDLINE_CONV` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Auto,
+    Ours,
+    Cudnn,
+}
+
+pub(crate) fn mode() -> Mode {
+    match std::env::var("WORLDLINE_CONV").as_deref() {
+        Ok("ours") => Mode::Ours,
+        Ok("cudnn") => Mode::Cudnn,
+        _ => Mode::Auto,
+    }
+}
+
+/// How one convolution shape runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    Ours,
+    /// A cuDNN forward algorithm (`cudnnConvolutionFwdAlgo_t` as a number) and its workspace.
+    Cudnn {
+        algo: u32,
+        workspace: usize,
+    },
+}
+
+/// Workspace cuDNN's search may use: the FFT and Winograd algorithms want a lot at the VAE's
+/// 480×832 frames, and the search is once per shape.
+const FIND_WORKSPACE: usize = 1 << 30;
+
+/// Timed runs per path when choosing (after one untimed run).
+const TIMED_RUNS: usize = 3;
+
+/// A cuDNN handle bound to the backend's stream.
+struct Handle(sys::cudnnHandle_t);
+
+// SAFETY: the handle is only used under the backend's `convs` lock.
+unsafe impl Send for Handle {}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created by cudnnCreate, destroyed once.
+        unsafe {
+            sys::cudnnDestroy(self.0);
+        }
+    }
+}
+
+/// The backend's convolution choices and its cuDNN handle, made on first use.
+#[derive(Default)]
+pub(crate) struct Convs {
+    /// `None` until first asked; then the handle, or why cuDNN is not used.
+    handle: Option<std::result::Result<Handle, String>>,
+    /// Choices by shape key (loaded from `file` on first use).
+    chosen: HashMap<String, Path>,
+    /// cuDNN's fastest algorithm by shape key (`WORLDLINE_CONV=cudnn`, not persisted).
+    forced: HashMap<String, Path>,
+    file: Option<PathBuf>,
+    version: usize,
+}
+
+impl Convs {
+    /// Every shape decided so far with how it runs (`ours`, `cudnn algo=… ws=…`), the forced
+    /// ones (`WORLDLINE_CONV=cudnn`) marked; and whether cuDNN is in use (its version), or why not.
+    pub(crate) fn report(&self) -> (Vec<(String, String)>, String) {
+        let mut rows: Vec<(String, String)> = self
+            .chosen
+            .iter()
+            .map(|(k, p)| (k.clone(), show(*p)))
+            .chain(
+                self.forced
+                    .iter()
+                    .map(|(k, p)| (k.clone(), format!("{} (forced)", show(*p)))),
+            )
+            .collect();
+        rows.sort();
+        let status = match &self.handle {
+            None => "not asked yet".to_string(),
+            Some(Ok(_)) => format!("cuDNN {}", self.version),
+            Some(Err(why)) => format!("no cuDNN: {why}"),
+        };
+        (rows, status)
+    }
+}
+
+fn check(what: &str, s: sys::cudnnStatus_t) -> std::result::Result<(), String> {
+    if s == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: cuDNN returns a static NUL-terminated string for any status.
+    let msg = unsafe {
+        let p = sys::cudnnGetErrorString(s);
+        if p.is_null() {
+            format!("{s:?}")
+        } else {
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    };
+    Err(format!("{what}: {msg}"))
+}
+
+/// The library version as cuDNN reports it (e.g. 91002), or why it cannot be used.
+fn open(dev: &CudaBackend) -> std::result::Result<(Handle, usize), String> {
+    // SAFETY: only dlopens by name; cudarc would panic on a missing library, so this is first.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("libcudnn not found on the library path".into());
+    }
+    let mut h: sys::cudnnHandle_t = std::ptr::null_mut();
+    // SAFETY: plain cuDNN calls on a fresh handle; the stream outlives the backend's handle.
+    unsafe {
+        check("cudnnCreate", sys::cudnnCreate(&mut h))?;
+        let handle = Handle(h);
+        check(
+            "cudnnSetStream",
+            sys::cudnnSetStream(h, dev.stream.cu_stream() as sys::cudaStream_t),
+        )?;
+        Ok((handle, sys::cudnnGetVersion()))
+    }
+}
+
+/// Whether cuDNN can take this convolution: symmetric padding (ours also pads asymmetrically).
+pub(crate) fn takes(dt: DType, d: &Conv3dDims) -> bool {
+    matches!(dt, DType::BF16 | DType::F32)
+        && d.padding.iter().all(|p| p[0] == p[1])
+        && d.cout > 0
+        && d.output.iter().all(|&v| v > 0)
+}
+
+fn key(dt: DType, d: &Conv3dDims, epi: &ConvEpilogue) -> String {
+    let [ti, hi, wi] = d.input;
+    let [kt, kh, kw] = d.kernel;
+    let [st, sh, sw] = d.stride;
+    let p = d.padding;
+    format!(
+        "{dt:?} {}>{} in{ti}x{hi}x{wi} k{kt}x{kh}x{kw} s{st}x{sh}x{sw} p{}x{}x{} res{} relu{}",
+        d.cin,
+        d.cout,
+        p[0][0],
+        p[1][0],
+        p[2][0],
+        u8::from(epi.residual.is_some()),
+        u8::from(epi.relu)
+    )
+}
+
+fn parse(path: &str) -> Option<Path> {
+    if path == "ours" {
+        return Some(Path::Ours);
+    }
+    let rest = path.strip_prefix("cudnn algo=")?;
+    let (algo, ws) = rest.split_once(" ws=")?;
+    let algo: u32 = algo.parse().ok()?;
+    (algo < 8).then_some(())?;
+    Some(Path::Cudnn {
+        algo,
+        workspace: ws.parse().ok()?,
+    })
+}
+
+fn show(p: Path) -> String {
+    match p {
+        Path::Ours => "ours".into(),
+        Path::Cudnn { algo, workspace } => format!("cudnn algo={algo} ws={workspace}"),
+    }
+}
+
+fn algo_enum(a: u32) -> sys::cudnnConvolutionFwdAlgo_t {
+    use sys::cudnnConvolutionFwdAlgo_t as A;
+    match a {
+        0 => A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        1 => A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        2 => A::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        3 => A::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        4 => A::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        5 => A::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        6 => A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        _ => A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+    }
+}
+
+/// `cudnnConvolutionFwdAlgoPerf_t` with its enums read as plain integers: a cuDNN newer than
+/// the bindings may report values they do not name.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Perf {
+    algo: u32,
+    status: u32,
+    time: f32,
+    memory: usize,
+    determinism: u32,
+    math: u32,
+    reserved: [i32; 3],
+}
+
+/// The descriptors of one convolution (NCDHW, batch 1), destroyed on drop.
+struct Descs {
+    x: sys::cudnnTensorDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+}
+
+impl Drop for Descs {
+    fn drop(&mut self) {
+        // SAFETY: each non-null one was created once below.
+        unsafe {
+            for t in [self.x, self.y] {
+                if !t.is_null() {
+                    sys::cudnnDestroyTensorDescriptor(t);
+                }
+            }
+            if !self.w.is_null() {
+                sys::cudnnDestroyFilterDescriptor(self.w);
+            }
+            if !self.conv.is_null() {
+                sys::cudnnDestroyConvolutionDescriptor(self.conv);
+            }
+        }
+    }
+}
+
+fn int(v: usize) -> std::result::Result<i32, String> {
+    i32::try_from(v).map_err(|_| format!("extent {v} exceeds cuDNN's 32-bit dims"))
+}
+
+fn descs(dt: DType, d: &Conv3dDims) -> std::result::Result<Descs, String> {
+    let data = match dt {
+        DType::BF16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+        _ => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+    };
+    let packed = |dims: [usize; 5]| -> std::result::Result<([i32; 5], [i32; 5]), String> {
+        let mut strides = [1usize; 5];
+        for i in (0..4).rev() {
+            strides[i] = strides[i + 1] * dims[i + 1];
+        }
+        let mut a = [0i32; 5];
+        let mut s = [0i32; 5];
+        for i in 0..5 {
+            a[i] = int(dims[i])?;
+            s[i] = int(strides[i])?;
+        }
+        Ok((a, s))
+    };
+    let [ti, hi, wi] = d.input;
+    let [to, ho, wo] = d.output;
+    let [kt, kh, kw] = d.kernel;
+    let (xd, xs) = packed([1, d.cin, ti, hi, wi])?;
+    let (yd, ys) = packed([1, d.cout, to, ho, wo])?;
+    let (wd, _) = packed([d.cout, d.cin, kt, kh, kw])?;
+    let pads = [
+        int(d.padding[0][0])?,
+        int(d.padding[1][0])?,
+        int(d.padding[2][0])?,
+    ];
+    let strides = [int(d.stride[0])?, int(d.stride[1])?, int(d.stride[2])?];
+    let mut out = Descs {
+        x: std::ptr::null_mut(),
+        y: std::ptr::null_mut(),
+        w: std::ptr::null_mut(),
+        conv: std::ptr::null_mut(),
+    };
+    // SAFETY: descriptor set-up with arrays of the stated lengths.
+    unsafe {
+        check("tensor desc", sys::cudnnCreateTensorDescriptor(&mut out.x))?;
+        check("tensor desc", sys::cudnnCreateTensorDescriptor(&mut out.y))?;
+        check("filter desc", sys::cudnnCreateFilterDescriptor(&mut out.w))?;
+        check(
+            "conv desc",
+            sys::cudnnCreateConvolutionDescriptor(&mut out.conv),
+        )?;
+        check(
+            "input desc",
+            sys::cudnnSetTensorNdDescriptor(out.x, data, 5, xd.as_ptr(), xs.as_ptr()),
+        )?;
+        check(
+            "output desc",
+            sys::cudnnSetTensorNdDescriptor(out.y, data, 5, yd.as_ptr(), ys.as_ptr()),
+        )?;
+        check(
+            "filter desc",
+            sys::cudnnSetFilterNdDescriptor(
+                out.w,
+                data,
+                sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                5,
+                wd.as_ptr(),
+            ),
+        )?;
+        check(
+            "conv desc",
+            sys::cudnnSetConvolutionNdDescriptor(
+                out.conv,
+                3,
+                pads.as_ptr(),
+                strides.as_ptr(),
+                [1i32; 3].as_ptr(),
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            ),
+        )?;
+        // Tensor cores: bf16 operands; for f32 the default, which allows TF32 (as our im2col's
+        // cuBLASLt GEMMs) but no conversion to 16-bit types.
+        let math = match dt {
+            DType::BF16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+            _ => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        };
+        check(
+            "math type",
+            sys::cudnnSetConvolutionMathType(out.conv, math),
+        )?;
+        let mut got = [0i32; 5];
+        check(
+            "output dims",
+            sys::cudnnGetConvolutionNdForwardOutputDim(out.conv, out.x, out.w, 5, got.as_mut_ptr()),
+        )?;
+        if got != yd {
+            return Err(format!("cuDNN's output {got:?} against ours {yd:?}"));
+        }
+    }
+    Ok(out)
+}
+
+/// Our convolution with its epilogue, as `conv3d_fused` would run it without cuDNN.
+pub(crate) type Ours<'a> = &'a dyn Fn() -> Result<Tensor>;
+
+/// The cuDNN convolution `algo` with `workspace` bytes, then the epilogue in one pass.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    dev: &Arc<CudaBackend>,
+    h: &Handle,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    d: &Conv3dDims,
+    epi: &ConvEpilogue,
+    algo: u32,
+    workspace: usize,
+) -> Result<Tensor> {
+    let dt = x.dtype();
+    let w = cast(w, dt)?;
+    let ds = descs(dt, d).map_err(|e| dev.err(format!("cuDNN conv3d: {e}")))?;
+    let [to, ho, wo] = d.output;
+    let total = d.cout * to * ho * wo;
+    let mut out = CudaStorage::alloc(dev, dt, total)?;
+    let ws = (workspace > 0)
+        .then(|| CudaStorage::alloc(dev, DType::F32, workspace.div_ceil(4)))
+        .transpose()?;
+    {
+        let s = &dev.stream;
+        let missing = || dev.err("cuDNN conv3d operand");
+        let (xp, _x) = operand(&storage(x)?.data, s).ok_or_else(missing)?;
+        let (wp, _w) = operand(&storage(&w)?.data, s).ok_or_else(missing)?;
+        let (yp, _y) = operand(&out.data, s).ok_or_else(missing)?;
+        let wsp = match &ws {
+            Some(b) => Some(operand(&b.data, s).ok_or_else(missing)?),
+            None => None,
+        };
+        let ws_ptr = wsp.as_ref().map_or(0, |p| p.0);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        dev.timed("conv3d", || {
+            // SAFETY: the descriptors describe these buffers (x cin·ti·hi·wi, w the filter,
+            // y cout·to·ho·wo in `dt`); the workspace holds `workspace` bytes.
+            let st = unsafe {
+                sys::cudnnConvolutionForward(
+                    h.0,
+                    &alpha as *const f32 as *const c_void,
+                    ds.x,
+                    xp as *const c_void,
+                    ds.w,
+                    wp as *const c_void,
+                    ds.conv,
+                    algo_enum(algo),
+                    ws_ptr as *mut c_void,
+                    if ws_ptr == 0 { 0 } else { workspace },
+                    &beta as *const f32 as *const c_void,
+                    ds.y,
+                    yp as *mut c_void,
+                )
+            };
+            check("cudnnConvolutionForward", st).map_err(|e| dev.err(e))
+        })?;
+    }
+    if bias.is_none() && epi.residual.is_none() && !epi.relu {
+        return Ok(wrap(out, &[d.cout, to, ho, wo]));
+    }
+    let b32 = bias.map(f32_param).transpose()?;
+    let bias_buf = b32.as_ref().map(f32_slice).transpose()?;
+    let res = epi.residual.map(storage).transpose()?;
+    let (per, n, act, null) = (
+        (to * ho * wo) as u64,
+        total as u64,
+        i32::from(epi.relu),
+        0u64,
+    );
+    let name = format!("conv_epilogue_{}", suffix(dt)?);
+    let cfg: LaunchConfig = grid(total);
+    launch!(&dev, "conv", &name, cfg, |b| {
+        push_mut(b, &mut out.data);
+        match bias_buf {
+            Some(p) => b.arg(p),
+            None => b.arg(&null),
+        };
+        match &res {
+            Some(r) => push(b, &r.data),
+            None => {
+                b.arg(&null);
+            }
+        }
+        b.arg(&per).arg(&n).arg(&act);
+    });
+    Ok(wrap(out, &[d.cout, to, ho, wo]))
+}
+
+/// cuDNN's fastest algorithm for this convolution on these buffers (its own timing), and the
+/// workspace that algorithm needs.
+fn find(
+    dev: &Arc<CudaBackend>,
+    h: &Handle,
+    x: &Tensor,
+    w: &Tensor,
+    d: &Conv3dDims,
+) -> std::result::Result<(u32, usize, f32), String> {
+    let dt = x.dtype();
+    let e = |e: crate::Error| e.to_string();
+    let w = cast(w, dt).map_err(e)?;
+    let ds = descs(dt, d)?;
+    let [to, ho, wo] = d.output;
+    let out = CudaStorage::alloc(dev, dt, d.cout * to * ho * wo).map_err(e)?;
+    let ws = CudaStorage::alloc(dev, DType::F32, FIND_WORKSPACE / 4).map_err(e)?;
+    let s = &dev.stream;
+    let (xp, _x) = operand(&storage(x).map_err(e)?.data, s).ok_or("operand")?;
+    let (wp, _w) = operand(&storage(&w).map_err(e)?.data, s).ok_or("operand")?;
+    let (yp, _y) = operand(&out.data, s).ok_or("operand")?;
+    let (wsp, _ws) = operand(&ws.data, s).ok_or("operand")?;
+    let mut perf = [Perf::default(); 8];
+    let mut returned = 0i32;
+    // SAFETY: the buffers match the descriptors; `perf` has room for the 8 requested results,
+    // laid out as cudnnConvolutionFwdAlgoPerf_t.
+    unsafe {
+        check(
+            "cudnnFindConvolutionForwardAlgorithmEx",
+            sys::cudnnFindConvolutionForwardAlgorithmEx(
+                h.0,
+                ds.x,
+                xp as *const c_void,
+                ds.w,
+                wp as *const c_void,
+                ds.conv,
+                ds.y,
+                yp as *mut c_void,
+                perf.len() as i32,
+                &mut returned,
+                perf.as_mut_ptr() as *mut sys::cudnnConvolutionFwdAlgoPerf_t,
+                wsp as *mut c_void,
+                FIND_WORKSPACE,
+            ),
+        )?;
+    }
+    // Sorted by time; the first that ran is the fastest.
+    perf.iter()
+        .take(returned.clamp(0, 8) as usize)
+        .find(|p| p.status == 0 && p.algo < 8 && p.memory <= FIND_WORKSPACE)
+        .map(|p| (p.algo, p.memory, p.time))
+        .ok_or_else(|| "no cuDNN algorithm ran".to_string())
+}
+
+/// Best stream time of `f` over [`TIMED_RUNS`] runs after one untimed run.
+fn time(dev: &CudaBackend, f: &dyn Fn() -> Result<Tensor>) -> Result<f64> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..TIMED_RUNS {
+        let a = dev.timed_marker()?;
+        let y = f()?;
+        let b = dev.timed_marker()?;
+        best = best.min(b.elapsed_since(&a)?.as_secs_f64() * 1e3);
+        drop(y);
+    }
+    Ok(best)
+}
+
+/// The cache file of this device, cuDNN version and kernel source.
+fn cache_file(dev: &CudaBackend, version: usize) -> Option<PathBuf> {
+    let src = crate::gpu_source::unit(crate::gpu_source::Vendor::Cuda, "conv")?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (src.as_str(), dev.name.as_str(), dev.arch.as_str()).hash(&mut h);
+    let dir = crate::cuda::compile::cache_dir()?;
+    Some(dir.join(format!(
+        "convs-{}-cudnn{version}-{:016x}.tsv",
+        dev.arch,
+        h.finish()
+    )))
+}
+
+fn load(file: &PathBuf) -> HashMap<String, Path> {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return HashMap::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let mut parts = l.split('\t');
+            let key = parts.next()?;
+            let path = parse(parts.next()?)?;
+            Some((key.to_string(), path))
+        })
+        .collect()
+}
+
+fn save(file: &PathBuf, key: &str, path: Path, note: &str) {
+    // A failed write only costs a measurement at the next start.
+    if let Some(dir) = file.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+    {
+        let _ = writeln!(f, "{key}\t{}\t{note}", show(path));
+    }
+}
+
+/// Runs the convolution on cuDNN when that is this shape's choice (measuring both paths the
+/// first time a shape is seen in `auto` mode); `None`: run ours.
+pub(crate) fn conv3d(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    d: &Conv3dDims,
+    epi: &ConvEpilogue,
+    ours: Ours,
+) -> Result<Option<Tensor>> {
+    let mode = mode();
+    if mode == Mode::Ours || !takes(x.dtype(), d) {
+        return Ok(None);
+    }
+    let dev = storage(x)?.dev.clone();
+    let mut convs = dev
+        .convs
+        .lock()
+        .map_err(|_| dev.err("convolution choices poisoned"))?;
+    let convs = &mut *convs;
+    if convs.handle.is_none() {
+        let opened = open(&dev);
+        if let Ok((_, version)) = &opened {
+            convs.version = *version;
+            convs.file = cache_file(&dev, *version);
+            if let Some(f) = &convs.file {
+                convs.chosen = load(f);
+            }
+        }
+        if let Err(why) = &opened {
+            tracing::info!(device = %dev.ordinal, "convolutions without cuDNN: {why}");
+        }
+        convs.handle = Some(opened.map(|(h, _)| h));
+    }
+    let Some(Ok(h)) = &convs.handle else {
+        return Ok(None);
+    };
+    let k = key(x.dtype(), d, epi);
+    let known = match mode {
+        Mode::Cudnn => convs.forced.get(&k),
+        _ => convs.chosen.get(&k),
+    };
+    let path = match known {
+        Some(p) => *p,
+        None => {
+            let path = match find(&dev, h, x, w, d) {
+                Err(why) => {
+                    tracing::info!("conv {k}: cuDNN declined ({why}), ours");
+                    Path::Ours
+                }
+                Ok((algo, workspace, _)) if mode == Mode::Cudnn => Path::Cudnn { algo, workspace },
+                Ok((algo, workspace, _)) => {
+                    let theirs = || run(&dev, h, x, w, bias, d, epi, algo, workspace);
+                    let t_cudnn = time(&dev, &theirs)?;
+                    let t_ours = time(&dev, ours)?;
+                    let path = if t_cudnn < t_ours {
+                        Path::Cudnn { algo, workspace }
+                    } else {
+                        Path::Ours
+                    };
+                    let note = format!("# ours {t_ours:.3} ms, cudnn {t_cudnn:.3} ms");
+                    tracing::info!("conv {k}: {} ({note})", show(path));
+                    if let Some(f) = &convs.file {
+                        save(f, &k, path, &note);
+                    }
+                    path
+                }
+            };
+            match mode {
+                Mode::Cudnn => convs.forced.insert(k, path),
+                _ => convs.chosen.insert(k, path),
+            };
+            path
+        }
+    };
+    match path {
+        Path::Ours => Ok(None),
+        Path::Cudnn { algo, workspace } => {
+            Ok(Some(run(&dev, h, x, w, bias, d, epi, algo, workspace)?))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_read_back_as_written() {
+        for p in [
+            Path::Ours,
+            Path::Cudnn {
+                algo: 1,
+                workspace: 0,
+            },
+            Path::Cudnn {
+                algo: 7,
+                workspace: 123_456_789,
+            },
+        ] {
+            assert_eq!(parse(&show(p)), Some(p));
+        }
+        for bad in [
+            "",
+            "cudnn",
+            "cudnn algo=8 ws=0",
+            "cudnn algo=x ws=1",
+            "ours ",
+        ] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn keys_tell_shapes_and_epilogues_apart() {
+        let d = Conv3dDims {
+            cin: 96,
+            cout: 96,
+            input: [5, 60, 104],
+            kernel: [3, 3, 3],
+            stride: [1, 1, 1],
+            padding: [[0, 0], [1, 1], [1, 1]],
+            output: [3, 60, 104],
+        };
+        let plain = key(DType::BF16, &d, &ConvEpilogue::default());
+        let relu = key(
+            DType::BF16,
+            &d,
+            &ConvEpilogue {
+                residual: None,
+                relu: true,
+            },
+        );
+        assert_ne!(plain, relu);
+        assert_ne!(plain, key(DType::F32, &d, &ConvEpilogue::default()));
+        assert!(!plain.contains('\t') && !plain.contains('\n'));
+        let mut asym = d;
+        asym.padding[1] = [0, 1];
+        assert!(takes(DType::BF16, &d) && !takes(DType::BF16, &asym));
+    }
+}
