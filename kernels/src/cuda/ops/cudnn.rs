@@ -50,9 +50,15 @@ pub(crate) enum Path {
     },
 }
 
-/// Workspace cuDNN's search may use: the FFT and Winograd algorithms want a lot at the VAE's
-/// 480×832 frames, and the search is once per shape.
-const FIND_WORKSPACE: usize = 1 << 30;
+/// Workspace cuDNN's search may use: a sixteenth of the device's memory, within [256 MiB, 8 GiB].
+/// Its precomputed-index implicit GEMM (the algorithm it picked at every VAE shape on an H200)
+/// wants workspace in proportion to the input: about 1 GB for 192 channels × 14 frames at
+/// 240×416, and with a 1 GiB cap it fell back to algorithms 9-24× slower than ours at the next
+/// larger shapes.
+fn find_workspace(dev: &CudaBackend) -> usize {
+    let total = dev.memory().map_or(0, |(_, total)| total);
+    (total / 16).clamp(256 << 20, 8 << 30)
+}
 
 /// Timed runs per path when choosing (after one untimed run).
 const TIMED_RUNS: usize = 3;
@@ -452,7 +458,8 @@ fn find(
     let ds = descs(dt, d)?;
     let [to, ho, wo] = d.output;
     let out = CudaStorage::alloc(dev, dt, d.cout * to * ho * wo).map_err(e)?;
-    let ws = CudaStorage::alloc(dev, DType::F32, FIND_WORKSPACE / 4).map_err(e)?;
+    let cap = find_workspace(dev);
+    let ws = CudaStorage::alloc(dev, DType::F32, cap / 4).map_err(e)?;
     let s = &dev.stream;
     let (xp, _x) = operand(&storage(x).map_err(e)?.data, s).ok_or("operand")?;
     let (wp, _w) = operand(&storage(&w).map_err(e)?.data, s).ok_or("operand")?;
@@ -478,14 +485,14 @@ fn find(
                 &mut returned,
                 perf.as_mut_ptr() as *mut sys::cudnnConvolutionFwdAlgoPerf_t,
                 wsp as *mut c_void,
-                FIND_WORKSPACE,
+                cap,
             ),
         )?;
     }
     // Sorted by time; the first that ran is the fastest.
     perf.iter()
         .take(returned.clamp(0, 8) as usize)
-        .find(|p| p.status == 0 && p.algo < 8 && p.memory <= FIND_WORKSPACE)
+        .find(|p| p.status == 0 && p.algo < 8 && p.memory <= cap)
         .map(|p| (p.algo, p.memory, p.time))
         .ok_or_else(|| "no cuDNN algorithm ran".to_string())
 }
