@@ -412,6 +412,17 @@ pub fn rope_3d(x: &Tensor, grid: [usize; 3], t_offset: usize, table: &RopeTable)
     }
 }
 
+/// `q: [lq, heads, d]` against `k`, `v: [cap, heads, d]` with `1 ≤ kv_len ≤ cap`.
+fn qkv_fit(q: &Tensor, k: &Tensor, v: &Tensor, kv_len: usize) -> bool {
+    q.rank() == 3
+        && k.rank() == 3
+        && k.shape() == v.shape()
+        && q.dim(1) == k.dim(1)
+        && q.dim(2) == k.dim(2)
+        && kv_len >= 1
+        && kv_len <= k.dim(0)
+}
+
 /// Attention of `q: [lq, heads, d]` over the first `kv_len` rows of `k`, `v: [cap, heads, d]`
 /// (a KV cache's storage may be longer than what it holds), scaled by `1/sqrt(d)`.
 pub fn attention(
@@ -425,14 +436,7 @@ pub fn attention(
         no_fp8("attention", t)?;
         same_device("attention", q, t)?;
     }
-    let ok = q.rank() == 3
-        && k.rank() == 3
-        && k.shape() == v.shape()
-        && q.dim(1) == k.dim(1)
-        && q.dim(2) == k.dim(2)
-        && kv_len >= 1
-        && kv_len <= k.dim(0);
-    if !ok {
+    if !qkv_fit(q, k, v, kv_len) {
         return Err(shape_err(
             "attention",
             format!(
@@ -494,13 +498,7 @@ pub fn attention_offset_bias(
         no_fp8("attention_offset_bias", t)?;
         same_device("attention_offset_bias", q, t)?;
     }
-    let shapes_ok = q.rank() == 3
-        && k.rank() == 3
-        && k.shape() == v.shape()
-        && q.dim(1) == k.dim(1)
-        && q.dim(2) == k.dim(2)
-        && kv_len >= 1
-        && kv_len <= k.dim(0);
+    let shapes_ok = qkv_fit(q, k, v, kv_len);
     let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
     let span = (bias.rank() == 2 && bias.dim(1) % 2 == 1).then(|| bias.dim(1).div_ceil(2));
     let bias_ok = span.is_some_and(|s| s >= lq.max(kv_len)) && bias.dim(0) == heads;
