@@ -46,9 +46,10 @@ WL_DEVICE void conv_epilogue(T* y, const float* bias, const T* res, wl_u64 per_c
 }
 
 // At each of the n positions: the channel vector over its L2 norm (floored at eps), times sqrt(c)
-// and gamma[c]; in f64 like the CPU reference, so both round the same products once.
+// and gamma[c]; in f64 like the CPU reference, so both round the same products once. With
+// `silu` the VAE's SiLU after the norm is applied before the one rounding to T (a pass fewer).
 template <typename T>
-WL_DEVICE void channel_rms_norm(T* out, const T* x, const float* gamma, int c, wl_u64 n, float eps) {
+WL_DEVICE void channel_rms_norm(T* out, const T* x, const float* gamma, int c, wl_u64 n, float eps, int silu) {
     WL_GRID_STRIDE(i, n) {
         double ss = 0.0;
         for (int k = 0; k < c; ++k) {
@@ -58,7 +59,8 @@ WL_DEVICE void channel_rms_norm(T* out, const T* x, const float* gamma, int c, w
         const double s = sqrt((double)c) / fmax(sqrt(ss), (double)eps);
         for (int k = 0; k < c; ++k) {
             const wl_u64 at = (wl_u64)k * n + i;
-            wl_st(out, at, (float)((double)wl_ld(x, at) * s) * gamma[k]);
+            const float y = (float)((double)wl_ld(x, at) * s) * gamma[k];
+            wl_st(out, at, silu ? y / (1.0f + expf(-y)) : y);
         }
     }
 }
@@ -125,8 +127,9 @@ WL_DEVICE void softmax_rows(T* out, const T* x, wl_u64 cols, float scale) {
                                       int act) {                                                            \
         conv_epilogue(y, bias, res, per_channel, n, act);                                                   \
     }                                                                                                       \
-    WL_KERNEL void channel_rms_norm_##tn(T* out, const T* x, const float* gamma, int c, wl_u64 n, float eps) { \
-        channel_rms_norm(out, x, gamma, c, n, eps);                                                         \
+    WL_KERNEL void channel_rms_norm_##tn(T* out, const T* x, const float* gamma, int c, wl_u64 n, float eps,  \
+                                         int silu) {                                                        \
+        channel_rms_norm(out, x, gamma, c, n, eps, silu);                                                   \
     }                                                                                                       \
     WL_KERNEL void channel_affine_##tn(T* out, const T* x, const float* mul, const float* add,              \
                                        wl_u64 per_channel, wl_u64 n) {                                      \

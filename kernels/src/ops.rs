@@ -375,7 +375,11 @@ pub fn gelu_tanh_f32(x: f32) -> f32 {
 
 /// SiLU: `x · sigmoid(x)`.
 pub fn silu(x: &Tensor) -> Result<Tensor> {
-    unary("silu", x, |v| v / (1.0 + (-v).exp()))
+    unary("silu", x, silu_f32)
+}
+
+pub fn silu_f32(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
 }
 
 /// Wan's 3-D RoPE on `x: [L, heads, head_dim]`, tokens on a `(f, h, w)` grid; time positions
@@ -790,16 +794,37 @@ fn check_channel_param(op: &'static str, x: &Tensor, p: &Tensor) -> Result<()> {
 /// divided by its L2 norm (floored at `eps`, as `F.normalize` does), times `sqrt(c)` and `gamma[c]`
 /// (any shape holding `c` values, like the checkpoint's `[c, 1, 1, 1]`).
 pub fn channel_rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<Tensor> {
-    no_fp8("channel_rms_norm", x)?;
-    check_channel_param("channel_rms_norm", x, gamma)?;
+    channel_norm("channel_rms_norm", x, gamma, eps, false)
+}
+
+/// [`channel_rms_norm`] then [`silu`] (the VAE's norm → SiLU before a convolution), rounded once
+/// to `x`'s dtype: in f32 the same values as the two ops.
+pub fn channel_rms_norm_silu(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<Tensor> {
+    channel_norm("channel_rms_norm_silu", x, gamma, eps, true)
+}
+
+fn channel_norm(
+    op: &'static str,
+    x: &Tensor,
+    gamma: &Tensor,
+    eps: f32,
+    silu: bool,
+) -> Result<Tensor> {
+    no_fp8(op, x)?;
+    check_channel_param(op, x, gamma)?;
     match x.storage() {
         Storage::Cpu(_) => {
             let c = x.dim(0);
             let n = x.elem_count() / c.max(1);
-            let out = cpu::conv::channel_rms_norm(&x.cpu_f32(), c, n, &gamma.cpu_f32(), eps);
+            let mut out = cpu::conv::channel_rms_norm(&x.cpu_f32(), c, n, &gamma.cpu_f32(), eps);
+            if silu {
+                out.iter_mut().for_each(|v| *v = silu_f32(*v));
+            }
             finish(out, x.shape(), x.dtype())
         }
+        Storage::Cuda(_) if silu => cuda::ops::channel_rms_norm_silu(x, gamma, eps),
         Storage::Cuda(_) => cuda::ops::channel_rms_norm(x, gamma, eps),
+        Storage::Rocm(_) if silu => rocm::ops::channel_rms_norm_silu(x, gamma, eps),
         Storage::Rocm(_) => rocm::ops::channel_rms_norm(x, gamma, eps),
     }
 }

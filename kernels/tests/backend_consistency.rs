@@ -731,6 +731,13 @@ fn video_vae_ops_match_the_cpu(dev: Device) {
             |v| ops::channel_rms_norm(&v[0], &v[1], 1e-12),
         );
         check(
+            &format!("channel_rms_norm_silu {dt:?}"),
+            dev,
+            tol(dt),
+            &[&x, &g],
+            |v| ops::channel_rms_norm_silu(&v[0], &v[1], 1e-12),
+        );
+        check(
             &format!("channel_affine {dt:?}"),
             dev,
             tol(dt),

@@ -2,7 +2,9 @@
 
 mod common;
 
-use common::{assert_bits_eq, assert_err_names, assert_f32_close, randn, Rng};
+use common::{
+    assert_bf16_close, assert_bits_eq, assert_err_names, assert_f32_close, randn, widen, Rng,
+};
 use kernels::{ops, DType, Device, Padding3d, Result, Tensor};
 
 /// Direct 7-loop convolution over the padded input, written from the definition.
@@ -225,6 +227,33 @@ fn channel_rms_norm_matches_definition() -> Result<()> {
     assert!(z.to_vec_f32().iter().all(|&v| v == 0.0));
     let bad = Tensor::zeros(&[c + 1], DType::F32)?;
     assert_err_names(ops::channel_rms_norm(&x, &bad, 1e-12), "channel_rms_norm");
+    // The fused SiLU: in f32 exactly the two ops; against the definition in f64; in bf16 one
+    // rounding of the same value.
+    let fused = ops::channel_rms_norm_silu(&x, &g, 1e-12)?;
+    let two = ops::silu(&got)?;
+    assert_eq!(
+        fused.to_vec_f32(),
+        two.to_vec_f32(),
+        "fused norm + SiLU in f32"
+    );
+    let want_silu: Vec<f64> = want.iter().map(|&v| v / (1.0 + (-v).exp())).collect();
+    assert_f32_close("channel_rms_norm_silu", &fused, &want_silu);
+    let fused_b = ops::channel_rms_norm_silu(&x.to_dtype(DType::BF16)?, &g, 1e-12)?;
+    assert_eq!(fused_b.dtype(), DType::BF16);
+    let xb = widen(&x.to_dtype(DType::BF16)?.to_vec_f32());
+    let mut want_b = vec![0f64; c * n];
+    for p in 0..n {
+        let norm = (0..c).map(|ch| xb[ch * n + p].powi(2)).sum::<f64>().sqrt();
+        for ch in 0..c {
+            let v = xb[ch * n + p] / norm * (c as f64).sqrt() * gs[ch] as f64;
+            want_b[ch * n + p] = v / (1.0 + (-v).exp());
+        }
+    }
+    assert_bf16_close("channel_rms_norm_silu bf16", &fused_b, &want_b);
+    assert_err_names(
+        ops::channel_rms_norm_silu(&x, &bad, 1e-12),
+        "channel_rms_norm_silu",
+    );
     Ok(())
 }
 

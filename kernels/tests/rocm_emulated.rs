@@ -147,6 +147,18 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
     check("upsample", dev, 0.0, &[&x], |v| {
         ops::upsample_nearest_2d(&v[0], [2, 2])
     });
+    // The VAE's channel norm, alone and with its SiLU fused (bf16: one rounding against two).
+    let g = input(22, &[5, 1, 1, 1], DType::F32);
+    check("channel_rms_norm", dev, 1e-5, &[&x, &g], |v| {
+        ops::channel_rms_norm(&v[0], &v[1], 1e-12)
+    });
+    check("channel_rms_norm_silu", dev, 1e-5, &[&x, &g], |v| {
+        ops::channel_rms_norm_silu(&v[0], &v[1], 1e-12)
+    });
+    let xb = x.to_dtype(DType::BF16).expect("bf16");
+    check("channel_rms_norm_silu bf16", dev, 1e-2, &[&xb, &g], |v| {
+        ops::channel_rms_norm_silu(&v[0], &v[1], 1e-12)
+    });
     // Layout: narrow, cat and permute through the shared copy kernels.
     let t = input(4, &[6, 10, 8], DType::BF16);
     check("narrow+cat+permute", dev, 0.0, &[&t], |v| {

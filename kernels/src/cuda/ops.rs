@@ -480,7 +480,8 @@ pub(crate) fn vsa_fine_fast(
 #[path = "../gpu_common/conv.rs"]
 mod common_conv;
 pub use common_conv::{
-    channel_affine, channel_rms_norm, clamp, soft_clamp, softmax_rows, upsample_nearest_2d,
+    channel_affine, channel_rms_norm, channel_rms_norm_silu, clamp, soft_clamp, softmax_rows,
+    upsample_nearest_2d,
 };
 use common_conv::{conv3d, f32_param, f32_slice, i32_of};
 

@@ -184,13 +184,21 @@ pub fn upsample_nearest_2d(x: &Tensor, shape: &[usize], factors: [usize; 2]) -> 
 }
 
 pub fn channel_rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<Tensor> {
+    channel_norm(x, gamma, eps, false)
+}
+
+pub fn channel_rms_norm_silu(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<Tensor> {
+    channel_norm(x, gamma, eps, true)
+}
+
+fn channel_norm(x: &Tensor, gamma: &Tensor, eps: f32, silu: bool) -> Result<Tensor> {
     let s = storage(x)?;
     let c = x.dim(0);
     let n = x.elem_count() / c.max(1);
     let g = f32_param(gamma)?;
     let gs = f32_slice(&g)?;
     let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
-    let (c32, n64) = (i32_of(&s.dev, "channels", c)?, n as u64);
+    let (c32, n64, act) = (i32_of(&s.dev, "channels", c)?, n as u64, i32::from(silu));
     launch!(
         &s.dev,
         "conv",
@@ -199,7 +207,7 @@ pub fn channel_rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<Tensor> 
         |b| {
             push_mut(b, &mut out.data);
             push(b, &s.data);
-            b.arg(gs).arg(&c32).arg(&n64).arg(&eps);
+            b.arg(gs).arg(&c32).arg(&n64).arg(&eps).arg(&act);
         }
     );
     Ok(wrap(out, x.shape()))

@@ -51,6 +51,11 @@ impl ChannelNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(ops::channel_rms_norm(x, &self.gamma, NORM_EPS)?)
     }
+
+    /// The norm, then SiLU (as `silu(forward(x))`, in one pass on GPUs).
+    pub fn forward_silu(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(ops::channel_rms_norm_silu(x, &self.gamma, NORM_EPS)?)
+    }
 }
 
 /// A `Conv3d` that is causal in time: the `kt − 1` frames before each output come from the
@@ -193,9 +198,9 @@ impl ResidualBlock {
             Some(s) => s.forward(x)?,
             None => x.clone(),
         };
-        let h = self.conv1.forward(&ops::silu(&self.norm1.forward(x)?)?)?;
+        let h = self.conv1.forward(&self.norm1.forward_silu(x)?)?;
         self.conv2.forward_fused(
-            &ops::silu(&self.norm2.forward(&h)?)?,
+            &self.norm2.forward_silu(&h)?,
             ConvEpilogue {
                 residual: Some(&skip),
                 relu: false,
@@ -442,7 +447,7 @@ impl Head {
     }
 
     pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
-        self.conv.forward(&ops::silu(&self.norm.forward(x)?)?)
+        self.conv.forward(&self.norm.forward_silu(x)?)
     }
 }
 
