@@ -158,8 +158,14 @@ backend_test!(elementwise_and_norms_match_the_cpu);
 fn t5_ops_match_the_cpu(dev: Device) {
     let mut rng = Rng::new(11);
     for dt in [DType::F32, DType::BF16] {
-        for (lq, keys, kv_len, heads, d, span) in [(37, 37, 29, 3, 64, 37), (20, 24, 24, 2, 8, 30)]
-        {
+        // Head dims up to 64 take the tiled kernel (32 queries × 32 keys a step: one partial
+        // tile, and several with partial last ones), 80 the per-query one.
+        for (lq, keys, kv_len, heads, d, span) in [
+            (37, 37, 29, 3, 64, 37),
+            (20, 24, 24, 2, 8, 30),
+            (75, 80, 70, 2, 64, 80),
+            (33, 40, 40, 2, 80, 40),
+        ] {
             let q = rand(&mut rng, &[lq, heads, d], dt);
             let k = rand(&mut rng, &[keys, heads, d], dt);
             let v = rand(&mut rng, &[keys, heads, d], dt);

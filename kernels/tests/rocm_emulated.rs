@@ -212,6 +212,20 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         &[&q, &k, &v, &bias],
         |t| ops::attention_offset_bias(&t[0], &t[1], &t[2], 13, &t[3], 1.0),
     );
+    // Three key tiles and three query tiles of the tiled kernel, the last ones partial.
+    let (q3, k3, v3) = (
+        input(23, &[70, 2, 64], DType::BF16),
+        input(24, &[72, 2, 64], DType::BF16),
+        input(25, &[72, 2, 64], DType::BF16),
+    );
+    let bias3 = input(26, &[2, 143], DType::F32);
+    check(
+        "attention offset bias, 3 tiles",
+        dev,
+        1e-2,
+        &[&q3, &k3, &v3, &bias3],
+        |t| ops::attention_offset_bias(&t[0], &t[1], &t[2], 66, &t[3], 1.0),
+    );
     let (a, b) = (
         input(20, &[9, 40], DType::BF16),
         input(21, &[9, 40], DType::BF16),

@@ -556,6 +556,12 @@ pub fn attention_offset_bias(
     portable(q, k, v, kv_len, Portable::Bias(bias, span), scale)
 }
 
+/// attention.cu's `TB_D`, `TB_Q` and `TB_THREADS`: the tiled biased kernel's largest head dim,
+/// queries and threads per block.
+const TILED_BIAS_MAX_D: usize = 64;
+const TILED_BIAS_QUERIES: usize = 32;
+const TILED_BIAS_THREADS: u32 = 128;
+
 enum Portable<'a> {
     /// Block-causal chunk size (0: no mask).
     Mask(usize),
@@ -616,21 +622,26 @@ fn portable(
         Portable::Bias(bias, span) => {
             let span32 = i32_of("bias span", span)?;
             let bs = storage(bias)?;
-            launch!(
-                &s.dev,
-                "attention",
-                &format!("attention_bias_{dt}"),
-                cfg,
-                |b| {
-                    push_mut(b, &mut out.data);
-                    push(b, &s.data);
-                    push(b, &ks.data);
-                    push(b, &vs.data);
-                    b.arg(&lq32).arg(&kv32).arg(&h32).arg(&d32).arg(&scale);
-                    push(b, &bs.data);
-                    b.arg(&span32);
-                }
-            );
+            // Head dims up to 64 (umT5's) take the kernel that stages key tiles.
+            let (name, cfg) = if d <= TILED_BIAS_MAX_D {
+                let tiled = LaunchConfig {
+                    grid_dim: (lq.div_ceil(TILED_BIAS_QUERIES) as u32, heads as u32, 1),
+                    block_dim: (TILED_BIAS_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (format!("attention_bias_tiled_{dt}"), tiled)
+            } else {
+                (format!("attention_bias_{dt}"), cfg)
+            };
+            launch!(&s.dev, "attention", &name, cfg, |b| {
+                push_mut(b, &mut out.data);
+                push(b, &s.data);
+                push(b, &ks.data);
+                push(b, &vs.data);
+                b.arg(&lq32).arg(&kv32).arg(&h32).arg(&d32).arg(&scale);
+                push(b, &bs.data);
+                b.arg(&span32);
+            });
         }
     }
     Ok(wrap(out, q.shape()))
