@@ -36,12 +36,22 @@ WL_DEVICE void permute(E* dst, const E* src, wl_u64 n, int rank, const wl_u64* d
     }
 }
 
+// Rows `ids` of `src` (rows of `cols`, ids checked on the host) into consecutive rows of `dst`:
+// an embedding lookup in one launch.
+template <typename E>
+WL_DEVICE void gather_rows(E* dst, const E* src, const wl_u64* ids, wl_u64 rows, wl_u64 cols) {
+    WL_GRID_STRIDE(i, rows * cols) { dst[i] = src[ids[i / cols] * cols + i % cols]; }
+}
+
 #define WL_LAYOUT(E, bits)                                                                                      \
     WL_KERNEL void copy2d_b##bits(E* dst, wl_u64 dst_pitch, const E* src, wl_u64 src_pitch, wl_u64 rows, wl_u64 cols) { \
         copy2d(dst, dst_pitch, src, src_pitch, rows, cols);                                                     \
     }                                                                                                           \
     WL_KERNEL void permute_b##bits(E* dst, const E* src, wl_u64 n, int rank, const wl_u64* dims, const wl_u64* strides) { \
         permute(dst, src, n, rank, dims, strides);                                                              \
+    }                                                                                                           \
+    WL_KERNEL void gather_rows_b##bits(E* dst, const E* src, const wl_u64* ids, wl_u64 rows, wl_u64 cols) {     \
+        gather_rows(dst, src, ids, rows, cols);                                                                 \
     }
 
 WL_LAYOUT(unsigned char, 8)

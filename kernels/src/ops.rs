@@ -306,6 +306,49 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Rows `ids` of `table` (`[n, ..]`), in order: `[ids.len(), ..]` (an embedding lookup). Any
+/// dtype but fp8; on the CPU the rows are copied as stored.
+pub fn gather_rows(table: &Tensor, ids: &[usize]) -> Result<Tensor> {
+    if table.rank() == 0 || ids.is_empty() {
+        return Err(shape_err(
+            "gather_rows",
+            format!("{} ids from {:?}", ids.len(), table.shape()),
+        ));
+    }
+    if let Some(bad) = ids.iter().find(|&&i| i >= table.dim(0)) {
+        return Err(shape_err(
+            "gather_rows",
+            format!("row {bad} of a table of {} rows", table.dim(0)),
+        ));
+    }
+    let cols = table.elem_count() / table.dim(0);
+    let mut shape = table.shape().to_vec();
+    shape[0] = ids.len();
+    fn pick<T: Copy>(v: &[T], ids: &[usize], cols: usize) -> Vec<T> {
+        ids.iter()
+            .flat_map(|&i| v[i * cols..(i + 1) * cols].iter().copied())
+            .collect()
+    }
+    match table.storage() {
+        Storage::Cpu(CpuStorage::F32(v)) => {
+            Tensor::from_cpu_storage(CpuStorage::F32(pick(v, ids, cols)), &shape)
+        }
+        Storage::Cpu(CpuStorage::BF16(v)) => {
+            Tensor::from_cpu_storage(CpuStorage::BF16(pick(v, ids, cols)), &shape)
+        }
+        Storage::Cpu(CpuStorage::F16(v)) => {
+            Tensor::from_cpu_storage(CpuStorage::F16(pick(v, ids, cols)), &shape)
+        }
+        Storage::Cpu(CpuStorage::F8E4M3 { .. }) => Err(Error::DType {
+            op: "gather_rows",
+            got: DType::F8E4M3,
+            msg: "dequantize first",
+        }),
+        Storage::Cuda(_) => cuda::ops::gather_rows(table, ids, &shape),
+        Storage::Rocm(_) => rocm::ops::gather_rows(table, ids, &shape),
+    }
+}
+
 /// `a · b` element by element, same shape, or `b` a row broadcast over `a`'s rows (T5's gated
 /// FFN product).
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {

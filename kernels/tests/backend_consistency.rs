@@ -183,6 +183,13 @@ fn t5_ops_match_the_cpu(dev: Device) {
         let x = rand(&mut rng, &[37, 96], dt);
         let y = rand(&mut rng, &[37, 96], dt);
         let row = rand(&mut rng, &[96], DType::F32);
+        check(
+            &format!("gather_rows {dt:?}"),
+            dev,
+            f64::MIN_POSITIVE,
+            &[&x],
+            |v| ops::gather_rows(&v[0], &[36, 0, 17, 17, 5]),
+        );
         check(&format!("mul {dt:?}"), dev, tol(dt), &[&x, &y], |v| {
             ops::mul(&v[0], &v[1])
         });

@@ -294,6 +294,34 @@ fn axpby(dev: Device) -> Result<()> {
 }
 test_device!(axpby, axpby_cpu);
 
+/// An embedding lookup: rows copied as stored (any order, repeats), out-of-range ids refused.
+fn gather_rows(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(10);
+    let table = randn(dev, &mut rng, &[9, 2, 5])?;
+    let ids = [4usize, 0, 8, 4];
+    let t = table.to_vec_f32();
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| t[i * 10..(i + 1) * 10].iter().copied())
+        .collect();
+    let got = ops::gather_rows(&table, &ids)?;
+    assert_eq!(got.shape(), &[4, 2, 5]);
+    assert_bits_eq("gather_rows f32", &got.to_vec_f32(), &want);
+    let tb = table.to_dtype(DType::BF16)?;
+    let got = ops::gather_rows(&tb, &ids)?;
+    assert_eq!(got.dtype(), DType::BF16);
+    let tbv = tb.to_vec_f32();
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| tbv[i * 10..(i + 1) * 10].iter().copied())
+        .collect();
+    assert_bits_eq("gather_rows bf16", &got.to_vec_f32(), &want);
+    assert_err_names(ops::gather_rows(&table, &[9]), "gather_rows");
+    assert_err_names(ops::gather_rows(&table, &[]), "gather_rows");
+    Ok(())
+}
+test_device!(gather_rows, gather_rows_cpu);
+
 /// The element-wise product, same shape and with a row broadcast (T5's gated FFN).
 fn mul(dev: Device) -> Result<()> {
     let mut rng = Rng::new(9);

@@ -231,6 +231,9 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         input(21, &[9, 40], DType::BF16),
     );
     check("mul bf16", dev, 1e-2, &[&a, &b], |t| ops::mul(&t[0], &t[1]));
+    check("gather_rows bf16", dev, 0.0, &[&a], |t| {
+        ops::gather_rows(&t[0], &[8, 0, 3, 3])
+    });
     // Sparse attention (VSA), portable path: 4×4×4 tiles of an 8×8×8 grid, half the key tiles.
     let (q, k, v) = (
         input(11, &[512, 2, 32], DType::F32),

@@ -871,6 +871,31 @@ pub fn permute(x: &Tensor, shape: &[usize], strides: &[usize]) -> Result<Tensor>
     Ok(wrap(out, shape))
 }
 
+/// Rows `ids` of `table` (checked by `crate::ops`), one launch.
+pub fn gather_rows(table: &Tensor, ids: &[usize], shape: &[usize]) -> Result<Tensor> {
+    let s = storage(table)?;
+    let dev = &s.dev;
+    let cols = table.elem_count() / table.dim(0).max(1);
+    let idx: Vec<u64> = ids.iter().map(|&i| i as u64).collect();
+    let ids_d = dev.stream.clone_htod(&idx).map_err(|e| dev.err(e))?;
+    let n = ids.len() * cols;
+    let mut out = GpuStorage::alloc(dev, table.dtype(), n)?;
+    let bits = if table.dtype() == DType::F32 { 32 } else { 16 };
+    let (rows64, cols64) = (ids.len() as u64, cols as u64);
+    launch!(
+        dev,
+        "layout",
+        &format!("gather_rows_b{bits}"),
+        grid(n),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            b.arg(&ids_d).arg(&rows64).arg(&cols64);
+        }
+    );
+    Ok(wrap(out, shape))
+}
+
 /// Copies `src` into rows starting at `row` of `dst` (dim 0 rows).
 pub fn write_rows(dst: &mut Tensor, row: usize, src: &Tensor) -> Result<()> {
     let inner: usize = dst.shape()[1..].iter().product();

@@ -301,20 +301,14 @@ impl T5Encoder {
 
     /// The embedding rows of `ids` as `[len, dim]` in the table's dtype and device.
     fn embed(&self, ids: &[u32]) -> Result<Tensor> {
-        let dim = self.cfg.dim;
-        let mut rows = Vec::with_capacity(ids.len());
-        for &id in ids {
-            let id = id as usize;
-            if id >= self.cfg.vocab {
-                return Err(Error::Input(format!(
-                    "token id {id} outside the vocabulary of {}",
-                    self.cfg.vocab
-                )));
-            }
-            rows.push(self.token_embedding.narrow(0, id, 1)?);
+        let rows: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+        if let Some(bad) = rows.iter().find(|&&id| id >= self.cfg.vocab) {
+            return Err(Error::Input(format!(
+                "token id {bad} outside the vocabulary of {}",
+                self.cfg.vocab
+            )));
         }
-        let refs: Vec<&Tensor> = rows.iter().collect();
-        Ok(Tensor::cat(&refs, 0)?.reshape(&[ids.len(), dim])?)
+        Ok(ops::gather_rows(&self.token_embedding, &rows)?)
     }
 
     /// The final-normed hidden states `[ids.len(), dim]` of a masked pass: `ids` may carry
