@@ -672,8 +672,9 @@ pub struct ConvEpilogue<'a> {
 }
 
 /// [`conv3d`] then the epilogue: the same as `clamp(add(conv3d(…), residual), 0, ∞)`, which is
-/// what the CPU and the f32 GPU path run; the CUDA bf16 path applies it in the convolution's
-/// f32 epilogue and rounds once (so it may differ from the unfused ops by bf16 rounding).
+/// what the CPU and the f32 GPU path run; the CUDA bf16 path (and cuDNN's pass after its
+/// convolution) applies it in f32 and rounds once (so it may differ from the unfused ops by bf16
+/// rounding).
 pub fn conv3d_fused(
     x: &Tensor,
     w: &Tensor,
@@ -746,10 +747,7 @@ pub fn conv3d_fused(
             let out = cpu::conv::conv3d(&x.cpu_f32(), &w.cpu_f32(), bias.as_deref(), &dims);
             finish(out, &out_shape, out_dtype(x))?
         }
-        Storage::Cuda(_) => match cuda::ops::conv3d_fused(x, w, b, &dims, epi)? {
-            (y, true) => return Ok(y),
-            (y, false) => y,
-        },
+        Storage::Cuda(_) => return cuda::ops::conv3d_fused(x, w, b, &dims, epi),
         Storage::Rocm(_) => rocm::ops::conv3d(x, w, b, &dims)?,
     };
     let y = match epi.residual {

@@ -18,18 +18,15 @@ use crate::{ConvEpilogue, DType, Result, Tensor};
 
 /// `out[o, t, y, x] = bias[o] + Σ w[o, c, a, b, e] · xpad[c, t·st + a, y·sh + b, x·sw + e]`; the
 /// weights run in the input's dtype, accumulation in f32 (TF32 tensor cores for f32 inputs).
-/// The convolution with its epilogue when the tensor-core path takes it (`true`), else the
-/// plain convolution (`false`: the caller applies the epilogue).
-///
-/// cuDNN takes the shapes where it measured faster (`cudnn.rs`); the result always carries the
-/// epilogue (`true`).
+/// The convolution and its epilogue: fused into the tensor-core path, else after it. cuDNN
+/// takes the shapes where it measured faster (`cudnn.rs`).
 pub fn conv3d_fused(
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
     d: &Conv3dDims,
     epi: ConvEpilogue,
-) -> Result<(Tensor, bool)> {
+) -> Result<Tensor> {
     let ours = || -> Result<Tensor> {
         if let Some(tile) = igemm_tile(x.dtype(), d) {
             return conv3d_igemm(x, w, bias, d, tile, epi);
@@ -43,10 +40,10 @@ pub fn conv3d_fused(
         }
         Ok(y)
     };
-    if let Some(y) = super::cudnn::conv3d(x, w, bias, d, &epi, &ours)? {
-        return Ok((y, true));
+    match super::cudnn::conv3d(x, w, bias, d, &epi, &ours)? {
+        Some(y) => Ok(y),
+        None => ours(),
     }
-    Ok((ours()?, true))
 }
 
 /// Column-major `D[n × cout] (ld ldd) = A[n × kk] · B[kk × cout]` into `d` from element
