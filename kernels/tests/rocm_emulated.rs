@@ -187,7 +187,49 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         }
     }
     std::env::remove_var("WORLDLINE_NORM");
-    // Attention: the portable kernel under a block-causal mask, hipBLASLt per head unmasked.
+    // Attention at Wan's head dim: the MFMA flash kernel on the emulated matrix cores, beside
+    // the start-up check's two cases (block-causal over three heads; two query blocks of 128,
+    // the second partial, over three key tiles of 64, the last partial, in a longer cache): f32
+    // operands (cast to bf16) over a partial tile, block-causal with chunks that do not line up
+    // with the tiles. One head each: every MFMA costs the emulator a step of all 64 lanes'
+    // threads.
+    use kernels::rocm::ops::{attention_path, AttentionPath};
+    let mfma = attention_path("gfx942", 130, 128, 150, 0);
+    assert_eq!(
+        mfma,
+        AttentionPath::Mfma,
+        "head dim 128 takes the MFMA kernel"
+    );
+    assert_eq!(
+        attention_path("gfx908", 130, 128, 150, 0),
+        AttentionPath::Gemm
+    );
+    let cases = [
+        (DType::F32, 20, 80, 70, None),
+        (DType::BF16, 100, 100, 100, Some(40)),
+    ];
+    for (i, (dt, lq, cap, kv_len, chunk)) in cases.into_iter().enumerate() {
+        let seed = 23 + 3 * i as u64;
+        let (q, k, v) = (
+            input(seed, &[lq, 1, 128], dt),
+            input(seed + 1, &[cap, 1, 128], dt),
+            input(seed + 2, &[cap, 1, 128], dt),
+        );
+        let mask = chunk.map_or(AttnMask::None, |block_tokens| AttnMask::BlockCausal {
+            block_tokens,
+        });
+        check(
+            &format!(
+                "attention d128 {dt:?}, {lq} queries over {kv_len} of {cap} keys, {mask:?} (MFMA)"
+            ),
+            dev,
+            1e-2,
+            &[&q, &k, &v],
+            |t| ops::attention(&t[0], &t[1], &t[2], kv_len, mask),
+        );
+    }
+    // Attention at another head dim: the portable kernel under a block-causal mask, hipBLASLt
+    // per head unmasked.
     let (q, k, v) = (
         input(8, &[16, 3, 64], DType::F32),
         input(9, &[16, 3, 64], DType::F32),

@@ -13,5 +13,33 @@ typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl(v, src_lane); }
 WL_DEVICE int wl_shfl(int v, int src_lane) { return __shfl(v, src_lane); }
 
-// ---- tile level: CDNA's MFMA path is not written yet, so kernels that need
-// WL_HAS_MMA_BF16 are compiled only for CUDA and HIP uses the portable kernels.
+// ---- tile level: CDNA's matrix cores. v_mfma_f32_16x16x16_bf16 (the "_1k" encoding: four bf16
+// of K per lane) exists from gfx90a on (MI200, MI300, MI350); gfx908 has only the older bf16
+// forms, so kernels under WL_HAS_MFMA_BF16 are not built for it. Lane l of the 64 holds, for
+// A (16×16, M×K) row l%16 and columns 4·(l/16) .. +3; for B (K×N) column l%16 and rows
+// 4·(l/16) .. +3; for C/D (M×N) column l%16 and rows 4·(l/16) .. +3. The CPU emulation of
+// kernels/tests/rocm_emu/emu.h (WL_EMU) implements this same layout from that description.
+#if defined(WL_EMU) || defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || \
+    defined(__gfx950__)
+#define WL_HAS_MFMA_BF16 1
+#if defined(WL_EMU)
+typedef WlEmuBf16x4 wl_bf16x4;
+typedef WlEmuF32x4 wl_f32x4;
+WL_DEVICE wl_bf16x4 wl_ld_bf16x4(const unsigned short* p) {
+    wl_bf16x4 r;
+    std::memcpy(&r, p, sizeof r);
+    return r;
+}
+WL_DEVICE wl_f32x4 wl_mfma_16x16x16_bf16(wl_bf16x4 a, wl_bf16x4 b, wl_f32x4 c) {
+    return wl_emu_mfma_16x16x16_bf16(a, b, c);
+}
+#else
+typedef short wl_bf16x4 __attribute__((ext_vector_type(4)));
+typedef float wl_f32x4 __attribute__((ext_vector_type(4)));
+// Four consecutive bf16 from an 8-byte aligned address: one 64-bit load.
+WL_DEVICE wl_bf16x4 wl_ld_bf16x4(const unsigned short* p) { return *(const wl_bf16x4*)p; }
+WL_DEVICE wl_f32x4 wl_mfma_16x16x16_bf16(wl_bf16x4 a, wl_bf16x4 b, wl_f32x4 c) {
+    return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
+}
+#endif
+#endif

@@ -1,7 +1,8 @@
 //! The op set on ROCm: the shared launches of `gpu_common/ops.rs` over the HIP driver layer,
-//! GEMMs through hipBLASLt. No MFMA kernels of our own yet: the streaming attention runs per
-//! head as hipBLASLt GEMMs around our row softmax, block-causal attention the portable kernel,
-//! and fp8 weights are dequantised to bf16 for the GEMM. Never run on an AMD GPU.
+//! GEMMs through hipBLASLt. Attention at head dim 128 is our MFMA flash kernel (gfx90a and
+//! later); other head dims run per head as hipBLASLt GEMMs around our row softmax (unmasked) or
+//! the portable kernel (block-causal), and fp8 weights are dequantised to bf16 for the GEMM.
+//! Never run on an AMD GPU.
 
 use super::blaslt::{ColMajor, GemmType};
 pub(crate) use super::hip::{DeviceBuf, DeviceRepr, LaunchArgs, LaunchConfig};
@@ -154,9 +155,59 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
     cast(&y, out_dtype)
 }
 
-/// Attention over a KV cache. No MFMA flash kernel yet: an unmasked call (the streaming
-/// chunk over its cache) goes through hipBLASLt's matrix cores per head ([`attention_gemm`]);
-/// a block-causal one, or `WORLDLINE_ROCM_ATTENTION=portable`, runs the portable kernel.
+/// Which kernel [`attention`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPath {
+    /// attention.cu's `flash_mfma_bf16_d128`: bf16 operands on the matrix cores, f32 softmax.
+    Mfma,
+    /// Per head, hipBLASLt f32 GEMMs around our row softmax ([`attention_gemm`]).
+    Gemm,
+    /// The portable kernel (any head dim, either mask).
+    Portable,
+}
+
+/// Whether `arch` has `v_mfma_f32_16x16x16_bf16` (vendor/hip.h builds the MFMA kernels for
+/// these only; gfx908 lacks it).
+pub fn has_mfma_bf16(arch: &str) -> bool {
+    matches!(
+        arch.split(':').next().unwrap_or(arch),
+        "gfx90a" | "gfx940" | "gfx941" | "gfx942" | "gfx950"
+    )
+}
+
+/// The kernel for `lq` queries of head dim `d` over `kv_len` keys on `arch`: the MFMA flash
+/// kernel at Wan's head dim 128, else the GEMMs unmasked and the portable kernel block-causal.
+/// `WORLDLINE_ROCM_ATTENTION=gemm` or `=portable` forces one of those (a knob to compare them).
+pub fn attention_path(
+    arch: &str,
+    lq: usize,
+    d: usize,
+    kv_len: usize,
+    block_tokens: usize,
+) -> AttentionPath {
+    let forced = std::env::var("WORLDLINE_ROCM_ATTENTION").unwrap_or_default();
+    let fallback = if block_tokens == 0 && forced != "portable" {
+        AttentionPath::Gemm
+    } else {
+        AttentionPath::Portable
+    };
+    // The flash kernel needs a query and a key to tile; the others handle the empty cases.
+    let flash = has_mfma_bf16(arch) && d == FLASH_HEAD_DIM && lq > 0 && kv_len > 0;
+    if flash && forced != "gemm" && forced != "portable" {
+        AttentionPath::Mfma
+    } else {
+        fallback
+    }
+}
+
+/// Head dim of the MFMA kernel (attention.cu's `FM_D`).
+pub const FLASH_HEAD_DIM: usize = 128;
+
+/// Queries per block of the MFMA kernel (`FM_BR`), and its threads (`FM_WAVES` wavefronts).
+const FLASH_BLOCK_QUERIES: usize = 128;
+const FLASH_THREADS: u32 = 256;
+
+/// Attention over a KV cache, through the kernel [`attention_path`] picks.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -164,11 +215,55 @@ pub fn attention(
     kv_len: usize,
     block_tokens: usize,
 ) -> Result<Tensor> {
-    let portable = std::env::var("WORLDLINE_ROCM_ATTENTION").is_ok_and(|v| v == "portable");
-    if block_tokens == 0 && !portable {
-        return attention_gemm(q, k, v, kv_len);
+    let arch = &storage(q)?.dev.arch;
+    match attention_path(arch, q.dim(0), q.dim(2), kv_len, block_tokens) {
+        AttentionPath::Mfma => flash_attention(q, k, v, kv_len, block_tokens),
+        AttentionPath::Gemm => attention_gemm(q, k, v, kv_len),
+        AttentionPath::Portable => attention_portable(q, k, v, kv_len, block_tokens),
     }
-    attention_portable(q, k, v, kv_len, block_tokens)
+}
+
+/// The MFMA flash kernel: bf16 operands (cast if needed), f32 accumulation, output in `q`'s
+/// dtype. Shapes were checked by `crate::ops::attention`.
+fn flash_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_len: usize,
+    block_tokens: usize,
+) -> Result<Tensor> {
+    let dev = storage(q)?.dev.clone();
+    let (lq, heads) = (q.dim(0), q.dim(1));
+    let i32_of = |what: &str, n: usize| {
+        i32::try_from(n).map_err(|_| dev.err(format!("attention: {what} {n} exceeds 32 bits")))
+    };
+    let (lq32, kv32, h32, bt) = (
+        i32_of("queries", lq)?,
+        i32_of("keys", kv_len)?,
+        i32_of("heads", heads)?,
+        i32_of("block", block_tokens)?,
+    );
+    let (qb, kb, vb) = (
+        cast(q, DType::BF16)?,
+        cast(k, DType::BF16)?,
+        cast(v, DType::BF16)?,
+    );
+    let (qs, ks, vs) = (storage(&qb)?, storage(&kb)?, storage(&vb)?);
+    let mut out = RocmStorage::alloc(&dev, DType::BF16, q.elem_count())?;
+    let scale = 1.0f32 / (FLASH_HEAD_DIM as f32).sqrt();
+    let cfg = LaunchConfig {
+        grid_dim: (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1),
+        block_dim: (FLASH_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(&dev, "attention", "flash_mfma_bf16_d128", cfg, |b| {
+        push_mut(b, &mut out.data);
+        push(b, &qs.data);
+        push(b, &ks.data);
+        push(b, &vs.data);
+        b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
+    });
+    cast(&wrap(out, q.shape()), q.dtype())
 }
 
 /// Per head: `S = Q·Kᵀ` over the first `kv_len` keys, a row softmax of `S / √d`, `O = P·V`

@@ -20,6 +20,9 @@ struct WlEmuCtx {
     void (*sync)(void* team);
     void (*exchange)(void* team, unsigned tid, const void* in, void* out, int bytes, int src_lane);
     void* dyn_smem;
+    // All 64 lanes of the caller's wavefront hand in `bytes` (≤ 32) and each gets every lane's,
+    // lane by lane: one step of the team for a whole-wave instruction (MFMA).
+    void (*gather)(void* team, unsigned tid, const void* in, void* out, int bytes);
 };
 
 inline thread_local const WlEmuCtx* wl_emu_ctx = nullptr;
@@ -79,6 +82,43 @@ struct alignas(16) float4 {
 };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+// CDNA's matrix-core operands and v_mfma_f32_16x16x16_bf16 (vendor/hip.h's wl_mfma_16x16x16_bf16)
+// written from AMD's register layout: lane l holds A[l%16][4·(l/16)+i], B[4·(l/16)+i][l%16] and
+// D[4·(l/16)+i][l%16] for i = 0..3. Products of bf16 are exact in f32; sums go in K order.
+#define WL_EMU 1
+struct WlEmuBf16x4 {
+    short v[4];
+    short& operator[](int i) { return v[i]; }
+    short operator[](int i) const { return v[i]; }
+};
+struct WlEmuF32x4 {
+    float v[4];
+    float& operator[](int i) { return v[i]; }
+    float operator[](int i) const { return v[i]; }
+};
+inline float wl_emu_bf16_value(short b) {
+    const unsigned u = (unsigned)(unsigned short)b << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline WlEmuF32x4 wl_emu_mfma_16x16x16_bf16(WlEmuBf16x4 a, WlEmuBf16x4 b, WlEmuF32x4 c) {
+    struct Operands {
+        WlEmuBf16x4 a, b;
+    } mine{a, b}, all[64];
+    wl_emu_ctx->gather(wl_emu_ctx->team, threadIdx.x, &mine, all, (int)sizeof(Operands));
+    const int lane = (int)(threadIdx.x % 64), col = lane % 16, grp = lane / 16;
+    WlEmuF32x4 d = c;
+    for (int i = 0; i < 4; ++i) {
+        const int row = 4 * grp + i;
+        float acc = c[i];
+        for (int k = 0; k < 16; ++k)
+            acc += wl_emu_bf16_value(all[row + 16 * (k / 4)].a[k % 4]) * wl_emu_bf16_value(all[col + 16 * (k / 4)].b[k % 4]);
+        d[i] = acc;
+    }
+    return d;
+}
 
 // A kernel's entry for the runtime: set this thread's indices, unpack the launch's argument
 // pointers into the kernel's parameters.

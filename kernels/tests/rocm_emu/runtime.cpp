@@ -6,6 +6,7 @@
 // a launch runs each block as a team of threads, and hipBLASLt is a plain CPU GEMM. It proves
 // nothing about AMD hardware, its compiler or hipBLASLt's kernels; it does catch wrong launch
 // shapes, arguments, strides and wave64 logic.
+#include <array>
 #include <barrier>
 #include <cstdarg>
 #include <cstdint>
@@ -30,16 +31,25 @@ struct WlEmuCtx {  // kept in step with emu.h
     void (*sync)(void* team);
     void (*exchange)(void* team, unsigned tid, const void* in, void* out, int bytes, int src_lane);
     void* dyn_smem;
+    void (*gather)(void* team, unsigned tid, const void* in, void* out, int bytes);
 };
 
 namespace {
 
+// Shuffles and gathers are double-buffered by each thread's count of them (every lane of a
+// wavefront makes the same calls), so one barrier phase each suffices: a lane writes buffer
+// c % 2 for its call c only after passing call c − 1's phase, which every lane reaches only
+// once done reading call c − 2's, the last use of that buffer.
 struct Team {
     unsigned size;
     std::barrier<> block;
     std::vector<std::unique_ptr<std::barrier<>>> waves;
-    std::vector<uint64_t> slots;
-    explicit Team(unsigned n) : size(n), block(n), slots(n) {
+    std::vector<uint64_t> slots[2];
+    std::vector<std::array<unsigned char, 32>> wide[2];
+    std::vector<unsigned> exchanges, gathers;
+    explicit Team(unsigned n) : size(n), block(n), slots{std::vector<uint64_t>(n), std::vector<uint64_t>(n)},
+        wide{std::vector<std::array<unsigned char, 32>>(n), std::vector<std::array<unsigned char, 32>>(n)},
+        exchanges(n), gathers(n) {
         for (unsigned w = 0; w < n; w += 64) waves.push_back(std::make_unique<std::barrier<>>(std::min(64u, n - w)));
     }
 };
@@ -48,15 +58,31 @@ void team_sync(void* t) { static_cast<Team*>(t)->block.arrive_and_wait(); }
 
 void team_exchange(void* t, unsigned tid, const void* in, void* out, int bytes, int src_lane) {
     Team* team = static_cast<Team*>(t);
+    auto& slots = team->slots[team->exchanges[tid]++ % 2];
     uint64_t v = 0;
     std::memcpy(&v, in, bytes);
-    team->slots[tid] = v;
-    auto& wave = *team->waves[tid / 64];
-    wave.arrive_and_wait();
+    slots[tid] = v;
+    team->waves[tid / 64]->arrive_and_wait();
     const unsigned src = (tid / 64) * 64 + (unsigned)src_lane;
-    const uint64_t got = src < team->size ? team->slots[src] : 0;
-    wave.arrive_and_wait();
+    const uint64_t got = src < team->size ? slots[src] : 0;
     std::memcpy(out, &got, bytes);
+}
+
+// Every lane of tid's wavefront writes its bytes, then each copies all of them out, lane by lane
+// (a partial last wavefront gives zeros for its missing lanes).
+void team_gather(void* t, unsigned tid, const void* in, void* out, int bytes) {
+    Team* team = static_cast<Team*>(t);
+    auto& wide = team->wide[team->gathers[tid]++ % 2];
+    std::memcpy(wide[tid].data(), in, bytes);
+    team->waves[tid / 64]->arrive_and_wait();
+    const unsigned first = (tid / 64) * 64;
+    for (unsigned l = 0; l < 64; ++l) {
+        unsigned char* dst = static_cast<unsigned char*>(out) + l * bytes;
+        if (first + l < team->size)
+            std::memcpy(dst, wide[first + l].data(), bytes);
+        else
+            std::memset(dst, 0, bytes);
+    }
 }
 
 typedef void (*Entry)(void**, const WlEmuCtx*);
@@ -188,6 +214,7 @@ int hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsign
         c.team = &team;
         c.sync = team_sync;
         c.exchange = team_exchange;
+        c.gather = team_gather;
         c.dyn_smem = dyn.data();
         for (unsigned z = 0; z < gz; ++z)
             for (unsigned y = 0; y < gy; ++y)
