@@ -6,9 +6,9 @@
 //! The op backend: [`hip`] (the runtime behind cudarc's call shapes, a caching memory pool),
 //! [`compile`] (hipRTC run-time compilation of the kernel modules with an on-disk cache),
 //! `blaslt` (hipBLASLt GEMMs), [`RocmBackend`] and [`ops`], whose launches are the same source as
-//! CUDA's (`gpu_common/`: `ops.rs`, `conv.rs`, `vsa.rs`, `storage.rs`). No MFMA kernels of our
-//! own yet: the portable kernels, hipBLASLt for GEMMs and the streaming attention, fp8 weights
-//! through bf16.
+//! CUDA's (`gpu_common/`: `ops.rs`, `conv.rs`, `vsa.rs`, `storage.rs`). One MFMA kernel of our
+//! own (flash attention at head dim 128, gfx90a and later); otherwise the portable kernels,
+//! hipBLASLt for GEMMs (and attention at other head dims), fp8 weights through bf16.
 //!
 //! None of it has run on an AMD GPU: no machine of this project has one. CI proves what it can
 //! without one: every kernel source compiles to gfx942 ISA (clang) and to gfx90a code objects
