@@ -75,3 +75,12 @@ WL_KERNEL void scale_rows_cols_bf16(wl_bf16* out, const float* sx, int x_rows, c
         out[i] = wl_to_bf16(wl_ld(out, i) * s);
     }
 }
+
+// OCP e4m3fn codes as the fnuz e4m3 codes (gfx942's matrix cores) of half their value: the same
+// bits with exponent bias 8, except -0 (0x80, NaN in fnuz) and NaN (0x7f/0xff, finite in fnuz).
+WL_KERNEL void e4m3fn_to_fnuz(unsigned char* out, const unsigned char* in, wl_u64 n) {
+    WL_GRID_STRIDE(i, n) {
+        const unsigned char c = in[i];
+        out[i] = c == 0x80 ? 0 : ((c & 0x7f) == 0x7f ? 0x80 : c);
+    }
+}

@@ -165,6 +165,25 @@ pub fn self_check(dev: Device) -> Result<Vec<Agreement>> {
         vec![input(&[3, 5, 7], DType::F32)?],
         Box::new(|t| t[0].permute(&[2, 0, 1])),
     ));
+    // fp8 GEMMs (on ROCm hipBLASLt's fp8 kernels, with the tensorwise scales in the GEMM and
+    // the rowwise ones after it), quantized on the device under test.
+    for (kind, op) in [
+        (ScaleKind::Rowwise, "linear fp8 rowwise"),
+        (ScaleKind::Tensorwise, "linear fp8 tensorwise"),
+    ] {
+        cases.push((
+            op,
+            1e-2,
+            vec![input(&[37, 96], DType::F32)?, input(&[80, 96], DType::F32)?],
+            Box::new(move |t| {
+                let (xq, wq) = (
+                    ops::quantize_fp8(&t[0], kind)?,
+                    ops::quantize_fp8(&t[1], kind)?,
+                );
+                ops::linear(&xq, &wq, None)?.to_dtype(DType::F32)
+            }),
+        ));
+    }
     cases.push((
         "quantize_fp8 rowwise",
         1e-6,

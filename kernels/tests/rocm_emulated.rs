@@ -10,119 +10,18 @@
 //! hipBLASLt's kernels. CI sets `WORLDLINE_REQUIRE_ROCM_EMU=1` (clang++-19 is there for the HIP
 //! compile test); elsewhere a missing compiler skips with the reason.
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+#[path = "rocm_emu/harness.rs"]
+mod harness;
 
-use kernels::{ops, AttnMask, DType, Device, NormOut, Tensor};
-
-/// One test at a time: they set environment variables the emulator's threads read.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn compiler() -> String {
-    std::env::var("WORLDLINE_ROCM_EMU_CXX").unwrap_or_else(|_| "clang++-19".into())
-}
-
-/// Builds the emulator library and points the ROCm backend at it (once per process, before
-/// anything loads a ROCm library), or says why it cannot.
-fn emulated_gpu() -> Option<Device> {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        let cxx = compiler();
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/rocm_emu");
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rocm-emu");
-        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-        let lib = out.join("libwl_rocm_emu.so");
-        let built = Command::new(&cxx)
-            .args(["-std=c++20", "-O1", "-fPIC", "-shared"])
-            .arg(src.join("runtime.cpp"))
-            .arg("-o")
-            .arg(&lib)
-            .args(["-ldl", "-lpthread"])
-            .output()
-            .map_err(|e| format!("{cxx} not runnable ({e})"))?;
-        if !built.status.success() {
-            return Err(format!(
-                "building the emulator: {}",
-                String::from_utf8_lossy(&built.stderr)
-            ));
-        }
-        // Set before the first ROCm library load of this process (the loaders keep the first).
-        std::env::set_var("WORLDLINE_ROCM_LIBRARY", &lib);
-        std::env::set_var("WORLDLINE_ROCM_EMU_DIR", &src);
-        std::env::set_var("WORLDLINE_ROCM_EMU_CXX", &cxx);
-        std::env::set_var("WORLDLINE_ROCM_ARCH", "gfx942");
-        std::env::set_var("WORLDLINE_KERNEL_CACHE", out.join("cache"));
-        std::env::set_var("WORLDLINE_POISON", "1");
-        Ok(())
-    });
-    match ready {
-        Ok(()) => Some(Device::Rocm(0)),
-        Err(e) if std::env::var("WORLDLINE_REQUIRE_ROCM_EMU").is_ok_and(|v| v == "1") => {
-            panic!("the ROCm emulator is required here: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
-
-fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0 + 1e-3
-        })
-        .collect()
-}
-
-fn input(seed: u64, shape: &[usize], dtype: DType) -> Tensor {
-    let n = shape.iter().product();
-    Tensor::from_vec(values(seed, n), shape)
-        .and_then(|t| t.to_dtype(dtype))
-        .expect("input")
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        num += (f64::from(*g) - f64::from(*w)).powi(2);
-        den += f64::from(*w).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
-
-/// `f` on the CPU and on `dev` with the same inputs, compared.
-fn check(
-    what: &str,
-    dev: Device,
-    tol: f64,
-    inputs: &[&Tensor],
-    f: impl Fn(&[Tensor]) -> kernels::Result<Tensor>,
-) {
-    let cpu: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
-    let gpu: Vec<Tensor> = inputs
-        .iter()
-        .map(|t| t.to_device(dev).expect("upload"))
-        .collect();
-    let want = f(&cpu).expect("cpu");
-    let got = f(&gpu).unwrap_or_else(|e| panic!("{what} on {dev}: {e}"));
-    assert_eq!(got.device(), dev, "{what}");
-    assert_eq!(got.shape(), want.shape(), "{what}");
-    let e = rel_l2(&got.to_vec_f32(), &want.to_vec_f32());
-    println!("{what}: rel L2 {e:.2e}");
-    assert!(e <= tol, "{what}: rel L2 {e:.3e} > {tol:e}");
-}
+use harness::{check, emulated_gpu, fp8_linears_match, input, SERIAL};
+use kernels::{ops, AttnMask, DType, NormOut, Tensor};
 
 #[test]
 fn the_start_up_check_passes_on_the_emulated_gpu() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(dev) = emulated_gpu() else { return };
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
     dev.ensure_available().expect("the emulated device opens");
     for a in kernels::self_check(dev).expect("self-check") {
         println!(
@@ -135,7 +34,9 @@ fn the_start_up_check_passes_on_the_emulated_gpu() {
 #[test]
 fn more_ops_match_the_cpu_on_the_emulated_gpu() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(dev) = emulated_gpu() else { return };
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
     // The video VAE's ops: the im2col convolution and its hipBLASLt tile GEMMs.
     let x = input(1, &[5, 3, 9, 11], DType::F32);
     let w = input(2, &[7, 5, 3, 3, 3], DType::F32);
@@ -318,4 +219,13 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
     check("vsa ties", dev, 1e-4, &[&q, &k, &v], |t| {
         kernels::vsa::attention(&t[0], &t[1], &t[2], None, qg, kg, 5)
     });
+}
+
+#[test]
+fn fp8_linears_run_on_fnuz_matrix_cores() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    fp8_linears_match(dev);
 }

@@ -35,6 +35,9 @@ const COMPUTE_32F: c_int = 2;
 // hipDataType (HIP library_types.h; cudaDataType's numbers; also in hipfort's hipfort_enums).
 const HIP_R_32F: c_int = 0;
 const HIP_R_16BF: c_int = 14;
+// OCP e4m3 (gfx950) and gfx942's fnuz e4m3 (library_types.h since ROCm 6.0 / 6.3).
+const HIP_R_8F_E4M3: c_int = 28;
+const HIP_R_8F_E4M3_FNUZ: c_int = 1000;
 // hipblasLtMatmulDescAttributes_t (value type in the comment), hipblasLtEpilogue_t,
 // hipblasLtMatmulPreferenceAttributes_t: hipblaslt.h, the same from 0.8 to rocm-libraries.
 const DESC_TRANSA: c_int = 0; // int32_t
@@ -42,6 +45,11 @@ const DESC_TRANSB: c_int = 1; // int32_t
 const DESC_EPILOGUE: c_int = 2; // uint32_t
 const DESC_BIAS_POINTER: c_int = 3; // const void*
 const DESC_BIAS_DATA_TYPE: c_int = 4; // int32_t holding a hipDataType
+                                      // Device pointers to one f32 each: D = alpha·scaleA·scaleB·op(A)·op(B), the tensorwise scales of
+                                      // an fp8 GEMM (stable from 0.8 on; the per-row vector forms moved between releases, so rowwise
+                                      // scales are applied after the GEMM instead).
+const DESC_A_SCALE_POINTER: c_int = 5; // const void*
+const DESC_B_SCALE_POINTER: c_int = 6; // const void*
 const EPILOGUE_DEFAULT: u32 = 1;
 // hipblaslt.h: "Bias vector length must match matrix D rows … broadcast to all columns".
 const EPILOGUE_BIAS: u32 = 4;
@@ -183,11 +191,70 @@ unsafe fn set<T>(f: SetAttr, obj: *mut c_void, attr: c_int, v: &T) -> Result<(),
     check(&format!("setting attribute {attr}"), rc)
 }
 
+/// Sets the bias and scale pointers a call has on its descriptor.
+///
+/// # Safety
+/// `desc` is a live matmul descriptor of `f`'s library.
+unsafe fn set_pointers(
+    f: SetAttr,
+    desc: *mut c_void,
+    bias: Option<*const c_void>,
+    scales: Option<[*const c_void; 2]>,
+) -> Result<(), String> {
+    // SAFETY: per the contract; each value is a pointer, as the attribute takes.
+    unsafe {
+        if let Some(b) = bias {
+            set(f, desc, DESC_BIAS_POINTER, &b)?;
+        }
+        if let Some([a, b]) = scales {
+            set(f, desc, DESC_A_SCALE_POINTER, &a)?;
+            set(f, desc, DESC_B_SCALE_POINTER, &b)?;
+        }
+    }
+    Ok(())
+}
+
 /// Element type of a GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum GemmType {
     F32,
     BF16,
+    /// fp8 e4m3 A and B (OCP, or gfx942's fnuz), bf16 D; A·B must be op T · op N, as for
+    /// cuBLASLt.
+    Fp8 {
+        fnuz: bool,
+    },
+}
+
+impl GemmType {
+    /// hipDataType of A and B, and of D (and C, and a bias).
+    fn hip_types(self) -> (c_int, c_int) {
+        match self {
+            GemmType::F32 => (HIP_R_32F, HIP_R_32F),
+            GemmType::BF16 => (HIP_R_16BF, HIP_R_16BF),
+            GemmType::Fp8 { fnuz: false } => (HIP_R_8F_E4M3, HIP_R_16BF),
+            GemmType::Fp8 { fnuz: true } => (HIP_R_8F_E4M3_FNUZ, HIP_R_16BF),
+        }
+    }
+}
+
+/// The optional parts of one GEMM call: a bias per row of D (D's type), the tensorwise scales
+/// of A and B (device f32 each), and alpha.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Extras {
+    pub bias: Option<*const c_void>,
+    pub scales: Option<[*const c_void; 2]>,
+    pub alpha: f32,
+}
+
+impl Default for Extras {
+    fn default() -> Self {
+        Extras {
+            bias: None,
+            scales: None,
+            alpha: 1.0,
+        }
+    }
 }
 
 /// One matrix as a column-major hipBLASLt layout: rows, columns, leading dimension.
@@ -246,8 +313,8 @@ impl ColMajor {
     }
 }
 
-/// (type, problem, with bias).
-type Key = (GemmType, ColMajor, bool);
+/// (type, problem, with bias, with scales).
+type Key = (GemmType, ColMajor, bool, bool);
 
 /// Descriptors and the algorithm chosen for one shape; C and D share `layouts[2]`.
 struct Plan {
@@ -362,10 +429,15 @@ impl BlasLt {
         a_ptr: *const c_void,
         b_ptr: *const c_void,
         out: *mut c_void,
-        bias: Option<*const c_void>,
+        extras: Extras,
         workspace: *mut c_void,
         workspace_bytes: usize,
     ) -> Result<(), String> {
+        let Extras {
+            bias,
+            scales,
+            alpha,
+        } = extras;
         let (m, n, k) = cm.mnk();
         let plus = if bias.is_some() { " + bias" } else { "" };
         let e = |err: String| format!("hipBLASLt {ty:?} GEMM m={m} n={n} k={k}{plus}: {err}");
@@ -378,7 +450,7 @@ impl BlasLt {
         if workspace_bytes > 0 && !(workspace as usize).is_multiple_of(16) {
             return Err(e("the workspace must be 16-byte aligned".into()));
         }
-        let key = (ty, cm, bias.is_some());
+        let key = (ty, cm, bias.is_some(), scales.is_some());
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         // A pick made for more workspace than this call has is made again.
         if plans
@@ -389,13 +461,11 @@ impl BlasLt {
         }
         let plan = match plans.entry(key) {
             Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => v.insert(self.plan(key, bias, workspace_bytes).map_err(e)?),
+            Entry::Vacant(v) => v.insert(self.plan(key, bias, scales, workspace_bytes).map_err(e)?),
         };
-        if let Some(b) = bias {
-            // SAFETY: a live descriptor; the pointer is read when the GEMM runs.
-            unsafe { set(self.api.desc_set, plan.desc, DESC_BIAS_POINTER, &b) }.map_err(e)?;
-        }
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: a live descriptor; the pointers are read when the GEMM runs.
+        unsafe { set_pointers(self.api.desc_set, plan.desc, bias, scales) }.map_err(e)?;
+        let beta = 0.0f32;
         let [a, b, d] = plan.layouts;
         // SAFETY: a live handle, descriptor and layouts of this shape; alpha and beta are host
         // f32 (default pointer mode, scale type 32F); C is D, unread as beta is 0; the caller
@@ -425,12 +495,19 @@ impl BlasLt {
 
     /// Creates the descriptors of `key` and asks the heuristic for one algorithm within `ws`
     /// bytes of workspace. Whatever was created is destroyed on error (Plan's Drop).
-    fn plan(&self, key: Key, bias: Option<*const c_void>, ws: usize) -> Result<Plan, String> {
-        let (api, (ty, cm, _)) = (&self.api, key);
-        let ty = match ty {
-            GemmType::F32 => HIP_R_32F,
-            GemmType::BF16 => HIP_R_16BF,
-        };
+    fn plan(
+        &self,
+        key: Key,
+        bias: Option<*const c_void>,
+        scales: Option<[*const c_void; 2]>,
+        ws: usize,
+    ) -> Result<Plan, String> {
+        let (api, (ty, cm, _, _)) = (&self.api, key);
+        let tn = cm.transa && !cm.transb;
+        if matches!(ty, GemmType::Fp8 { .. }) && !tn {
+            return Err("fp8 GEMMs take op(A) = T and op(B) = N only".into());
+        }
+        let (ab_ty, d_ty) = ty.hip_types();
         let op = |t: bool| if t { OP_T } else { OP_N };
         let mut p = Plan {
             desc: null_mut(),
@@ -446,15 +523,18 @@ impl BlasLt {
             set(api.desc_set, p.desc, DESC_TRANSA, &op(cm.transa))?;
             set(api.desc_set, p.desc, DESC_TRANSB, &op(cm.transb))?;
             let mut epilogue = EPILOGUE_DEFAULT;
-            if let Some(b) = bias {
-                // The heuristic sees the real pointer; `matmul` sets it again at every call.
-                set(api.desc_set, p.desc, DESC_BIAS_POINTER, &b)?;
-                set(api.desc_set, p.desc, DESC_BIAS_DATA_TYPE, &ty)?;
+            // The heuristic sees the real pointers; `matmul` sets them again at every call.
+            set_pointers(api.desc_set, p.desc, bias, scales)?;
+            if bias.is_some() {
+                set(api.desc_set, p.desc, DESC_BIAS_DATA_TYPE, &d_ty)?;
                 epilogue = EPILOGUE_BIAS;
             }
             set(api.desc_set, p.desc, DESC_EPILOGUE, &epilogue)?;
-            for (l, Mat(rows, cols, ld)) in p.layouts.iter_mut().zip([cm.a, cm.b, cm.d]) {
-                let rc = (api.layout_create)(l, ty, rows, cols, ld);
+            let types = [ab_ty, ab_ty, d_ty];
+            for ((l, Mat(rows, cols, ld)), t) in
+                p.layouts.iter_mut().zip([cm.a, cm.b, cm.d]).zip(types)
+            {
+                let rc = (api.layout_create)(l, t, rows, cols, ld);
                 check("hipblasLtMatrixLayoutCreate", rc)?;
             }
             let mut pref: Pref = null_mut();

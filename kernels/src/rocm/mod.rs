@@ -8,7 +8,7 @@
 //! `blaslt` (hipBLASLt GEMMs), [`RocmBackend`] and [`ops`], whose launches are the same source as
 //! CUDA's (`gpu_common/`: `ops.rs`, `conv.rs`, `vsa.rs`, `storage.rs`). One MFMA kernel of our
 //! own (flash attention at head dim 128, gfx90a and later); otherwise the portable kernels,
-//! hipBLASLt for GEMMs (and attention at other head dims), fp8 weights through bf16.
+//! hipBLASLt for GEMMs (fp8 ones too; attention at other head dims).
 //!
 //! None of it has run on an AMD GPU: no machine of this project has one. CI proves what it can
 //! without one: every kernel source compiles to gfx942 ISA (clang) and to gfx90a code objects

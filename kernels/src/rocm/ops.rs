@@ -1,14 +1,16 @@
 //! The op set on ROCm: the shared launches of `gpu_common/ops.rs` over the HIP driver layer,
 //! GEMMs through hipBLASLt. Attention at head dim 128 is our MFMA flash kernel (gfx90a and
 //! later); other head dims run per head as hipBLASLt GEMMs around our row softmax (unmasked) or
-//! the portable kernel (block-causal), and fp8 weights are dequantised to bf16 for the GEMM.
-//! Never run on an AMD GPU.
+//! the portable kernel (block-causal); fp8 linears take hipBLASLt's fp8 kernels
+//! ([`linear_fp8`]). Never run on an AMD GPU.
 
-use super::blaslt::{ColMajor, GemmType};
+use super::blaslt::{ColMajor, Extras, GemmType};
 pub(crate) use super::hip::{DeviceBuf, DeviceRepr, LaunchArgs, LaunchConfig};
+use super::Fp8Format;
 pub(crate) use super::{RocmBackend as Backend, RocmData as GpuData, RocmStorage as GpuStorage};
 use super::{RocmData, RocmStorage};
 use crate::{DType, Error, Result, Storage, Tensor};
+use std::ffi::c_void;
 
 pub(crate) use super::storage::DevicePtr;
 
@@ -94,6 +96,7 @@ fn gemm(
     let elem = match ty {
         GemmType::F32 => 4,
         GemmType::BF16 => 2,
+        GemmType::Fp8 { .. } => return Err(dev.err("fp8 GEMMs go through linear_fp8")),
     };
     let at = |(buf, off): At| -> Result<u64> { Ok(raw(buf, dev)? + (off * elem) as u64) };
     let (pa, pb) = (at(a)?, at(b)?);
@@ -111,7 +114,7 @@ fn gemm(
                     pa as *const _,
                     pb as *const _,
                     pd as *mut _,
-                    None,
+                    Extras::default(),
                     ws as *mut _,
                     ws_bytes,
                 )
@@ -122,7 +125,20 @@ fn gemm(
 
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
     let dev = storage(x)?.dev.clone();
-    // No fp8 GEMM here yet: fp8 weights (either scaling) run as bf16.
+    if fp8_gemm_takes(&dev, x, w) {
+        match linear_fp8(x, w) {
+            Ok(mut y) => {
+                if let Some(b) = bias {
+                    y = add(&y, b)?;
+                }
+                return cast(&y, out_dtype);
+            }
+            // A library without fp8 kernels for this card or shape: say so once, and run the
+            // GEMM in bf16 as before.
+            Err(e) => fp8_fallback(&e),
+        }
+    }
+    // fp8 weights without an fp8 activation (or the fallback above) run as bf16.
     let w = if w.dtype() == DType::F8E4M3 {
         cast(w, DType::BF16)?
     } else {
@@ -153,6 +169,126 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
         y = add(&y, b)?;
     }
     cast(&y, out_dtype)
+}
+
+/// Whether `linear` gives `x·wᵀ` to hipBLASLt's fp8 kernels: both operands fp8, an architecture
+/// with fp8 matrix cores (gfx942's fnuz, gfx950's OCP), 16-element aligned rows and columns as
+/// the library's fp8 kernels want, and `WORLDLINE_ROCM_FP8_GEMM` not `0`.
+fn fp8_gemm_takes(dev: &Backend, x: &Tensor, w: &Tensor) -> bool {
+    x.dtype() == DType::F8E4M3
+        && w.dtype() == DType::F8E4M3
+        && dev.info.fp8.is_some()
+        && w.dim(0).is_multiple_of(16)
+        && w.dim(1).is_multiple_of(16)
+        && std::env::var("WORLDLINE_ROCM_FP8_GEMM").map_or(true, |v| v != "0")
+}
+
+fn fp8_fallback(e: &Error) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(error = %e, "hipBLASLt fp8 GEMM failed; fp8 linears run as bf16 GEMMs");
+    });
+}
+
+/// `out[m, n] = Σ x[m, k]·w[n, k]` on fp8 operands through hipBLASLt, bf16 out. Tensorwise
+/// scales ride on the GEMM as its A/B scale pointers; rowwise ones (per token of `x`, per
+/// output channel of `w`) are applied to the bf16 output after it (`scale_rows_cols_bf16`, as
+/// CUDA's fallback does: two roundings). Our codes are OCP e4m3fn; on gfx942, whose matrix
+/// cores take fnuz e4m3, they are passed as fnuz codes of half the value (the same bits with
+/// exponent bias 8; `e4m3fn_to_fnuz` moves the two codes that differ) and alpha = 4 undoes the
+/// halving of both operands.
+pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (xs, ws) = (storage(x)?, storage(w)?);
+    let dev = xs.dev.clone();
+    let (k, n) = (w.dim(1), w.dim(0));
+    let m = x.elem_count() / k;
+    let (
+        RocmData::F8 {
+            codes: xq,
+            scales: xsc,
+            rowwise: xrow,
+        },
+        RocmData::F8 {
+            codes: wq,
+            scales: wsc,
+            rowwise: wrow,
+        },
+    ) = (&xs.data, &ws.data)
+    else {
+        return Err(dev.err("linear_fp8: operands are not fp8"));
+    };
+    let fnuz = dev.info.fp8 == Some(Fp8Format::E4m3Fnuz);
+    let as_fnuz = |codes: &DeviceBuf<u8>| -> Result<Option<DeviceBuf<u8>>> {
+        if !fnuz {
+            return Ok(None);
+        }
+        let len = codes.len();
+        // SAFETY: every element is written by the kernel below before anything reads it.
+        let mut out = unsafe { dev.stream.alloc::<u8>(len) }.map_err(|e| dev.err(e))?;
+        let n64 = len as u64;
+        launch!(&dev, "fp8", "e4m3fn_to_fnuz", grid(len), |b| {
+            b.arg(&mut out).arg(codes).arg(&n64);
+        });
+        Ok(Some(out))
+    };
+    let (xf, wf) = (as_fnuz(xq)?, as_fnuz(wq)?);
+    let (xq, wq) = (xf.as_ref().unwrap_or(xq), wf.as_ref().unwrap_or(wq));
+    let rowwise = *xrow || *wrow;
+    let mut out = RocmStorage::alloc(&dev, DType::BF16, m * n)?;
+    let RocmData::BF16(o) = &mut out.data else {
+        return Err(dev.err("linear_fp8: output not bf16"));
+    };
+    let ptr = |b: &DeviceBuf<u8>| b.device_ptr(&dev.stream).0;
+    let (pa, pb, pd) = (ptr(wq), ptr(xq), o.device_ptr(&dev.stream).0);
+    let scales = (!rowwise).then(|| {
+        [
+            wsc.device_ptr(&dev.stream).0 as *const c_void,
+            xsc.device_ptr(&dev.stream).0 as *const c_void,
+        ]
+    });
+    let extras = Extras {
+        bias: None,
+        scales,
+        alpha: if fnuz { 4.0 } else { 1.0 },
+    };
+    let stream = dev.stream.raw;
+    dev.timed("gemm", || {
+        dev.with_blas(|lt, ws, ws_bytes| {
+            // SAFETY: w holds n×k codes, x m×k, out m×n bf16 (shapes checked by
+            // crate::ops::linear); the scales are one f32 each when passed (tensorwise); all
+            // live on this device's stream.
+            unsafe {
+                lt.matmul(
+                    stream,
+                    GemmType::Fp8 { fnuz },
+                    ColMajor::linear(m, n, k),
+                    pa as *const _,
+                    pb as *const _,
+                    pd as *mut _,
+                    extras,
+                    ws as *mut _,
+                    ws_bytes,
+                )
+            }
+        })
+    })?;
+    if rowwise {
+        let (m64, n64, xr, wr) = (m as u64, n as u64, i32::from(*xrow), i32::from(*wrow));
+        launch!(&dev, "fp8", "scale_rows_cols_bf16", grid(m * n), |b| {
+            b.arg(&mut *o)
+                .arg(xsc)
+                .arg(&xr)
+                .arg(wsc)
+                .arg(&wr)
+                .arg(&m64)
+                .arg(&n64);
+        });
+    }
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    Ok(wrap(out, &shape))
 }
 
 /// Which kernel [`attention`] runs.

@@ -8,6 +8,7 @@
 // shapes, arguments, strides and wave64 logic.
 #include <array>
 #include <barrier>
+#include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -331,13 +332,16 @@ int hiprtcGetCode(Program* p, char* out) {
     return 0;
 }
 
-// ---- hipBLASLt: D = alpha·op(A)·op(B) + beta·C (+ bias per row of D), column-major, f32
-// accumulation, f32 (0) or bf16 (14) data.
+// ---- hipBLASLt: D = alpha·scaleA·scaleB·op(A)·op(B) + beta·C (+ bias per row of D),
+// column-major, f32 accumulation, f32 (0) or bf16 (14) data, or fp8 A and B (OCP e4m3 28,
+// fnuz e4m3 1000; op(A) = T and op(B) = N only, as the library's fp8 kernels) with bf16 D.
 struct Desc {
     int transa = 111, transb = 111;
     unsigned epilogue = 1;
     const void* bias = nullptr;
     int bias_type = -1;
+    const float* scale_a = nullptr;
+    const float* scale_b = nullptr;
 };
 struct Layout {
     int type;
@@ -385,11 +389,13 @@ int hipblasLtMatmulDescSetAttribute(Desc* d, int attr, const void* buf, size_t s
     case 2: std::memcpy(&d->epilogue, buf, 4); return 0;
     case 3: std::memcpy(&d->bias, buf, sizeof(void*)); return size == sizeof(void*) ? 0 : 3;
     case 4: std::memcpy(&d->bias_type, buf, 4); return 0;
+    case 5: std::memcpy(&d->scale_a, buf, sizeof(void*)); return size == sizeof(void*) ? 0 : 3;
+    case 6: std::memcpy(&d->scale_b, buf, sizeof(void*)); return size == sizeof(void*) ? 0 : 3;
     default: return 10;  // HIPBLAS_STATUS_INVALID_ENUM
     }
 }
 int hipblasLtMatrixLayoutCreate(Layout** l, int type, uint64_t rows, uint64_t cols, int64_t ld) {
-    if (type != 0 && type != 14) return 7;
+    if (type != 0 && type != 14 && type != 28 && type != 1000) return 7;
     if (ld < (int64_t)rows) return 3;  // HIPBLAS_STATUS_INVALID_VALUE
     *l = new Layout{type, rows, cols, ld};
     return 0;
@@ -415,8 +421,18 @@ int hipblasLtMatmulAlgoGetHeuristic(void*, Desc*, Layout*, Layout*, Layout*, Lay
     return 0;
 }
 
+// e4m3 from its definition: sign, 4 exponent bits, 3 mantissa bits; OCP (bias 7, NaN at
+// S.1111.111, no infinities) or fnuz (bias 8, NaN only at 0x80, no negative zero).
+static float e4m3(uint8_t c, bool fnuz) {
+    if (fnuz ? c == 0x80 : (c & 0x7f) == 0x7f) return std::nanf("");
+    const int e = (c >> 3) & 15, m = c & 7, bias = fnuz ? 8 : 7;
+    const float mag = e == 0 ? std::ldexp((float)m / 8.0f, 1 - bias) : std::ldexp(1.0f + (float)m / 8.0f, e - bias);
+    return (c & 0x80) ? -mag : mag;
+}
+
 static float load(const void* p, int type, size_t i) {
     if (type == 0) return static_cast<const float*>(p)[i];
+    if (type == 28 || type == 1000) return e4m3(static_cast<const uint8_t*>(p)[i], type == 1000);
     const uint32_t bits = (uint32_t) static_cast<const uint16_t*>(p)[i] << 16;
     float f;
     std::memcpy(&f, &bits, 4);
@@ -444,7 +460,13 @@ int hipblasLtMatmul(void*, Desc* d, const void* alpha, const void* a, Layout* la
     const uint64_t m = ld->rows, n = ld->cols, k = ta ? la->rows : la->cols;
     if ((ta ? la->cols : la->rows) != m || (tb ? lb->cols : lb->rows) != k || (tb ? lb->rows : lb->cols) != n)
         return 3;
-    const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+    const bool fp8 = la->type == 28 || la->type == 1000;
+    if (fp8 != (lb->type == 28 || lb->type == 1000)) return 7;
+    if (fp8 && (!ta || tb || ld->type != 14)) return 7;
+    float al = *static_cast<const float*>(alpha);
+    const float be = *static_cast<const float*>(beta);
+    if (d->scale_a) al *= *d->scale_a;
+    if (d->scale_b) al *= *d->scale_b;
     const bool bias = d->epilogue == 4;
     if (bias && !d->bias) return 3;
     for (uint64_t j = 0; j < n; ++j)

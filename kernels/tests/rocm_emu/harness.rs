@@ -1,0 +1,146 @@
+//! What the emulated-GPU tests share (`rocm_emulated.rs` on a gfx942, `rocm_emulated_gfx950.rs`
+//! on a gfx950): building the emulator, pointing the ROCm backend at it, inputs, the comparison.
+#![allow(dead_code)] // each test file uses its share
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use kernels::{ops, DType, Device, ScaleKind, Tensor};
+
+/// One test at a time: they set environment variables the emulator's threads read.
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn compiler() -> String {
+    std::env::var("WORLDLINE_ROCM_EMU_CXX").unwrap_or_else(|_| "clang++-19".into())
+}
+
+/// Builds the emulator library and points the ROCm backend at it as a GPU of `arch` (once per
+/// process, before anything loads a ROCm library), or says why it cannot.
+pub fn emulated_gpu(arch: &str) -> Option<Device> {
+    static READY: OnceLock<Result<(), String>> = OnceLock::new();
+    let ready = READY.get_or_init(|| {
+        let cxx = compiler();
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/rocm_emu");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rocm-emu-{arch}"));
+        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+        let lib = out.join("libwl_rocm_emu.so");
+        let built = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-fPIC", "-shared"])
+            .arg(src.join("runtime.cpp"))
+            .arg("-o")
+            .arg(&lib)
+            .args(["-ldl", "-lpthread"])
+            .output()
+            .map_err(|e| format!("{cxx} not runnable ({e})"))?;
+        if !built.status.success() {
+            return Err(format!(
+                "building the emulator: {}",
+                String::from_utf8_lossy(&built.stderr)
+            ));
+        }
+        // Set before the first ROCm library load of this process (the loaders keep the first).
+        std::env::set_var("WORLDLINE_ROCM_LIBRARY", &lib);
+        std::env::set_var("WORLDLINE_ROCM_EMU_DIR", &src);
+        std::env::set_var("WORLDLINE_ROCM_EMU_CXX", &cxx);
+        std::env::set_var("WORLDLINE_ROCM_ARCH", arch);
+        std::env::set_var("WORLDLINE_KERNEL_CACHE", out.join("cache"));
+        std::env::set_var("WORLDLINE_POISON", "1");
+        Ok(())
+    });
+    match ready {
+        Ok(()) => Some(Device::Rocm(0)),
+        Err(e) if std::env::var("WORLDLINE_REQUIRE_ROCM_EMU").is_ok_and(|v| v == "1") => {
+            panic!("the ROCm emulator is required here: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+pub fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0 + 1e-3
+        })
+        .collect()
+}
+
+pub fn input(seed: u64, shape: &[usize], dtype: DType) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_vec(values(seed, n), shape)
+        .and_then(|t| t.to_dtype(dtype))
+        .expect("input")
+}
+
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += (f64::from(*g) - f64::from(*w)).powi(2);
+        den += f64::from(*w).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// `f` on the CPU and on `dev` with the same inputs, compared.
+pub fn check(
+    what: &str,
+    dev: Device,
+    tol: f64,
+    inputs: &[&Tensor],
+    f: impl Fn(&[Tensor]) -> kernels::Result<Tensor>,
+) {
+    let cpu: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
+    let gpu: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.to_device(dev).expect("upload"))
+        .collect();
+    let want = f(&cpu).expect("cpu");
+    let got = f(&gpu).unwrap_or_else(|e| panic!("{what} on {dev}: {e}"));
+    assert_eq!(got.device(), dev, "{what}");
+    assert_eq!(got.shape(), want.shape(), "{what}");
+    let e = rel_l2(&got.to_vec_f32(), &want.to_vec_f32());
+    println!("{what}: rel L2 {e:.2e}");
+    assert!(e <= tol, "{what}: rel L2 {e:.3e} > {tol:e}");
+}
+
+/// fp8 linears through hipBLASLt's fp8 path (`rocm::ops::linear_fp8`, called directly: the
+/// dispatch would fall back to bf16, which gives the same values) against the CPU on the same
+/// codes, each scaling on each side; then `ops::linear` with a bias. The activation holds a
+/// -0 code (0x80, NaN as gfx942's fnuz) and both signs.
+pub fn fp8_linears_match(dev: Device) {
+    let (m, n, k) = (19, 32, 48);
+    let mut xv = values(40, m * k);
+    xv[0] = -1e-9;
+    let x = Tensor::from_vec(xv, &[m, k]).expect("x");
+    let w = input(41, &[n, k], DType::F32);
+    let bias = input(42, &[n], DType::F32);
+    for (xk, wk) in [
+        (ScaleKind::Rowwise, ScaleKind::Rowwise),
+        (ScaleKind::Tensorwise, ScaleKind::Tensorwise),
+        (ScaleKind::Rowwise, ScaleKind::Tensorwise),
+        (ScaleKind::Tensorwise, ScaleKind::Rowwise),
+    ] {
+        let xq = ops::quantize_fp8(&x, xk).expect("quantize x");
+        let wq = ops::quantize_fp8(&w, wk).expect("quantize w");
+        let what = format!("fp8 linear x {xk:?} w {wk:?}");
+        check(&what, dev, 1e-2, &[&xq, &wq], |t| match t[0].device() {
+            Device::Cpu => ops::linear(&t[0], &t[1], None),
+            _ => kernels::rocm::ops::linear_fp8(&t[0], &t[1]),
+        });
+        check(
+            &format!("{what} + bias"),
+            dev,
+            1e-2,
+            &[&xq, &wq, &bias],
+            |t| ops::linear(&t[0], &t[1], Some(&t[2])),
+        );
+    }
+}
