@@ -383,26 +383,161 @@ WL_FLASH(32)
 #endif
 
 #if defined(WL_HAS_MFMA_BF16)
-// Flash attention forward on CDNA matrix cores (v_mfma_f32_16x16x16_bf16, wave64): the same
-// contract as the mma.sync kernel above (bf16 q/k/v [L, heads, 128], f32 accumulation and
-// online softmax in base 2, bf16 out, keys past `kv_len` or past a query's chunk masked). A
-// block of 4 wavefronts takes 128 queries of one head, 32 per wavefront as two 16-query
-// halves, so each K and V fragment read from LDS feeds two MFMAs.
+// Attention on CDNA matrix cores (v_mfma_f32_16x16x16_bf16, wave64): bf16 q/k/v with rows
+// [tokens, heads, 128], f32 accumulation and online softmax in base 2, bf16 out. A wavefront owns
+// 32 queries of one head as two 16-query halves, so each K and V fragment read from LDS feeds two
+// MFMAs; key tiles of up to 64 are staged in LDS, K row-major and V transposed, so that both A
+// operands are one 64-bit LDS read per lane.
 //
 // The scores are computed transposed, Sᵀ = K·Qᵀ: in MFMA's output layout a lane holds four keys
 // of one query, so every query's softmax state lives in one lane (two xor-shuffles join the four
 // lane groups' maxima and sums), and the probabilities are already the B operand of
 // Oᵀ = Vᵀ·Pᵀ, whose output again keeps a query per lane: no shuffles between the two products
-// and the rescale needs no exchange. Q stays in registers (8 fragments per half); each tile of
-// BC keys is staged in LDS with K row-major and V transposed, so that both A operands are one
-// 64-bit LDS read per lane. Single-buffered and not tuned: it has never run on an AMD GPU
-// (checked on the CPU emulation of kernels/tests/rocm_emu and at every worker start on ROCm).
+// and the rescale needs no exchange. Q stays in registers (8 fragments per half).
+// Single-buffered and not tuned: never run on an AMD GPU (checked on the CPU emulation of
+// kernels/tests/rocm_emu and at every worker start on ROCm).
 #define FM_D 128
-#define FM_WAVES 4
-#define FM_BR (32 * FM_WAVES)
 #define FM_BC 64
 #define FM_KP (FM_D + 8)
 #define FM_VP (FM_BC + 8)
+
+struct FmState {
+    wl_f32x4 o[2][FM_D / 16];  // Oᵀ: dims 16·j + 4·grp .. +3 of this lane's query, per half
+    float m[2], l[2];          // running max (scaled, base 2) and this lane's share of the sum
+};
+
+WL_DEVICE void fm_init(FmState& st) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        st.m[hh] = -WL_INF, st.l[hh] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < FM_D / 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st.o[hh][j][e] = 0.0f;
+    }
+}
+
+// The Q fragments of a lane's two queries (tokens `tok`, zeros where not `valid`): the B operand
+// of Sᵀ, dims 4·grp .. +3 of every 16-dim step.
+WL_DEVICE void fm_load_q(wl_bf16x4 (&qf)[2][FM_D / 16], const wl_bf16* q, const int* tok, const bool* valid,
+                         wl_u64 row, int h, int grp) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int kk = 0; kk < FM_D / 16; ++kk) {
+            if (valid[hh]) {
+                qf[hh][kk] = wl_ld_bf16x4(q + (wl_u64)tok[hh] * row + (wl_u64)h * FM_D + kk * 16 + grp * 4);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qf[hh][kk][e] = 0;
+            }
+        }
+}
+
+// Stages `count` (≤ FM_BC) key rows, tokens first .. first+count-1 or, with `order`, the tokens
+// order[first ..]; the rest of the tile is zeros (a masked key's probability is 0, and 0 · garbage
+// could be NaN). The whole block takes part; the caller syncs after.
+WL_DEVICE void fm_stage(wl_bf16* ks, wl_bf16* vt, const wl_bf16* k, const wl_bf16* v, const int* order, int first,
+                        int count, wl_u64 row, int h) {
+    for (int i = threadIdx.x; i < FM_BC * FM_D / 8; i += blockDim.x) {
+        const int r = i / (FM_D / 8), c8 = (i % (FM_D / 8)) * 8;
+        uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+        if (r < count) {
+            const int tok = order ? order[first + r] : first + r;
+            const wl_u64 at = (wl_u64)tok * row + (wl_u64)h * FM_D + c8;
+            kw = *(const uint4*)(k + at);
+            vw = *(const uint4*)(v + at);
+        }
+        *(uint4*)(ks + r * FM_KP + c8) = kw;
+        const unsigned int w[4] = {vw.x, vw.y, vw.z, vw.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) vt[(c8 + e) * FM_VP + r] = (wl_bf16)(w[e / 2] >> (16 * (e % 2)));
+    }
+}
+
+// One staged tile into the state: keys at or past vis[hh] of the tile are masked for half hh.
+WL_DEVICE void fm_step(FmState& st, const wl_bf16* ks, const wl_bf16* vt, const wl_bf16x4 (&qf)[2][FM_D / 16],
+                       const int* vis, float scale2, int col, int grp) {
+    // Sᵀ: lane (col, grp) gets keys 16·t + 4·grp .. +3 of query col of each half.
+    wl_f32x4 s[2][FM_BC / 16];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int t = 0; t < FM_BC / 16; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[hh][t][e] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < FM_BC / 16; ++t) {
+#pragma unroll
+        for (int kk = 0; kk < FM_D / 16; ++kk) {
+            const wl_bf16x4 a = wl_ld_bf16x4(ks + (t * 16 + col) * FM_KP + kk * 16 + grp * 4);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) s[hh][t] = wl_mfma_16x16x16_bf16(a, qf[hh][kk], s[hh][t]);
+        }
+    }
+    // Online softmax per query; the max is taken on raw scores (scale > 0).
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float mx = -WL_INF;
+#pragma unroll
+        for (int t = 0; t < FM_BC / 16; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (t * 16 + grp * 4 + e >= vis[hh]) s[hh][t][e] = -WL_INF;
+                mx = fmaxf(mx, s[hh][t][e]);
+            }
+        mx = fmaxf(mx, wl_shfl_xor(mx, 16));
+        mx = fmaxf(mx, wl_shfl_xor(mx, 32));
+        const float n = fmaxf(st.m[hh], mx * scale2);
+        // A query with nothing visible yet keeps m = -inf; (-inf) - (-inf) must not be NaN.
+        const float base = n == -WL_INF ? 0.0f : n;
+        const float corr = exp2f(st.m[hh] - base);
+        float sum = 0.0f;
+#pragma unroll
+        for (int t = 0; t < FM_BC / 16; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float p = exp2f(fmaf(s[hh][t][e], scale2, -base));
+                s[hh][t][e] = p;
+                sum += p;
+            }
+        // The four lane groups' shares are joined at the end: they share every rescale factor.
+        st.l[hh] = st.l[hh] * corr + sum;
+        st.m[hh] = n;
+#pragma unroll
+        for (int j = 0; j < FM_D / 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st.o[hh][j][e] *= corr;
+    }
+    // Oᵀ += Vᵀ·Pᵀ, 16 keys a step: the step's probabilities as bf16 are the B operand.
+#pragma unroll
+    for (int t = 0; t < FM_BC / 16; ++t) {
+        wl_bf16x4 p[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) p[hh][e] = (short)wl_to_bf16(s[hh][t][e]);
+#pragma unroll
+        for (int j = 0; j < FM_D / 16; ++j) {
+            const wl_bf16x4 a = wl_ld_bf16x4(vt + (j * 16 + col) * FM_VP + t * 16 + grp * 4);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) st.o[hh][j] = wl_mfma_16x16x16_bf16(a, p[hh], st.o[hh][j]);
+        }
+    }
+}
+
+// 1 / the softmax sum of half hh's query (every lane of the wavefront takes part).
+WL_DEVICE float fm_inv_sum(const FmState& st, int hh) {
+    float t = st.l[hh];
+    t += wl_shfl_xor(t, 16);
+    t += wl_shfl_xor(t, 32);
+    return 1.0f / t;
+}
+
+// Flash attention (the mma.sync kernel's contract): a block of 4 wavefronts takes 128 queries of
+// one head; keys past `kv_len`, or past a query's chunk when `block_tokens > 0`, are masked.
+#define FM_WAVES 4
+#define FM_BR (32 * FM_WAVES)
 
 WL_DEVICE void flash_mfma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq,
                                int kv_len, int heads, int block_tokens, float scale) {
@@ -412,144 +547,38 @@ WL_DEVICE void flash_mfma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k,
     const int col = lane % 16, grp = lane / 16;
     const int h = blockIdx.y, qb = blockIdx.x * FM_BR;
     const wl_u64 row = (wl_u64)heads * FM_D;
-    const float scale2 = scale * 1.4426950408889634f;
-
-    // This lane's query in each half, its Q fragments (the B operand of Sᵀ: dims 4·grp .. +3
-    // of every 16-dim step) and the keys it may see.
     int qi[2], lim[2];
-    wl_bf16x4 qf[2][FM_D / 16];
+    bool valid[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         qi[hh] = qb + wave * 32 + hh * 16 + col;
+        valid[hh] = qi[hh] < lq;
         lim[hh] = block_tokens > 0 ? min(kv_len, (qi[hh] / block_tokens + 1) * block_tokens) : kv_len;
-#pragma unroll
-        for (int kk = 0; kk < FM_D / 16; ++kk) {
-            if (qi[hh] < lq) {
-                qf[hh][kk] = wl_ld_bf16x4(q + (wl_u64)qi[hh] * row + (wl_u64)h * FM_D + kk * 16 + grp * 4);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) qf[hh][kk][e] = 0;
-            }
-        }
     }
+    wl_bf16x4 qf[2][FM_D / 16];
+    fm_load_q(qf, q, qi, valid, row, h, grp);
     int block_end = kv_len;
     if (block_tokens > 0) block_end = min(kv_len, (min(lq - 1, qb + FM_BR - 1) / block_tokens + 1) * block_tokens);
-
-    wl_f32x4 o[2][FM_D / 16];
-    float m[2], l[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        m[hh] = -WL_INF, l[hh] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < FM_D / 16; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[hh][j][e] = 0.0f;
-    }
-
+    FmState st;
+    fm_init(st);
     for (int kb = 0; kb < block_end; kb += FM_BC) {
-        // Stage the tile: 16 bytes of a key row per step; rows past kv_len are zeros (a masked
-        // key's probability is 0, and 0 · garbage could be NaN).
-        for (int i = threadIdx.x; i < FM_BC * FM_D / 8; i += blockDim.x) {
-            const int r = i / (FM_D / 8), c8 = (i % (FM_D / 8)) * 8;
-            uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
-            if (kb + r < kv_len) {
-                const wl_u64 at = (wl_u64)(kb + r) * row + (wl_u64)h * FM_D + c8;
-                kw = *(const uint4*)(k + at);
-                vw = *(const uint4*)(v + at);
-            }
-            *(uint4*)(ks + r * FM_KP + c8) = kw;
-            const unsigned int w[4] = {vw.x, vw.y, vw.z, vw.w};
-#pragma unroll
-            for (int e = 0; e < 8; ++e) vt[(c8 + e) * FM_VP + r] = (wl_bf16)(w[e / 2] >> (16 * (e % 2)));
-        }
+        fm_stage(ks, vt, k, v, nullptr, kb, min(FM_BC, kv_len - kb), row, h);
         __syncthreads();
-
-        // Sᵀ: lane (col, grp) gets keys kb + 16·t + 4·grp .. +3 of query col of each half.
-        wl_f32x4 s[2][FM_BC / 16];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-            for (int t = 0; t < FM_BC / 16; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[hh][t][e] = 0.0f;
-#pragma unroll
-        for (int t = 0; t < FM_BC / 16; ++t) {
-#pragma unroll
-            for (int kk = 0; kk < FM_D / 16; ++kk) {
-                const wl_bf16x4 a = wl_ld_bf16x4(ks + (t * 16 + col) * FM_KP + kk * 16 + grp * 4);
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) s[hh][t] = wl_mfma_16x16x16_bf16(a, qf[hh][kk], s[hh][t]);
-            }
-        }
-
-        // Online softmax per query; the max is taken on raw scores (scale > 0).
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float mx = -WL_INF;
-#pragma unroll
-            for (int t = 0; t < FM_BC / 16; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (kb + t * 16 + grp * 4 + e >= lim[hh]) s[hh][t][e] = -WL_INF;
-                    mx = fmaxf(mx, s[hh][t][e]);
-                }
-            mx = fmaxf(mx, wl_shfl_xor(mx, 16));
-            mx = fmaxf(mx, wl_shfl_xor(mx, 32));
-            const float n = fmaxf(m[hh], mx * scale2);
-            // A query with nothing visible yet keeps m = -inf; (-inf) - (-inf) must not be NaN.
-            const float base = n == -WL_INF ? 0.0f : n;
-            const float corr = exp2f(m[hh] - base);
-            float sum = 0.0f;
-#pragma unroll
-            for (int t = 0; t < FM_BC / 16; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float p = exp2f(fmaf(s[hh][t][e], scale2, -base));
-                    s[hh][t][e] = p;
-                    sum += p;
-                }
-            // This lane's share of the row sum; the four groups' shares are joined at the end
-            // (they share every rescale factor).
-            l[hh] = l[hh] * corr + sum;
-            m[hh] = n;
-#pragma unroll
-            for (int j = 0; j < FM_D / 16; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[hh][j][e] *= corr;
-        }
-
-        // Oᵀ += Vᵀ·Pᵀ, 16 keys a step: the step's probabilities as bf16 are the B operand.
-#pragma unroll
-        for (int t = 0; t < FM_BC / 16; ++t) {
-            wl_bf16x4 p[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) p[hh][e] = (short)wl_to_bf16(s[hh][t][e]);
-#pragma unroll
-            for (int j = 0; j < FM_D / 16; ++j) {
-                const wl_bf16x4 a = wl_ld_bf16x4(vt + (j * 16 + col) * FM_VP + t * 16 + grp * 4);
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) o[hh][j] = wl_mfma_16x16x16_bf16(a, p[hh], o[hh][j]);
-            }
-        }
+        const int vis[2] = {lim[0] - kb, lim[1] - kb};
+        fm_step(st, ks, vt, qf, vis, scale * 1.4426950408889634f, col, grp);
         // The tile is restaged next: everyone must be done reading it.
         __syncthreads();
     }
-
-    // Lane (col, grp) holds dims 16·j + 4·grp .. +3 of query col: one 8-byte store per j.
+    // Lane (col, grp) holds dims 16·j + 4·grp .. +3 of its query: one 8-byte store per j.
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-        float t = l[hh];
-        t += wl_shfl_xor(t, 16);
-        t += wl_shfl_xor(t, 32);
-        const float inv = 1.0f / t;
-        if (qi[hh] >= lq) continue;
+        const float inv = fm_inv_sum(st, hh);
+        if (!valid[hh]) continue;
         wl_bf16* dst = out + (wl_u64)qi[hh] * row + (wl_u64)h * FM_D + grp * 4;
 #pragma unroll
         for (int j = 0; j < FM_D / 16; ++j)
-            *(uint2*)(dst + j * 16) = make_uint2(wl_pack_bf16(o[hh][j][0] * inv, o[hh][j][1] * inv),
-                                                 wl_pack_bf16(o[hh][j][2] * inv, o[hh][j][3] * inv));
+            *(uint2*)(dst + j * 16) = make_uint2(wl_pack_bf16(st.o[hh][j][0] * inv, st.o[hh][j][1] * inv),
+                                                 wl_pack_bf16(st.o[hh][j][2] * inv, st.o[hh][j][3] * inv));
     }
 }
 
@@ -557,6 +586,62 @@ WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
     flash_mfma_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq, int kv_len,
                          int heads, int block_tokens, float scale) {
     flash_mfma_d128(out, q, k, v, lq, kv_len, heads, block_tokens, scale);
+}
+
+// VSA's fine branch (vsa.cu's portable vsa_fine, same arguments but q_offsets/q_sizes for
+// q_tile): a block of 2 wavefronts takes one query tile (≤ 64 tokens, gathered through
+// q_order) of one head and runs the kernel above over its top_k kept key tiles (≤ 64 tokens
+// each, gathered through k_order); out = fine + gate · coarse (gate 1 when absent).
+WL_KERNEL void __launch_bounds__(128)
+    vsa_fine_mfma_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, const wl_bf16* gate,
+                            int has_gate, const float* coarse, const int* kept, const int* q_order,
+                            const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
+                            const int* k_sizes, int heads, int top_k, float scale) {
+    __align__(16) __shared__ wl_bf16 ks[FM_BC * FM_KP];
+    __align__(16) __shared__ wl_bf16 vt[FM_D * FM_VP];
+    const int wave = threadIdx.x / 64, lane = threadIdx.x % 64;
+    const int col = lane % 16, grp = lane / 16;
+    const int tile = blockIdx.x, h = blockIdx.y;
+    const wl_u64 row = (wl_u64)heads * FM_D;
+    const int qfirst = q_offsets[tile], qn = q_sizes[tile];
+    int tok[2];
+    bool valid[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int slot = wave * 32 + hh * 16 + col;
+        valid[hh] = slot < qn;
+        tok[hh] = valid[hh] ? q_order[qfirst + slot] : 0;
+    }
+    wl_bf16x4 qf[2][FM_D / 16];
+    fm_load_q(qf, q, tok, valid, row, h, grp);
+    FmState st;
+    fm_init(st);
+    const int* mine = kept + ((wl_u64)tile * heads + h) * top_k;
+    for (int t = 0; t < top_k; ++t) {
+        const int j = mine[t], n = k_sizes[j];
+        fm_stage(ks, vt, k, v, k_order, k_offsets[j], n, row, h);
+        __syncthreads();
+        const int vis[2] = {n, n};
+        fm_step(st, ks, vt, qf, vis, scale * 1.4426950408889634f, col, grp);
+        __syncthreads();
+    }
+    const float* c = coarse + ((wl_u64)tile * heads + h) * FM_D + grp * 4;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const float inv = fm_inv_sum(st, hh);
+        if (!valid[hh]) continue;
+        const wl_u64 at = (wl_u64)tok[hh] * row + (wl_u64)h * FM_D + grp * 4;
+#pragma unroll
+        for (int j = 0; j < FM_D / 16; ++j) {
+            float y[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float g = has_gate ? wl_ld(gate, at + j * 16 + e) : 1.0f;
+                y[e] = st.o[hh][j][e] * inv + g * c[j * 16 + e];
+            }
+            *(uint2*)(out + at + j * 16) = make_uint2(wl_pack_bf16(y[0], y[1]), wl_pack_bf16(y[2], y[3]));
+        }
+    }
 }
 #endif
 

@@ -229,3 +229,39 @@ fn fp8_linears_run_on_fnuz_matrix_cores() {
     };
     fp8_linears_match(dev);
 }
+
+#[test]
+fn vsa_fine_runs_on_the_matrix_cores() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    // Wan's head dim in bf16: the MFMA fine kernel, over partial tiles on every axis (a 3×6×9
+    // chunk over a 9×6×9 cache: query tiles of 12 to 64 tokens, key tiles of 16 to 64), with
+    // and without the gate.
+    let (qg, kg) = ([3, 6, 9], [9, 6, 9]);
+    let tiling = |g| kernels::vsa::Tiling::new(g, kernels::vsa::TILE);
+    assert!(kernels::rocm::ops::vsa_mfma_fits(
+        "gfx942",
+        true,
+        128,
+        &tiling(qg),
+        &tiling(kg)
+    ));
+    let (q, k, v, gate) = (
+        input(60, &[162, 1, 128], DType::BF16),
+        input(61, &[486, 1, 128], DType::BF16),
+        input(62, &[486, 1, 128], DType::BF16),
+        input(63, &[162, 1, 128], DType::BF16),
+    );
+    check("vsa d 128 top-5 (MFMA)", dev, 1e-2, &[&q, &k, &v], |t| {
+        kernels::vsa::attention(&t[0], &t[1], &t[2], None, qg, kg, 5)
+    });
+    check(
+        "vsa d 128 top-3 gated (MFMA)",
+        dev,
+        1e-2,
+        &[&q, &k, &v, &gate],
+        |t| kernels::vsa::attention(&t[0], &t[1], &t[2], Some(&t[3]), qg, kg, 3),
+    );
+}

@@ -1,7 +1,7 @@
 //! VSA on a GPU (`kernels/gpu/vsa.cu`), one source for both vendors (declared by `cuda::ops`
 //! and `rocm::ops` with `#[path]`): tile means, the coarse branch with the top-k selection, the
-//! fine branch over the kept tiles (on sm_90a the TMA kernel of attention.cu, through the vendor
-//! module's `vsa_fine_fast`). The tiling travels as index arrays.
+//! fine branch over the kept tiles (on sm_90a the TMA kernel of attention.cu, on MFMA
+//! architectures its MFMA kernel, through the vendor module's `vsa_fine_fast`). The tiling travels as index arrays.
 
 #[allow(unused_imports)] // the ROCm side has these as inherent methods
 use super::PushKernelArg;
@@ -36,7 +36,7 @@ fn coarse_shape(nk: usize) -> Option<(usize, usize)> {
     })
 }
 
-fn upload(dev: &CudaBackend, v: &[usize]) -> Result<CudaSlice<i32>> {
+pub(super) fn upload(dev: &CudaBackend, v: &[usize]) -> Result<CudaSlice<i32>> {
     let v: Vec<i32> = v
         .iter()
         .map(|&x| i32::try_from(x).map_err(|_| dev.err(format!("vsa: index {x} exceeds i32"))))

@@ -477,18 +477,75 @@ pub use common_conv::{
 
 /// VSA's fine branch has no TMA kernel here (CUDA's is Hopper-only): the portable kernel runs it.
 #[allow(clippy::too_many_arguments)]
+/// Whether VSA's fine branch takes the MFMA kernel: bf16 operands (`bf16`) at head dim 128,
+/// tiles of at most 64 tokens, an MFMA architecture.
+pub fn vsa_mfma_fits(
+    arch: &str,
+    bf16: bool,
+    d: usize,
+    qt: &crate::vsa::Tiling,
+    kt: &crate::vsa::Tiling,
+) -> bool {
+    let small = |t: &crate::vsa::Tiling| t.sizes.iter().all(|&n| n <= 64);
+    bf16 && d == FLASH_HEAD_DIM && has_mfma_bf16(arch) && small(qt) && small(kt)
+}
+
+/// VSA's fine branch on the matrix cores (attention.cu's `vsa_fine_mfma_bf16_d128`): bf16
+/// operands at head dim 128 with tiles of at most 64 tokens on an MFMA architecture; `None`
+/// leaves the call to the portable kernel.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn vsa_fine_fast(
-    _q: &Tensor,
-    _k: &Tensor,
-    _v: &Tensor,
-    _gate: Option<&Tensor>,
-    _coarse: &DeviceBuf<f32>,
-    _kept: &DeviceBuf<i32>,
-    _qt: &crate::vsa::Tiling,
-    _kt: &crate::vsa::Tiling,
-    _top_k: usize,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    gate: Option<&Tensor>,
+    coarse: &DeviceBuf<f32>,
+    kept: &DeviceBuf<i32>,
+    qt: &crate::vsa::Tiling,
+    kt: &crate::vsa::Tiling,
+    top_k: usize,
 ) -> Result<Option<Tensor>> {
-    Ok(None)
+    let s = storage(q)?;
+    let dev = s.dev.clone();
+    let (heads, d) = (q.dim(1), q.dim(2));
+    let bf16 = [q, k, v].iter().all(|t| t.dtype() == DType::BF16)
+        && gate.is_none_or(|g| g.dtype() == DType::BF16);
+    if !vsa_mfma_fits(&dev.arch, bf16, d, qt, kt) {
+        return Ok(None);
+    }
+    let i32_of = |what: &str, n: usize| {
+        i32::try_from(n).map_err(|_| dev.err(format!("vsa: {what} {n} exceeds 32 bits")))
+    };
+    let (h32, k32, has_gate) = (
+        i32_of("heads", heads)?,
+        i32_of("top_k", top_k)?,
+        i32::from(gate.is_some()),
+    );
+    let qi = [&qt.order, &qt.offsets, &qt.sizes].map(|v| vsa::upload(&dev, v));
+    let ki = [&kt.order, &kt.offsets, &kt.sizes].map(|v| vsa::upload(&dev, v));
+    let [qo, qoff, qsz] = qi;
+    let [ko, koff, ksz] = ki;
+    let (qo, qoff, qsz, ko, koff, ksz) = (qo?, qoff?, qsz?, ko?, koff?, ksz?);
+    let (ks, vs) = (storage(k)?, storage(v)?);
+    let gs = gate.map(storage).transpose()?;
+    let mut out = RocmStorage::alloc(&dev, DType::BF16, q.elem_count())?;
+    let scale = 1.0f32 / (d as f32).sqrt();
+    let cfg = LaunchConfig {
+        grid_dim: (qt.tiles() as u32, heads as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(kind = "vsa fine"; &dev, "attention", "vsa_fine_mfma_bf16_d128", cfg, |b| {
+        push_mut(b, &mut out.data);
+        push(b, &s.data);
+        push(b, &ks.data);
+        push(b, &vs.data);
+        // Without a gate the kernel never reads this pointer; q stands in.
+        push(b, &gs.unwrap_or(s).data);
+        b.arg(&has_gate).arg(coarse).arg(kept).arg(&qo).arg(&qoff).arg(&qsz);
+        b.arg(&ko).arg(&koff).arg(&ksz).arg(&h32).arg(&k32).arg(&scale);
+    });
+    Ok(Some(wrap(out, q.shape())))
 }
 
 // One source compiled once per vendor, on purpose.
