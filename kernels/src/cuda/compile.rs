@@ -60,7 +60,11 @@ pub fn ptx(module: &str, arch: &str) -> Result<Ptx, String> {
     }
     let started = std::time::Instant::now();
     let ptx = compile(module, arch)?;
-    tracing_free_log(module, arch, started.elapsed());
+    // A cold cache is rare and worth a line: where the start-up time went.
+    tracing::info!(
+        "compiled kernels/{module}.cu for {arch} in {:.2}s (cached for next start)",
+        started.elapsed().as_secs_f64()
+    );
     if let Some(f) = &file {
         // A failed cache write only costs a recompile next time.
         if let Some(dir) = f.parent() {
@@ -72,12 +76,4 @@ pub fn ptx(module: &str, arch: &str) -> Result<Ptx, String> {
         }
     }
     Ok(ptx)
-}
-
-/// The kernels crate has no logging dependency: cold compiles are rare and worth one line.
-fn tracing_free_log(module: &str, arch: &str, took: std::time::Duration) {
-    eprintln!(
-        "compiled kernels/{module}.cu for {arch} in {:.2}s (cached for next start)",
-        took.as_secs_f64()
-    );
 }

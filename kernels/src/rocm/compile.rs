@@ -194,7 +194,8 @@ pub fn code_object(module: &str, arch: &str) -> Result<Vec<u8>, String> {
     }
     let started = std::time::Instant::now();
     let code = compile_source(&format!("{module}.cu"), &src, arch)?;
-    eprintln!(
+    // A cold cache is rare and worth a line: where the start-up time went.
+    tracing::info!(
         "compiled kernels/{module}.cu for {arch} with hipRTC {major}.{minor} in {:.2}s (cached for next start)",
         started.elapsed().as_secs_f64()
     );
