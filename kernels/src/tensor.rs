@@ -348,15 +348,19 @@ impl Tensor {
         }
         let outer: usize = self.shape[..dim].iter().product();
         let inner: usize = self.shape[dim + 1..].iter().product();
-        let src = self.cpu_f32();
-        let mut out = Vec::with_capacity(outer * len * inner);
-        for o in 0..outer {
-            let base = (o * self.shape[dim] + start) * inner;
-            out.extend_from_slice(&src[base..base + len * inner]);
-        }
+        let dtype = self.plain_dtype("narrow")?;
+        // The kept runs, copied in the stored dtype: a narrow of a bf16 tensor reads only what
+        // it keeps (converting the whole tensor to f32 first made a cache slice cost its size).
+        let keep = [outer, self.shape[dim], start, len, inner];
         let mut shape = self.shape.clone();
         shape[dim] = len;
-        Tensor::from_f32(out, &shape, self.plain_dtype("narrow")?)
+        let storage = match &*self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => CpuStorage::F32(runs(v, keep)),
+            Storage::Cpu(CpuStorage::BF16(v)) => CpuStorage::BF16(runs(v, keep)),
+            Storage::Cpu(CpuStorage::F16(v)) => CpuStorage::F16(runs(v, keep)),
+            _ => return Err(shape_err("narrow", format!("{dtype:?} storage"))),
+        };
+        Tensor::from_cpu_storage(storage, &shape)
     }
 
     /// Concatenation along `dim`; all other dimensions and the dtype must agree.
@@ -477,4 +481,15 @@ impl Tensor {
             d => Ok(d),
         }
     }
+}
+
+/// `[outer, extent, inner]` data narrowed to `len` of `extent` from `start`:
+/// `keep = [outer, extent, start, len, inner]`.
+fn runs<T: Copy>(src: &[T], [outer, extent, start, len, inner]: [usize; 5]) -> Vec<T> {
+    let mut out = Vec::with_capacity(outer * len * inner);
+    for o in 0..outer {
+        let base = (o * extent + start) * inner;
+        out.extend_from_slice(&src[base..base + len * inner]);
+    }
+    out
 }
