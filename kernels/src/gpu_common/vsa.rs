@@ -1,7 +1,8 @@
 //! VSA on a GPU (`kernels/gpu/vsa.cu`), one source for both vendors (declared by `cuda::ops`
 //! and `rocm::ops` with `#[path]`): tile means, the coarse branch with the top-k selection, the
 //! fine branch over the kept tiles (on sm_90a the TMA kernel of attention.cu, on MFMA
-//! architectures its MFMA kernel, through the vendor module's `vsa_fine_fast`). The tiling travels as index arrays.
+//! architectures its MFMA kernel, through the vendor module's `vsa_fine_fast`). The tiling
+//! travels as index arrays.
 
 #[allow(unused_imports)] // the ROCm side has these as inherent methods
 use super::PushKernelArg;

@@ -6,9 +6,10 @@
 //! The op backend: [`hip`] (the runtime behind cudarc's call shapes, a caching memory pool),
 //! [`compile`] (hipRTC run-time compilation of the kernel modules with an on-disk cache),
 //! `blaslt` (hipBLASLt GEMMs), [`RocmBackend`] and [`ops`], whose launches are the same source as
-//! CUDA's (`gpu_common/`: `ops.rs`, `conv.rs`, `vsa.rs`, `storage.rs`). MFMA kernels of our own
-//! for attention at head dim 128 (flash, and VSA's fine branch; gfx90a and later); otherwise the portable kernels,
-//! hipBLASLt for GEMMs (fp8 ones too; attention at other head dims).
+//! CUDA's (`gpu_common/`: `ops.rs`, `conv.rs`, `vsa.rs`, `storage.rs`). MFMA kernels of our
+//! own for attention at head dim 128 (flash, and VSA's fine branch; gfx90a and later);
+//! otherwise the portable kernels, hipBLASLt for GEMMs (fp8 ones too; attention at other head
+//! dims).
 //!
 //! None of it has run on an AMD GPU: no machine of this project has one. CI proves what it can
 //! without one: every kernel source compiles to gfx942 ISA (clang) and to gfx90a code objects
