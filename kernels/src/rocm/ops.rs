@@ -126,16 +126,19 @@ fn gemm(
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
     let dev = storage(x)?.dev.clone();
     if fp8_gemm_takes(&dev, x, w) {
-        match linear_fp8(x, w) {
-            Ok(mut y) => {
-                if let Some(b) = bias {
-                    y = add(&y, b)?;
+        let shape = Fp8Shape::of(x, w);
+        if !fp8_refused(shape) {
+            match linear_fp8(x, w) {
+                Ok(mut y) => {
+                    if let Some(b) = bias {
+                        y = add(&y, b)?;
+                    }
+                    return cast(&y, out_dtype);
                 }
-                return cast(&y, out_dtype);
+                // A library without fp8 kernels for this card or shape: said once, that shape
+                // kept on bf16 GEMMs from then on (no failed search per call).
+                Err(e) => fp8_fallback(shape, &e),
             }
-            // A library without fp8 kernels for this card or shape: say so once, and run the
-            // GEMM in bf16 as before.
-            Err(e) => fp8_fallback(&e),
         }
     }
     // fp8 weights without an fp8 activation (or the fallback above) run as bf16.
@@ -183,11 +186,36 @@ fn fp8_gemm_takes(dev: &Backend, x: &Tensor, w: &Tensor) -> bool {
         && std::env::var("WORLDLINE_ROCM_FP8_GEMM").map_or(true, |v| v != "0")
 }
 
-fn fp8_fallback(e: &Error) {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| {
-        tracing::warn!(error = %e, "hipBLASLt fp8 GEMM failed; fp8 linears run as bf16 GEMMs");
-    });
+/// An fp8 GEMM's problem as hipBLASLt plans it: m, n, k and which sides are rowwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Fp8Shape([usize; 3], [bool; 2]);
+
+impl Fp8Shape {
+    fn of(x: &Tensor, w: &Tensor) -> Self {
+        let (k, n) = (w.dim(1), w.dim(0));
+        let rowwise = |t: &Tensor| match t.storage() {
+            Storage::Rocm(s) => matches!(s.data, RocmData::F8 { rowwise: true, .. }),
+            _ => false,
+        };
+        Fp8Shape([x.elem_count() / k.max(1), n, k], [rowwise(x), rowwise(w)])
+    }
+}
+
+fn fp8_refusals() -> &'static std::sync::Mutex<std::collections::HashSet<Fp8Shape>> {
+    static REFUSED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<Fp8Shape>>> =
+        std::sync::OnceLock::new();
+    REFUSED.get_or_init(Default::default)
+}
+
+fn fp8_refused(shape: Fp8Shape) -> bool {
+    fp8_refusals().lock().is_ok_and(|r| r.contains(&shape))
+}
+
+fn fp8_fallback(shape: Fp8Shape, e: &Error) {
+    tracing::warn!(error = %e, ?shape, "hipBLASLt fp8 GEMM failed; this shape runs as bf16 GEMMs");
+    if let Ok(mut r) = fp8_refusals().lock() {
+        r.insert(shape);
+    }
 }
 
 /// `out[m, n] = Σ x[m, k]·w[n, k]` on fp8 operands through hipBLASLt, bf16 out. Tensorwise

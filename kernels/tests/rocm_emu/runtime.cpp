@@ -395,6 +395,9 @@ int hipblasLtMatmulDescSetAttribute(Desc* d, int attr, const void* buf, size_t s
     }
 }
 int hipblasLtMatrixLayoutCreate(Layout** l, int type, uint64_t rows, uint64_t cols, int64_t ld) {
+    // WORLDLINE_ROCM_EMU_NO_FP8=1: a library without fp8 kernels (the backend's fallback).
+    const char* no_fp8 = std::getenv("WORLDLINE_ROCM_EMU_NO_FP8");
+    if ((type == 28 || type == 1000) && no_fp8 && std::string(no_fp8) == "1") return 7;
     if (type != 0 && type != 14 && type != 28 && type != 1000) return 7;
     if (ld < (int64_t)rows) return 3;  // HIPBLAS_STATUS_INVALID_VALUE
     *l = new Layout{type, rows, cols, ld};
