@@ -238,6 +238,21 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 );
             }
         }
+        // On ROCm, the path the MFMA kernel replaced (per-head hipBLASLt f32 GEMMs around our
+        // softmax), so that a first run on an AMD card says what the kernel gained.
+        if let Device::Rocm(_) = dev {
+            std::env::set_var("WORLDLINE_ROCM_ATTENTION", "gemm");
+            let t = time(dev, repeat.min(2), || {
+                ops::attention(&q, &k, &v, lk, AttnMask::None)?;
+                Ok(())
+            });
+            std::env::remove_var("WORLDLINE_ROCM_ATTENTION");
+            push(
+                format!("attention bf16 {lq}q x {lk}k x {heads}h x {d}, ROCm per-head GEMMs"),
+                t?,
+                flops::attention(lq, lk, heads * d),
+            );
+        }
     }
 
     for cfg in [ModelConfig::lingbot_1_3b(), ModelConfig::lingbot_14b()] {
