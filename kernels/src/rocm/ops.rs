@@ -101,11 +101,27 @@ fn gemm(
     let at = |(buf, off): At| -> Result<u64> { Ok(raw(buf, dev)? + (off * elem) as u64) };
     let (pa, pb) = (at(a)?, at(b)?);
     let pd = at((&*d.0, d.1))?;
+    // SAFETY: the callers sized every operand for this problem (shape checks in crate::ops and
+    // the conv tiling); all live on this device's stream.
+    unsafe { matmul(dev, cm, ty, [pa, pb, pd], Extras::default()) }
+}
+
+/// hipBLASLt's `D = op(A)·op(B)` on device addresses `[a, b, d]`, timed as a GEMM.
+///
+/// # Safety
+/// The addresses hold what `cm` and `ty` describe (and the extras' pointers their scalars or
+/// bias), live on this device's stream until the GEMM has run.
+unsafe fn matmul(
+    dev: &Backend,
+    cm: ColMajor,
+    ty: GemmType,
+    [pa, pb, pd]: [u64; 3],
+    extras: Extras,
+) -> Result<()> {
     let stream = dev.stream.raw;
     dev.timed("gemm", || {
         dev.with_blas(|lt, ws, ws_bytes| {
-            // SAFETY: the callers sized every operand for this problem (shape checks in
-            // crate::ops and the conv tiling); all live on this device's stream.
+            // SAFETY: per this function's contract.
             unsafe {
                 lt.matmul(
                     stream,
@@ -114,7 +130,7 @@ fn gemm(
                     pa as *const _,
                     pb as *const _,
                     pd as *mut _,
-                    Extras::default(),
+                    extras,
                     ws as *mut _,
                     ws_bytes,
                 )
@@ -279,27 +295,10 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         scales,
         alpha: if fnuz { 4.0 } else { 1.0 },
     };
-    let stream = dev.stream.raw;
-    dev.timed("gemm", || {
-        dev.with_blas(|lt, ws, ws_bytes| {
-            // SAFETY: w holds n×k codes, x m×k, out m×n bf16 (shapes checked by
-            // crate::ops::linear); the scales are one f32 each when passed (tensorwise); all
-            // live on this device's stream.
-            unsafe {
-                lt.matmul(
-                    stream,
-                    GemmType::Fp8 { fnuz },
-                    ColMajor::linear(m, n, k),
-                    pa as *const _,
-                    pb as *const _,
-                    pd as *mut _,
-                    extras,
-                    ws as *mut _,
-                    ws_bytes,
-                )
-            }
-        })
-    })?;
+    let ty = GemmType::Fp8 { fnuz };
+    // SAFETY: w holds n×k codes, x m×k, out m×n bf16 (shapes checked by crate::ops::linear);
+    // the scales are one f32 each when passed (tensorwise); all live on this device's stream.
+    unsafe { matmul(&dev, ColMajor::linear(m, n, k), ty, [pa, pb, pd], extras) }?;
     if rowwise {
         let (m64, n64, xr, wr) = (m as u64, n as u64, i32::from(*xrow), i32::from(*wrow));
         launch!(&dev, "fp8", "scale_rows_cols_bf16", grid(m * n), |b| {
