@@ -43,10 +43,14 @@ pub(crate) fn mode() -> Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Path {
     Ours,
-    /// A cuDNN forward algorithm (`cudnnConvolutionFwdAlgo_t` as a number) and its workspace.
+    /// A cuDNN forward algorithm (`cudnnConvolutionFwdAlgo_t` as a number), its workspace, and
+    /// the math type the search ran it with (`cudnnMathType_t`; `None` in choices written before
+    /// it was kept: the dtype's default). An algorithm run under another math type than it was
+    /// found with can be refused.
     Cudnn {
         algo: u32,
         workspace: usize,
+        math: Option<u32>,
     },
 }
 
@@ -180,19 +184,33 @@ fn parse(path: &str) -> Option<Path> {
         return Some(Path::Ours);
     }
     let rest = path.strip_prefix("cudnn algo=")?;
-    let (algo, ws) = rest.split_once(" ws=")?;
+    let (algo, rest) = rest.split_once(" ws=")?;
     let algo: u32 = algo.parse().ok()?;
     (algo < 8).then_some(())?;
+    let (ws, math) = match rest.split_once(" math=") {
+        Some((ws, m)) => (ws, Some(m.parse().ok().filter(|&m: &u32| m <= 3)?)),
+        None => (rest, None),
+    };
     Some(Path::Cudnn {
         algo,
         workspace: ws.parse().ok()?,
+        math,
     })
 }
 
 fn show(p: Path) -> String {
     match p {
         Path::Ours => "ours".into(),
-        Path::Cudnn { algo, workspace } => format!("cudnn algo={algo} ws={workspace}"),
+        Path::Cudnn {
+            algo,
+            workspace,
+            math: None,
+        } => format!("cudnn algo={algo} ws={workspace}"),
+        Path::Cudnn {
+            algo,
+            workspace,
+            math: Some(m),
+        } => format!("cudnn algo={algo} ws={workspace} math={m}"),
     }
 }
 
@@ -255,7 +273,7 @@ fn int(v: usize) -> std::result::Result<i32, String> {
     i32::try_from(v).map_err(|_| format!("extent {v} exceeds cuDNN's 32-bit dims"))
 }
 
-fn descs(dt: DType, d: &Conv3dDims) -> std::result::Result<Descs, String> {
+fn descs(dt: DType, d: &Conv3dDims, math: Option<u32>) -> std::result::Result<Descs, String> {
     let data = match dt {
         DType::BF16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
         _ => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
@@ -332,9 +350,14 @@ fn descs(dt: DType, d: &Conv3dDims) -> std::result::Result<Descs, String> {
         )?;
         // Tensor cores: bf16 operands; for f32 the default, which allows TF32 (as our im2col's
         // cuBLASLt GEMMs) but no conversion to 16-bit types.
-        let math = match dt {
-            DType::BF16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
-            _ => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        use sys::cudnnMathType_t as M;
+        let math = match (math, dt) {
+            (Some(0), _) => M::CUDNN_DEFAULT_MATH,
+            (Some(1), _) => M::CUDNN_TENSOR_OP_MATH,
+            (Some(2), _) => M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+            (Some(3), _) => M::CUDNN_FMA_MATH,
+            (_, DType::BF16) => M::CUDNN_TENSOR_OP_MATH,
+            _ => M::CUDNN_DEFAULT_MATH,
         };
         check(
             "math type",
@@ -365,12 +388,28 @@ fn run(
     bias: Option<&Tensor>,
     d: &Conv3dDims,
     epi: &ConvEpilogue,
-    algo: u32,
-    workspace: usize,
+    (algo, found_workspace, math): (u32, usize, Option<u32>),
 ) -> Result<Tensor> {
     let dt = x.dtype();
     let w = cast(w, dt)?;
-    let ds = descs(dt, d).map_err(|e| dev.err(format!("cuDNN conv3d: {e}")))?;
+    let fail = |e: String| dev.err(format!("cuDNN conv3d {}: {e}", key(dt, d, epi)));
+    let ds = descs(dt, d, math).map_err(fail)?;
+    // What the algorithm asks for under these descriptors, in case the search's figure differs.
+    let mut asked = 0usize;
+    // SAFETY: descriptors made above; `asked` is written once.
+    check("workspace size", unsafe {
+        sys::cudnnGetConvolutionForwardWorkspaceSize(
+            h.0,
+            ds.x,
+            ds.w,
+            ds.conv,
+            ds.y,
+            algo_enum(algo),
+            &mut asked,
+        )
+    })
+    .map_err(fail)?;
+    let workspace = found_workspace.max(asked);
     let [to, ho, wo] = d.output;
     let total = d.cout * to * ho * wo;
     let mut out = CudaStorage::alloc(dev, dt, total)?;
@@ -409,7 +448,11 @@ fn run(
                     yp as *mut c_void,
                 )
             };
-            check("cudnnConvolutionForward", st).map_err(|e| dev.err(e))
+            check("cudnnConvolutionForward", st).map_err(|e| {
+                fail(format!(
+                    "{e} (algorithm {algo}, math {math:?}, workspace {workspace} bytes)"
+                ))
+            })
         })?;
     }
     if bias.is_none() && epi.residual.is_none() && !epi.relu {
@@ -443,19 +486,19 @@ fn run(
     Ok(wrap(out, &[d.cout, to, ho, wo]))
 }
 
-/// cuDNN's fastest algorithm for this convolution on these buffers (its own timing), and the
-/// workspace that algorithm needs.
+/// cuDNN's fastest algorithm for this convolution on these buffers (its own timing), the
+/// workspace that algorithm needs, and the math type it ran with.
 fn find(
     dev: &Arc<CudaBackend>,
     h: &Handle,
     x: &Tensor,
     w: &Tensor,
     d: &Conv3dDims,
-) -> std::result::Result<(u32, usize, f32), String> {
+) -> std::result::Result<(u32, usize, Option<u32>), String> {
     let dt = x.dtype();
     let e = |e: crate::Error| e.to_string();
     let w = cast(w, dt).map_err(e)?;
-    let ds = descs(dt, d)?;
+    let ds = descs(dt, d, None)?;
     let [to, ho, wo] = d.output;
     let out = CudaStorage::alloc(dev, dt, d.cout * to * ho * wo).map_err(e)?;
     let cap = find_workspace(dev);
@@ -493,7 +536,7 @@ fn find(
     perf.iter()
         .take(returned.clamp(0, 8) as usize)
         .find(|p| p.status == 0 && p.algo < 8 && p.memory <= cap)
-        .map(|p| (p.algo, p.memory, p.time))
+        .map(|p| (p.algo, p.memory, (p.math <= 3).then_some(p.math)))
         .ok_or_else(|| "no cuDNN algorithm ran".to_string())
 }
 
@@ -602,17 +645,30 @@ pub(crate) fn conv3d(
                     tracing::info!("conv {k}: cuDNN declined ({why}), ours");
                     Path::Ours
                 }
-                Ok((algo, workspace, _)) if mode == Mode::Cudnn => Path::Cudnn { algo, workspace },
-                Ok((algo, workspace, _)) => {
-                    let theirs = || run(&dev, h, x, w, bias, d, epi, algo, workspace);
-                    let t_cudnn = time(&dev, &theirs)?;
-                    let t_ours = time(&dev, ours)?;
-                    let path = if t_cudnn < t_ours {
-                        Path::Cudnn { algo, workspace }
-                    } else {
-                        Path::Ours
+                Ok((algo, workspace, math)) if mode == Mode::Cudnn => Path::Cudnn {
+                    algo,
+                    workspace,
+                    math,
+                },
+                Ok((algo, workspace, math)) => {
+                    let theirs = || run(&dev, h, x, w, bias, d, epi, (algo, workspace, math));
+                    let cudnn = Path::Cudnn {
+                        algo,
+                        workspace,
+                        math,
                     };
-                    let note = format!("# ours {t_ours:.3} ms, cudnn {t_cudnn:.3} ms");
+                    // An algorithm the search reported but that then fails to run loses.
+                    let (path, note) = match time(&dev, &theirs) {
+                        Ok(t_cudnn) => {
+                            let t_ours = time(&dev, ours)?;
+                            let path = if t_cudnn < t_ours { cudnn } else { Path::Ours };
+                            (path, format!("# ours {t_ours:.3} ms, cudnn {t_cudnn:.3} ms"))
+                        }
+                        Err(e) => {
+                            tracing::warn!("conv {k}: {} failed, ours: {e}", show(cudnn));
+                            (Path::Ours, format!("# {} failed", show(cudnn)))
+                        }
+                    };
                     tracing::info!("conv {k}: {} ({note})", show(path));
                     if let Some(f) = &convs.file {
                         save(f, &k, path, &note);
@@ -621,16 +677,29 @@ pub(crate) fn conv3d(
                 }
             };
             match mode {
-                Mode::Cudnn => convs.forced.insert(k, path),
-                _ => convs.chosen.insert(k, path),
+                Mode::Cudnn => convs.forced.insert(k.clone(), path),
+                _ => convs.chosen.insert(k.clone(), path),
             };
             path
         }
     };
-    match path {
-        Path::Ours => Ok(None),
-        Path::Cudnn { algo, workspace } => {
-            Ok(Some(run(&dev, h, x, w, bias, d, epi, algo, workspace)?))
+    let Path::Cudnn {
+        algo,
+        workspace,
+        math,
+    } = path
+    else {
+        return Ok(None);
+    };
+    match run(&dev, h, x, w, bias, d, epi, (algo, workspace, math)) {
+        Ok(y) => Ok(Some(y)),
+        // Forced cuDNN (tests) must say when it fails; a choice read from the cache (another
+        // cuDNN build's, say) falls back to ours for the rest of the process.
+        Err(e) if mode == Mode::Cudnn => Err(e),
+        Err(e) => {
+            tracing::warn!("conv {k}: {} failed, ours from now on: {e}", show(path));
+            convs.chosen.insert(k, Path::Ours);
+            Ok(None)
         }
     }
 }
@@ -646,10 +715,12 @@ mod tests {
             Path::Cudnn {
                 algo: 1,
                 workspace: 0,
+                math: None,
             },
             Path::Cudnn {
                 algo: 7,
                 workspace: 123_456_789,
+                math: Some(1),
             },
         ] {
             assert_eq!(parse(&show(p)), Some(p));
@@ -659,6 +730,8 @@ mod tests {
             "cudnn",
             "cudnn algo=8 ws=0",
             "cudnn algo=x ws=1",
+            "cudnn algo=1 ws=1 math=4",
+            "cudnn algo=1 ws=1 math=",
             "ours ",
         ] {
             assert_eq!(parse(bad), None, "{bad:?}");
