@@ -196,51 +196,30 @@ WL_DEVICE void cv_stage_weights(wl_bf16* ws, const wl_bf16* wp, const CvGeom& g,
     }
 }
 
-// a / b for 0 <= a < 2^20 through the float reciprocal `inv` = 1/b (exact in that range: the
-// product's error stays far below the 0.5/b margin the +0.5 leaves); integer division by a
-// run-time value costs a score of instructions, and the staging loops divide twice per task.
-WL_DEVICE int cv_div(int a, float inv) { return (int)(((float)a + 0.5f) * inv); }
-
-// One input task: 8 channels (c0 + 8q ..) of pixel p of the halo tile, packed as 4 words; out of
-// range (padding, channels past cin) reads 0. Predicated loads, no branch, so the loads of
-// several tasks can be in flight at once.
+// One input task: 8 channels (c0 + 8q ..) of pixel p of the halo tile, packed as 4 words.
 WL_DEVICE uint4 cv_load_input(const wl_bf16* x, const CvGeom& g, int it, int c0, int iy0, int ix0, int iw_ext, int npix,
-                              float inv_npix, float inv_iw, int i) {
-    const int q = cv_div(i, inv_npix), p = i - q * npix;
-    const int py = cv_div(p, inv_iw), px = p - py * iw_ext;
+                              int i) {
+    const int p = i % npix, q = i / npix;
+    const int py = p / iw_ext, px = p - py * iw_ext;
     const int iy = iy0 + py, ix = ix0 + px;
-    const bool in = iy >= 0 && iy < g.hi && ix >= 0 && ix < g.wi;
-    const wl_u64 chan = (wl_u64)g.ti * g.hi * g.wi;
-    const unsigned short* src = (const unsigned short*)x + (in ? (wl_u64)(c0 + q * 8) * chan + ((wl_u64)it * g.hi + iy) * g.wi + ix : 0);
-    const int left = in ? g.cin - (c0 + q * 8) : 0;
-    unsigned int v[4];
+    unsigned int v[4] = {0u, 0u, 0u, 0u};
+    if (iy >= 0 && iy < g.hi && ix >= 0 && ix < g.wi) {
+        const wl_u64 chan = (wl_u64)g.ti * g.hi * g.wi;
+        const wl_bf16* src = x + (wl_u64)(c0 + q * 8) * chan + ((wl_u64)it * g.hi + iy) * g.wi + ix;
+        const int left = g.cin - (c0 + q * 8);
 #pragma unroll
-    for (int k = 0; k < 8; k += 2) {
-        const unsigned int lo = k < left ? src[(wl_u64)k * chan] : 0u;
-        const unsigned int hi2 = k + 1 < left ? src[(wl_u64)(k + 1) * chan] : 0u;
-        v[k / 2] = lo | (hi2 << 16);
+        for (int k = 0; k < 8; k += 2) {
+            const unsigned int lo = k < left ? src[(wl_u64)k * chan] : 0u;
+            const unsigned int hi2 = k + 1 < left ? src[(wl_u64)(k + 1) * chan] : 0u;
+            v[k / 2] = lo | (hi2 << 16);
+        }
     }
     return make_uint4(v[0], v[1], v[2], v[3]);
 }
 
-WL_DEVICE void cv_store_input(wl_bf16* xs, int npix, float inv_npix, int i, uint4 v) {
-    const int q = cv_div(i, inv_npix), p = i - q * npix;
+WL_DEVICE void cv_store_input(wl_bf16* xs, int npix, int i, uint4 v) {
+    const int p = i % npix, q = i / npix;
     *(uint4*)(xs + p * CV_PITCH + q * 8) = v;
-}
-
-// The input tile of frame `it`, channels c0 .. c0+32, with its halo: two tasks a thread in
-// flight (the loads of one task alone left the staging waiting on memory latency).
-WL_DEVICE void cv_stage_input(wl_bf16* xs, const wl_bf16* x, const CvGeom& g, int it, int c0, int iy0, int ix0,
-                              int iw_ext, int npix) {
-    const float inv_npix = 1.0f / (float)npix, inv_iw = 1.0f / (float)iw_ext;
-    const int tasks = npix * 4;
-    for (int i = threadIdx.x; i < tasks; i += 2 * blockDim.x) {
-        const int j = i + blockDim.x;
-        const uint4 a = cv_load_input(x, g, it, c0, iy0, ix0, iw_ext, npix, inv_npix, inv_iw, i);
-        const uint4 b = cv_load_input(x, g, it, c0, iy0, ix0, iw_ext, npix, inv_npix, inv_iw, j < tasks ? j : i);
-        cv_store_input(xs, npix, inv_npix, i, a);
-        if (j < tasks) cv_store_input(xs, npix, inv_npix, j, b);
-    }
 }
 
 // The products of one stage: every spatial tap, two k16 steps each.
@@ -256,17 +235,16 @@ WL_DEVICE void cv_products(float (*acc)[4][4], const wl_bf16* xs, const wl_bf16*
             wl_ldmatrix_x4(af[i][0], ar);
             wl_ldmatrix_x4(af[i][1], ar + 16);
         }
-        // All B fragments first, then the products by k half: eight independent accumulators
-        // between two products into the same one.
-        unsigned int b[4][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wl_ldmatrix_x4(b[j], xs + (pix[j] + shift) * CV_PITCH + lm * 8);
+        for (int j = 0; j < 4; ++j) {
+            unsigned int b[4];
+            wl_ldmatrix_x4(b, xs + (pix[j] + shift) * CV_PITCH + lm * 8);
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) wl_mma_16816(acc[i][j], af[i][h], b[j] + 2 * h);
+            for (int i = 0; i < MT; ++i) {
+                wl_mma_16816(acc[i][j], af[i][0], b);
+                wl_mma_16816(acc[i][j], af[i][1], b + 2);
+            }
+        }
     }
 }
 
@@ -282,43 +260,6 @@ WL_DEVICE void cv_next_stage(const CvGeom& g, int ot, int& a, int& c0) {
         const int it = ot * g.st + a - g.pt;
         if (it >= 0 && it < g.ti) break;
         ++a;
-    }
-}
-
-// Epilogue: bias, residual, activation, bf16; two neighbouring pixels per store where aligned.
-template <int MT>
-WL_DEVICE void cv_epilogue(wl_bf16* out, float (*acc)[4][4], const float* bias, const wl_bf16* res, const CvGeom& g,
-                           int act, int o0, int ot, int oy0, int ox0, int wm, int wn, int lane) {
-    const int gq = lane / 4, cq = (lane % 4) * 2;
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int o = o0 + wm * MT * 16 + i * 16 + gq + hh * 8;
-            if (o >= g.cout) continue;
-            const float bv = bias ? bias[o] : 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int oy = oy0 + 2 * wn + j / 2, ox = ox0 + (j % 2) * 8 + cq;
-                if (oy >= g.ho || ox >= g.wo) continue;
-                const wl_u64 at = (((wl_u64)o * g.to + ot) * g.ho + oy) * g.wo + ox;
-                float v0 = acc[i][j][2 * hh] + bv, v1 = acc[i][j][2 * hh + 1] + bv;
-                if (res) {
-                    v0 += wl_ld(res, at);
-                    if (ox + 1 < g.wo) v1 += wl_ld(res, at + 1);
-                }
-                if (act == 1) {
-                    v0 = v0 != v0 ? v0 : fmaxf(v0, 0.0f);
-                    v1 = v1 != v1 ? v1 : fmaxf(v1, 0.0f);
-                }
-                if (ox + 1 < g.wo && (at & 1) == 0) {
-                    *(unsigned int*)(out + at) = wl_pack_bf16(v0, v1);
-                } else {
-                    out[at] = wl_to_bf16(v0);
-                    if (ox + 1 < g.wo) out[at + 1] = wl_to_bf16(v1);
-                }
-            }
-        }
     }
 }
 
@@ -366,67 +307,43 @@ WL_DEVICE void conv_igemm(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, con
         __syncthreads();  // everyone is done with the previous stage
         cv_stage_weights<BM>(ws, wp, g, a, c0, o0);
         wl_cp_async_commit();
-        cv_stage_input(xs, x, g, it, c0, iy0, ix0, iw_ext, npix);
+        for (int i = threadIdx.x; i < npix * 4; i += blockDim.x)
+            cv_store_input(xs, npix, i, cv_load_input(x, g, it, c0, iy0, ix0, iw_ext, npix, i));
         wl_cp_async_wait_all();
         __syncthreads();
         cv_products<MT>(acc, xs, ws, pix, arow, acol, lm, taps2, g.kw, iw_ext, BM);
     }
-    cv_epilogue<MT>(out, acc, bias, res, g, act, o0, ot, oy0, ox0, wm, wn, lane);
-}
-
-// The same products with every weight of the block's BM outputs held in shared memory for the
-// whole launch ([chunk][tap][o][channel]) and the block walking output tiles (blockIdx.x,
-// stride gridDim.x) of every frame: a per-frame (kt = 1) convolution whose weights fit. Staging
-// the weights again for each 8 × 16-pixel tile was as many instructions as staging the input.
-template <int BM>
-WL_DEVICE void conv_igemm_resident(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias,
-                                   const wl_bf16* res, const CvGeom g, int act) {
-    constexpr int WM = BM >= 64 ? 2 : 1;
-    constexpr int MT = BM / 16 / WM;
-    constexpr int WN = 8 / WM;
-    constexpr int TH = 2 * WN;
-    extern __shared__ __align__(16) unsigned char cv_smem[];
-    const int ih_ext = (TH - 1) * g.sh + g.kh, iw_ext = (CV_TW - 1) * g.sw + g.kw;
-    const int npix = ih_ext * iw_ext;
-    const int taps2 = g.kh * g.kw, chunks = g.cinp / CV_CK;
-    const int per_chunk = taps2 * BM * CV_PITCH;
-    wl_bf16* ws = (wl_bf16*)cv_smem;             // [chunks][taps2][BM][CV_PITCH]
-    wl_bf16* xs = ws + chunks * per_chunk;       // [npix][CV_PITCH]
-
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = warp % WM, wn = warp / WM;
-    const int o0 = blockIdx.y * BM;
-    for (int c = 0; c < chunks; ++c) cv_stage_weights<BM>(ws + c * per_chunk, wp, g, 0, c * CV_CK, o0);
-    wl_cp_async_commit();
-
-    const int lm = lane / 8, lr = lane % 8;
-    int pix[4];
+    // Epilogue: bias, residual, activation, bf16; two neighbouring pixels per store where aligned.
+    const int gq = lane / 4, cq = (lane % 4) * 2;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) pix[j] = (2 * wn + j / 2) * g.sh * iw_ext + ((j % 2) * 8 + lr) * g.sw;
-    const int arow = wm * MT * 16 + lr + (lm % 2) * 8, acol = (lm / 2) * 8;
-
-    const int tx = (g.wo + CV_TW - 1) / CV_TW, ty = (g.ho + TH - 1) / TH;
-    const int per_frame = tx * ty, tiles = g.to * per_frame;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int ot = tile / per_frame, rem = tile - ot * per_frame;
-        const int oy0 = (rem / tx) * TH, ox0 = (rem % tx) * CV_TW;
-        const int iy0 = oy0 * g.sh - g.ph, ix0 = ox0 * g.sw - g.pw;
-        const int it = ot * g.st - g.pt;
-        float acc[MT][4][4];
+    for (int i = 0; i < MT; ++i) {
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
+        for (int hh = 0; hh < 2; ++hh) {
+            const int o = o0 + wm * MT * 16 + i * 16 + gq + hh * 8;
+            if (o >= g.cout) continue;
+            const float bv = bias ? bias[o] : 0.0f;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
-        if (it >= 0 && it < g.ti) {
-            for (int c = 0; c < chunks; ++c) {
-                __syncthreads();  // everyone is done with the previous input tile
-                cv_stage_input(xs, x, g, it, c * CV_CK, iy0, ix0, iw_ext, npix);
-                wl_cp_async_wait_all();  // the weights, the first time
-                __syncthreads();
-                cv_products<MT>(acc, xs, ws + c * per_chunk, pix, arow, acol, lm, taps2, g.kw, iw_ext, BM);
+            for (int j = 0; j < 4; ++j) {
+                const int oy = oy0 + 2 * wn + j / 2, ox = ox0 + (j % 2) * 8 + cq;
+                if (oy >= g.ho || ox >= g.wo) continue;
+                const wl_u64 at = (((wl_u64)o * g.to + ot) * g.ho + oy) * g.wo + ox;
+                float v0 = acc[i][j][2 * hh] + bv, v1 = acc[i][j][2 * hh + 1] + bv;
+                if (res) {
+                    v0 += wl_ld(res, at);
+                    if (ox + 1 < g.wo) v1 += wl_ld(res, at + 1);
+                }
+                if (act == 1) {
+                    v0 = v0 != v0 ? v0 : fmaxf(v0, 0.0f);
+                    v1 = v1 != v1 ? v1 : fmaxf(v1, 0.0f);
+                }
+                if (ox + 1 < g.wo && (at & 1) == 0) {
+                    *(unsigned int*)(out + at) = wl_pack_bf16(v0, v1);
+                } else {
+                    out[at] = wl_to_bf16(v0);
+                    if (ox + 1 < g.wo) out[at + 1] = wl_to_bf16(v1);
+                }
             }
         }
-        cv_epilogue<MT>(out, acc, bias, res, g, act, o0, ot, oy0, ox0, wm, wn, lane);
     }
 }
 
@@ -442,18 +359,4 @@ WL_DEVICE void conv_igemm_resident(wl_bf16* out, const wl_bf16* x, const wl_bf16
 
 WL_CONV_IGEMM(16, 2, conv_igemm_bf16_m16)
 WL_CONV_IGEMM(64, 3, conv_igemm_bf16_m64)
-
-// The resident-weight variant: 2 blocks of 8 warps a SM (≤ 128 registers); the host launches a
-// grid of about that many blocks and checks that the weights fit.
-#define WL_CONV_IGEMM_RESIDENT(BM, name)                                                                   \
-    WL_KERNEL void __launch_bounds__(256, 2)                                                               \
-        name(wl_bf16* out, const wl_bf16* x, const wl_bf16* wp, const float* bias, const wl_bf16* res,     \
-             int cin, int cinp, int ti, int hi, int wi, int kt, int kh, int kw, int st, int sh, int sw,    \
-             int pt, int ph, int pw, int cout, int coutp, int to, int ho, int wo, int act) {               \
-        const CvGeom g = {cin, cinp, ti, hi, wi, kt, kh, kw, st, sh, sw, pt, ph, pw, cout, coutp, to, ho, wo}; \
-        conv_igemm_resident<BM>(out, x, wp, bias, res, g, act);                                            \
-    }
-
-WL_CONV_IGEMM_RESIDENT(16, conv_igemm_bf16_m16r)
-WL_CONV_IGEMM_RESIDENT(64, conv_igemm_bf16_m64r)
 #endif

@@ -120,53 +120,6 @@ struct IgemmTile {
     smem: usize,
 }
 
-/// Blocks a SM of the resident-weight kernels (conv.cu's `conv_igemm_bf16_m*r`).
-const RESIDENT_PER_SM: usize = 2;
-/// Output tiles a block must walk for the resident kernels to pay: below that, staging all of
-/// a block's weights once costs about what staging them per tile does.
-const RESIDENT_MIN_TILES: usize = 4;
-
-/// The grid and shared memory of the resident-weight variant, where it applies: a per-frame
-/// (kt = 1) convolution whose weights for one block of outputs fit twice a SM beside the input
-/// tile, with enough tiles per block. `WORLDLINE_CONV_RESIDENT=0` turns it off (to compare);
-/// `=1` takes it wherever the weights fit, however few the tiles (the GPU tests run the conv
-/// cases so, to check the variant on their small shapes).
-fn resident_launch(
-    dev: &CudaBackend,
-    d: &Conv3dDims,
-    tile: IgemmTile,
-    cinp: usize,
-    coutp: usize,
-) -> Option<(u32, u32, usize)> {
-    use cudarc::driver::sys::CUdevice_attribute as A;
-    let switch = std::env::var("WORLDLINE_CONV_RESIDENT");
-    let forced = switch.as_deref() == Ok("1");
-    if d.kernel[0] != 1 || switch.as_deref() == Ok("0") {
-        return None;
-    }
-    let attr = |a| dev.ctx.attribute(a).ok().and_then(|v| usize::try_from(v).ok());
-    let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-    let per_sm = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
-    let per_block = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
-    let [_, kh, kw] = d.kernel;
-    let weights = (cinp / CV_CK) * kh * kw * tile.bm * CV_PITCH * 2;
-    let inputs = tile.smem - kh * kw * tile.bm * CV_PITCH * 2;
-    let smem = weights + inputs;
-    // Each resident block also takes 1 KiB of the SM's shared memory for the system.
-    if smem > per_block || RESIDENT_PER_SM * (smem + 1024) > per_sm {
-        return None;
-    }
-    let [to, ho, wo] = d.output;
-    let tiles = to * ho.div_ceil(tile.th) * wo.div_ceil(CV_TW);
-    let mblocks = coutp / tile.bm;
-    let x = (RESIDENT_PER_SM * sms / mblocks).max(1);
-    if forced {
-        let x = x.min(tiles.div_ceil(RESIDENT_MIN_TILES)).max(1);
-        return Some((x as u32, mblocks as u32, smem));
-    }
-    (tiles >= RESIDENT_MIN_TILES * x).then_some((x as u32, mblocks as u32, smem))
-}
-
 fn igemm_tile(dt: DType, d: &Conv3dDims) -> Option<IgemmTile> {
     if dt != DType::BF16 {
         return None;
@@ -268,20 +221,14 @@ fn conv3d_igemm(
     .collect::<Result<Vec<i32>>>()?;
     let act = i32::from(epi.relu);
     let res = epi.residual.map(storage).transpose()?;
-    let (name, grid_dim, smem) = match resident_launch(&dev, d, tile, cinp, coutp) {
-        Some((x, y, smem)) => (format!("conv_igemm_bf16_m{}r", tile.bm), (x, y, 1), smem),
-        None => (
-            format!("conv_igemm_bf16_m{}", tile.bm),
-            (
-                wo.div_ceil(CV_TW) as u32,
-                ho.div_ceil(tile.th) as u32,
-                (to * coutp / tile.bm) as u32,
-            ),
-            tile.smem,
-        ),
-    };
+    let name = format!("conv_igemm_bf16_m{}", tile.bm);
+    let smem = tile.smem;
     let cfg = LaunchConfig {
-        grid_dim,
+        grid_dim: (
+            wo.div_ceil(CV_TW) as u32,
+            ho.div_ceil(tile.th) as u32,
+            (to * coutp / tile.bm) as u32,
+        ),
         block_dim: (256, 1, 1),
         shared_mem_bytes: smem as u32,
     };
