@@ -662,7 +662,10 @@ pub(crate) fn conv3d(
                         Ok(t_cudnn) => {
                             let t_ours = time(&dev, ours)?;
                             let path = if t_cudnn < t_ours { cudnn } else { Path::Ours };
-                            (path, format!("# ours {t_ours:.3} ms, cudnn {t_cudnn:.3} ms"))
+                            (
+                                path,
+                                format!("# ours {t_ours:.3} ms, cudnn {t_cudnn:.3} ms"),
+                            )
                         }
                         Err(e) => {
                             tracing::warn!("conv {k}: {} failed, ours: {e}", show(cudnn));
