@@ -33,12 +33,15 @@ WL_DEVICE void add_channel_bias(T* y, const float* bias, wl_u64 per_channel, wl_
 }
 
 // After a library convolution (cuDNN): + bias[channel] (f32, or null), + res (the output's
-// layout, or null), then ReLU when act (NaN kept), in f32 and rounded once, in place.
+// layout, or null), then ReLU when act (NaN kept), in f32 and rounded once, in place. Element i
+// is of channel (i / per_channel) % channels: channels-first output has per_channel positions a
+// channel, channels-last (per_channel 1) the channels innermost.
 template <typename T>
-WL_DEVICE void conv_epilogue(T* y, const float* bias, const T* res, wl_u64 per_channel, wl_u64 n, int act) {
+WL_DEVICE void conv_epilogue(T* y, const float* bias, const T* res, wl_u64 per_channel, wl_u64 channels, wl_u64 n,
+                             int act) {
     WL_GRID_STRIDE(i, n) {
         float v = wl_ld(y, i);
-        if (bias) v += bias[i / per_channel];
+        if (bias) v += bias[(per_channel == 1 ? i : i / per_channel) % channels];
         if (res) v += wl_ld(res, i);
         if (act && v < 0.0f) v = 0.0f;
         wl_st(y, i, v);
@@ -74,14 +77,62 @@ WL_DEVICE void channel_affine(T* out, const T* x, const float* mul, const float*
     }
 }
 
-// `outer` planes of h × w, each pixel repeated fh × fw times.
-template <typename T>
-WL_DEVICE void upsample_nearest_2d(T* out, const T* x, wl_u64 outer, int h, int w, int fh, int fw) {
-    const wl_u64 oh = (wl_u64)h * fh, ow = (wl_u64)w * fw;
-    WL_GRID_STRIDE(i, outer * oh * ow) {
-        const wl_u64 p = i / (oh * ow), r = i % (oh * ow);
-        const wl_u64 y = r / ow, xx = r % ow;
-        out[i] = x[(p * h + y / fh) * w + xx / fw];
+// `outer` planes of h × w pixels of q units each (a unit: one element, or 16 bytes of a
+// channels-last pixel's channels), each pixel repeated fh × fw times. 32-bit index math: the
+// host checks that the output's units fit, and the divisions are most of the cost.
+template <typename U>
+WL_DEVICE void upsample_nearest(U* out, const U* x, unsigned h, unsigned w, unsigned q, unsigned fh, unsigned fw,
+                                unsigned total) {
+    const unsigned ow = w * fw, oh = h * fh;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const unsigned c = i % q, pix = i / q;
+        const unsigned xx = pix % ow, rest = pix / ow;
+        const unsigned y = rest % oh, p = rest / oh;
+        out[i] = x[((p * h + y / fh) * w + xx / fw) * q + c];
+    }
+}
+
+WL_KERNEL void upsample_nearest_u16(unsigned short* out, const unsigned short* x, unsigned h, unsigned w, unsigned q,
+                                    unsigned fh, unsigned fw, unsigned total) {
+    upsample_nearest(out, x, h, w, q, fh, fw, total);
+}
+WL_KERNEL void upsample_nearest_u32(unsigned* out, const unsigned* x, unsigned h, unsigned w, unsigned q, unsigned fh,
+                                    unsigned fw, unsigned total) {
+    upsample_nearest(out, x, h, w, q, fh, fw, total);
+}
+WL_KERNEL void upsample_nearest_u128(uint4* out, const uint4* x, unsigned h, unsigned w, unsigned q, unsigned fh,
+                                     unsigned fw, unsigned total) {
+    upsample_nearest(out, x, h, w, q, fh, fw, total);
+}
+
+// The channels-last epilogue in bf16 with 8 channels (16 bytes) a thread, channels a multiple
+// of 8: one index division per 8 values instead of two per value, and whole-vector accesses.
+// The same arithmetic, in the same order, as conv_epilogue.
+WL_KERNEL void conv_epilogue_cl8_bf16(uint4* y, const float* bias, const uint4* res, unsigned channels, wl_u64 vecs,
+                                      int act) {
+    const unsigned cv = channels / 8;
+    WL_GRID_STRIDE(v, vecs) {
+        const unsigned c0 = 8u * (unsigned)(v % cv);
+        uint4 yw = y[v];
+        const uint4 rw = res ? res[v] : make_uint4(0, 0, 0, 0);
+        unsigned* yp = (unsigned*)&yw;
+        const unsigned* rp = (const unsigned*)&rw;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            float lo = __uint_as_float(yp[k] << 16), hi = __uint_as_float(yp[k] & 0xffff0000u);
+            if (bias) {
+                lo += bias[c0 + 2 * k];
+                hi += bias[c0 + 2 * k + 1];
+            }
+            if (res) {
+                lo += __uint_as_float(rp[k] << 16);
+                hi += __uint_as_float(rp[k] & 0xffff0000u);
+            }
+            if (act && lo < 0.0f) lo = 0.0f;
+            if (act && hi < 0.0f) hi = 0.0f;
+            yp[k] = wl_pack_bf16(lo, hi);
+        }
+        y[v] = yw;
     }
 }
 
@@ -123,9 +174,9 @@ WL_DEVICE void softmax_rows(T* out, const T* x, wl_u64 cols, float scale) {
     WL_KERNEL void add_channel_bias_##tn(T* y, const float* bias, wl_u64 per_channel, wl_u64 n) {           \
         add_channel_bias(y, bias, per_channel, n);                                                          \
     }                                                                                                       \
-    WL_KERNEL void conv_epilogue_##tn(T* y, const float* bias, const T* res, wl_u64 per_channel, wl_u64 n,     \
-                                      int act) {                                                            \
-        conv_epilogue(y, bias, res, per_channel, n, act);                                                   \
+    WL_KERNEL void conv_epilogue_##tn(T* y, const float* bias, const T* res, wl_u64 per_channel,              \
+                                      wl_u64 channels, wl_u64 n, int act) {                                 \
+        conv_epilogue(y, bias, res, per_channel, channels, n, act);                                         \
     }                                                                                                       \
     WL_KERNEL void channel_rms_norm_##tn(T* out, const T* x, const float* gamma, int c, wl_u64 n, float eps,  \
                                          int silu) {                                                        \
@@ -134,9 +185,6 @@ WL_DEVICE void softmax_rows(T* out, const T* x, wl_u64 cols, float scale) {
     WL_KERNEL void channel_affine_##tn(T* out, const T* x, const float* mul, const float* add,              \
                                        wl_u64 per_channel, wl_u64 n) {                                      \
         channel_affine(out, x, mul, add, per_channel, n);                                                   \
-    }                                                                                                       \
-    WL_KERNEL void upsample_nearest_2d_##tn(T* out, const T* x, wl_u64 outer, int h, int w, int fh, int fw) { \
-        upsample_nearest_2d(out, x, outer, h, w, fh, fw);                                                   \
     }                                                                                                       \
     WL_KERNEL void clamp_##tn(T* out, const T* x, wl_u64 n, float lo, float hi) { clamp(out, x, n, lo, hi); } \
     WL_KERNEL void soft_clamp_##tn(T* out, const T* x, wl_u64 n, float limit) { soft_clamp(out, x, n, limit); } \

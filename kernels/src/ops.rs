@@ -683,69 +683,13 @@ pub fn conv3d_fused(
     padding: Padding3d,
     epi: ConvEpilogue,
 ) -> Result<Tensor> {
-    no_fp8("conv3d", x)?;
-    no_fp8("conv3d", w)?;
-    same_device("conv3d", x, w)?;
-    let describe = || {
-        format!(
-            "input {:?} weight {:?} stride {stride:?} padding {padding:?}",
-            x.shape(),
-            w.shape()
-        )
-    };
-    if x.rank() != 4 || w.rank() != 5 || w.dim(1) != x.dim(0) || w.dim(0) == 0 {
-        return Err(shape_err("conv3d", describe()));
-    }
-    let input = [x.dim(1), x.dim(2), x.dim(3)];
-    let kernel = [w.dim(2), w.dim(3), w.dim(4)];
-    let mut output = [0usize; 3];
-    for a in 0..3 {
-        let padded = input[a] + padding[a][0] + padding[a][1];
-        if stride[a] == 0 || kernel[a] == 0 || padded < kernel[a] {
-            return Err(shape_err("conv3d", describe()));
-        }
-        output[a] = (padded - kernel[a]) / stride[a] + 1;
-    }
-    let (cin, cout) = (x.dim(0), w.dim(0));
-    if let Some(b) = b {
-        no_fp8("conv3d bias", b)?;
-        same_device("conv3d", x, b)?;
-        if b.elem_count() != cout {
-            return Err(shape_err(
-                "conv3d",
-                format!("bias {:?} for {cout} output channels", b.shape()),
-            ));
-        }
-    }
-    let dims = cpu::conv::Conv3dDims {
-        cin,
-        cout,
-        input,
-        kernel,
-        stride,
-        padding,
-        output,
-    };
-    let out_shape = [cout, output[0], output[1], output[2]];
-    if let Some(r) = epi.residual {
-        same_device("conv3d residual", x, r)?;
-        if r.shape() != out_shape || r.dtype() != out_dtype(x) {
-            return Err(shape_err(
-                "conv3d",
-                format!(
-                    "residual {:?} {:?} for an output {out_shape:?} {:?}",
-                    r.shape(),
-                    r.dtype(),
-                    out_dtype(x)
-                ),
-            ));
-        }
-    }
+    let dims = conv_dims(x, w, b, stride, padding, &epi, false)?;
     let y = match x.storage() {
         Storage::Cpu(_) => {
             let bias = b.map(|b| b.cpu_f32());
             let out = cpu::conv::conv3d(&x.cpu_f32(), &w.cpu_f32(), bias.as_deref(), &dims);
-            finish(out, &out_shape, out_dtype(x))?
+            let [to, ho, wo] = dims.output;
+            finish(out, &[dims.cout, to, ho, wo], out_dtype(x))?
         }
         Storage::Cuda(_) => return cuda::ops::conv3d_fused(x, w, b, &dims, epi),
         Storage::Rocm(_) => rocm::ops::conv3d(x, w, b, &dims)?,
@@ -758,6 +702,138 @@ pub fn conv3d_fused(
         clamp(&y, 0.0, f32::INFINITY)
     } else {
         Ok(y)
+    }
+}
+
+/// Checks a convolution's operands and gives its dimensions. Channels-first: `x: [cin, t, h, w]`,
+/// `w: [cout, cin, kt, kh, kw]`, output `[cout, t', h', w']`; channels-last (per frame):
+/// `x: [t, h, w, cin]`, `w: [cout, kh, kw, cin]`, output `[t, h', w', cout]`.
+fn conv_dims(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    stride: [usize; 3],
+    padding: Padding3d,
+    epi: &ConvEpilogue,
+    channels_last: bool,
+) -> Result<cpu::conv::Conv3dDims> {
+    let op = if channels_last {
+        "conv2d_nhwc"
+    } else {
+        "conv3d"
+    };
+    no_fp8(op, x)?;
+    no_fp8(op, w)?;
+    same_device(op, x, w)?;
+    let describe = || {
+        format!(
+            "input {:?} weight {:?} stride {stride:?} padding {padding:?}",
+            x.shape(),
+            w.shape()
+        )
+    };
+    let ranks = if channels_last { (4, 4) } else { (4, 5) };
+    if (x.rank(), w.rank()) != ranks || w.dim(0) == 0 {
+        return Err(shape_err(op, describe()));
+    }
+    let (cin, w_cin, input, kernel) = if channels_last {
+        let input = [x.dim(0), x.dim(1), x.dim(2)];
+        (x.dim(3), w.dim(3), input, [1, w.dim(1), w.dim(2)])
+    } else {
+        let input = [x.dim(1), x.dim(2), x.dim(3)];
+        (x.dim(0), w.dim(1), input, [w.dim(2), w.dim(3), w.dim(4)])
+    };
+    if cin != w_cin || (channels_last && (stride[0] != 1 || padding[0] != [0, 0])) {
+        return Err(shape_err(op, describe()));
+    }
+    let mut output = [0usize; 3];
+    for a in 0..3 {
+        let padded = input[a] + padding[a][0] + padding[a][1];
+        if stride[a] == 0 || kernel[a] == 0 || padded < kernel[a] {
+            return Err(shape_err(op, describe()));
+        }
+        output[a] = (padded - kernel[a]) / stride[a] + 1;
+    }
+    let cout = w.dim(0);
+    if let Some(b) = b {
+        no_fp8("conv bias", b)?;
+        same_device(op, x, b)?;
+        if b.elem_count() != cout {
+            return Err(shape_err(
+                op,
+                format!("bias {:?} for {cout} output channels", b.shape()),
+            ));
+        }
+    }
+    let out_shape = if channels_last {
+        [output[0], output[1], output[2], cout]
+    } else {
+        [cout, output[0], output[1], output[2]]
+    };
+    if let Some(r) = epi.residual {
+        same_device("conv residual", x, r)?;
+        if r.shape() != out_shape || r.dtype() != out_dtype(x) {
+            return Err(shape_err(
+                op,
+                format!(
+                    "residual {:?} {:?} for an output {out_shape:?} {:?}",
+                    r.shape(),
+                    r.dtype(),
+                    out_dtype(x)
+                ),
+            ));
+        }
+    }
+    Ok(cpu::conv::Conv3dDims {
+        cin,
+        cout,
+        input,
+        kernel,
+        stride,
+        padding,
+        output,
+    })
+}
+
+/// A per-frame 2-D convolution with its epilogue on channels-last frames: `x: [t, h, w, cin]`,
+/// `w: [cout, kh, kw, cin]`, zero padding `[ph, pw]` on both sides, output `[t, h', w', cout]`
+/// (the residual in that layout too). The same values as [`conv3d_fused`] on the transposed
+/// operands, which is what runs where no library takes the layout natively (see
+/// [`channels_last_convs_native`]); cuDNN runs it natively, which on tensor cores is markedly
+/// faster than channels-first at the tiny decoder's shapes.
+pub fn conv2d_nhwc_fused(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    epi: ConvEpilogue,
+) -> Result<Tensor> {
+    let stride3 = [1, stride[0], stride[1]];
+    let pad3 = [[0, 0], [padding[0]; 2], [padding[1]; 2]];
+    let dims = conv_dims(x, w, b, stride3, pad3, &epi, true)?;
+    if let Storage::Cuda(_) = x.storage() {
+        if let Some(y) = cuda::ops::conv2d_nhwc(x, w, b, &dims, epi)? {
+            return Ok(y);
+        }
+    }
+    let (cout, kh, kw, cin) = (w.dim(0), w.dim(1), w.dim(2), w.dim(3));
+    let xc = x.permute(&[3, 0, 1, 2])?;
+    let wc = w.permute(&[0, 3, 1, 2])?.reshape(&[cout, cin, 1, kh, kw])?;
+    let rc = epi.residual.map(|r| r.permute(&[3, 0, 1, 2])).transpose()?;
+    let epi_c = ConvEpilogue {
+        residual: rc.as_ref(),
+        relu: epi.relu,
+    };
+    conv3d_fused(&xc, &wc, b, stride3, pad3, epi_c)?.permute(&[1, 2, 3, 0])
+}
+
+/// Whether [`conv2d_nhwc_fused`] runs natively on `device` (CUDA with cuDNN loadable), so that
+/// a network is better kept channels-last there; elsewhere channels-first is the fast layout.
+pub fn channels_last_convs_native(device: crate::Device) -> Result<bool> {
+    match device {
+        crate::Device::Cuda(i) => cuda::ops::channels_last_native(i),
+        _ => Ok(false),
     }
 }
 
@@ -810,8 +886,32 @@ pub fn upsample_nearest_2d(x: &Tensor, factors: [usize; 2]) -> Result<Tensor> {
             let out = cpu::conv::upsample_nearest_2d(&x.cpu_f32(), outer, h, w, factors);
             finish(out, &shape, x.dtype())
         }
-        Storage::Cuda(_) => cuda::ops::upsample_nearest_2d(x, &shape, factors),
-        Storage::Rocm(_) => rocm::ops::upsample_nearest_2d(x, &shape, factors),
+        Storage::Cuda(_) => cuda::ops::upsample_nearest(x, &shape, [h, w, 1], factors),
+        Storage::Rocm(_) => rocm::ops::upsample_nearest(x, &shape, [h, w, 1], factors),
+    }
+}
+
+/// Nearest-neighbour upsampling of channels-last frames `[t, h, w, c]` by `[fh, fw]` to
+/// `[t, fh·h, fw·w, c]`: each pixel's channel vector repeated.
+pub fn upsample_nearest_nhwc(x: &Tensor, factors: [usize; 2]) -> Result<Tensor> {
+    no_fp8("upsample_nearest_nhwc", x)?;
+    if x.rank() != 4 || factors.contains(&0) {
+        return Err(shape_err(
+            "upsample_nearest_nhwc",
+            format!("{:?} by {factors:?}", x.shape()),
+        ));
+    }
+    let (t, h, w, c) = (x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+    let shape = [t, h * factors[0], w * factors[1], c];
+    match x.storage() {
+        Storage::Cpu(_) => {
+            // Along w with the channels as the inner axis, then along h with whole rows as it.
+            let y = upsample_nearest_2d(&x.reshape(&[t * h, w, c])?, [factors[1], 1])?;
+            let y = upsample_nearest_2d(&y.reshape(&[t, h, w * factors[1] * c])?, [factors[0], 1])?;
+            y.reshape(&shape)
+        }
+        Storage::Cuda(_) => cuda::ops::upsample_nearest(x, &shape, [h, w, c], factors),
+        Storage::Rocm(_) => rocm::ops::upsample_nearest(x, &shape, [h, w, c], factors),
     }
 }
 

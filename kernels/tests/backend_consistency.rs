@@ -736,6 +736,20 @@ fn video_vae_ops_match_the_cpu(dev: Device) {
             &[&x],
             |v| ops::upsample_nearest_2d(&v[0], [1, 3]),
         );
+        // Channels-last: 16-byte units where a pixel's channels fill them (64; 12 in f32),
+        // else one element a thread (3; 12 in bf16).
+        for c in [64, 12, 3] {
+            let xl = rand(&mut rng, &[2, 5, 7, c], dt);
+            for f in [[2, 2], [3, 1]] {
+                check(
+                    &format!("upsample_nearest_nhwc {f:?} {dt:?} {:?}", xl.shape()),
+                    dev,
+                    f64::MIN_POSITIVE,
+                    &[&xl],
+                    |v| ops::upsample_nearest_nhwc(&v[0], f),
+                );
+            }
+        }
         check(
             &format!("channel_rms_norm {dt:?}"),
             dev,
@@ -846,6 +860,9 @@ fn cudnn_convolutions_match_the_cpu(dev: Device) {
                     ops::conv3d_fused(&v[0], &v[1], Some(&v[2]), stride, pad, epi)
                 },
             );
+            if ws[2] == 1 {
+                channels_last_cases(dev, dt, [&x, &w, &b, &r], [stride[1], stride[2]]);
+            }
         }
     }
     std::env::remove_var("WORLDLINE_CONV");
@@ -864,6 +881,62 @@ fn cudnn_convolutions_match_the_cpu(dev: Device) {
     }
 }
 backend_test!(cudnn_convolutions_match_the_cpu);
+
+/// The channels-last per-frame convolution on `[x, w, bias, residual]` given channels-first
+/// (`w` with kt = 1): transposed here, against the CPU reference (itself channels-first).
+fn channels_last_cases(dev: Device, dt: DType, [x, w, b, r]: [&Tensor; 4], stride: [usize; 2]) {
+    let tol = if dt == DType::BF16 { 1e-2 } else { 3e-4 };
+    let (cout, cin, kh, kw) = (w.dim(0), w.dim(1), w.dim(3), w.dim(4));
+    let x = x.permute(&[1, 2, 3, 0]).expect("x");
+    let w = w
+        .reshape(&[cout, cin, kh, kw])
+        .and_then(|w| w.permute(&[0, 2, 3, 1]));
+    let w = w.expect("w");
+    let r = r.permute(&[1, 2, 3, 0]).expect("r");
+    let pad = [kh / 2, kw / 2];
+    let what = format!(
+        "conv2d_nhwc {dt:?} {:?} * {:?} stride {stride:?}",
+        x.shape(),
+        w.shape()
+    );
+    for (case, relu, residual) in [
+        ("bias", false, false),
+        ("relu", true, false),
+        ("all", true, true),
+    ] {
+        check(&format!("{what} {case}"), dev, tol, &[&x, &w, b, &r], |v| {
+            let epi = kernels::ConvEpilogue {
+                residual: residual.then_some(&v[3]),
+                relu,
+            };
+            ops::conv2d_nhwc_fused(&v[0], &v[1], Some(&v[2]), stride, pad, epi)
+        });
+    }
+    check(&format!("{what} no bias"), dev, tol, &[&x, &w], |v| {
+        ops::conv2d_nhwc_fused(&v[0], &v[1], None, stride, pad, Default::default())
+    });
+}
+
+/// Channels-last convolutions in the default mode: cuDNN where it loads, else our
+/// channels-first convolution between transposes (ROCm, CUDA without cuDNN).
+fn channels_last_convolutions_match_the_cpu(dev: Device) {
+    let mut rng = Rng::new(43);
+    println!(
+        "channels-last native on {dev}: {:?}",
+        ops::channels_last_convs_native(dev)
+    );
+    for dt in [DType::F32, DType::BF16] {
+        for (t, h, w, cin, cout, k, s) in [(3, 15, 26, 32, 64, 3, 1), (2, 9, 14, 8, 3, 3, 2)] {
+            let x = rand(&mut rng, &[cin, t, h, w], dt);
+            let wt = rand(&mut rng, &[cout, cin, 1, k, k], dt);
+            let b = rand(&mut rng, &[cout], DType::F32);
+            let (ho, wo) = ((h + 2 * (k / 2) - k) / s + 1, (w + 2 * (k / 2) - k) / s + 1);
+            let r = rand(&mut rng, &[cout, t, ho, wo], dt);
+            channels_last_cases(dev, dt, [&x, &wt, &b, &r], [s, s]);
+        }
+    }
+}
+backend_test!(channels_last_convolutions_match_the_cpu);
 
 fn vsa_attention_matches_the_cpu(dev: Device) {
     let mut rng = Rng::new(8);

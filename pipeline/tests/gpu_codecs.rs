@@ -11,7 +11,7 @@ use kernels::{DType, Device, Tensor};
 use pipeline::rng::NormalRng;
 use pipeline::text::{T5Config, T5Encoder};
 use pipeline::vae::{
-    TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig, VaeConfig, WanVae,
+    Layout, TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig, VaeConfig, WanVae,
 };
 use pipeline::WeightStore;
 
@@ -71,14 +71,34 @@ fn tiny_decoder_and_encoder_match_the_cpu() {
                 random(1, &[16, 2, 6, 8], 1.0),
                 random(2, &[16, 3, 6, 8], 1.0),
             ];
-            compare(
-                "tiny decoder",
-                dev,
-                dtype,
-                &latents,
-                |s| TinyDecoder::load(&TinyDecoderConfig::tiny(), s).expect("decoder"),
-                |d, x| d.decode_chunk(x),
-            );
+            // The layout the device picks (channels-last where cuDNN loads), then the other.
+            let picked = TinyDecoder::load(
+                &TinyDecoderConfig::tiny(),
+                &WeightStore::random(21, dtype).on_device(dev),
+            )
+            .expect("decoder")
+            .layout();
+            println!("tiny decoder on {dev}: {picked:?}");
+            if std::env::var("WORLDLINE_REQUIRE_CUDNN").is_ok_and(|v| v == "1") {
+                assert_eq!(picked, Layout::ChannelsLast, "cuDNN required on {dev}");
+            }
+            for layout in [Layout::ChannelsLast, Layout::ChannelsFirst] {
+                compare(
+                    &format!("tiny decoder {layout:?}"),
+                    dev,
+                    dtype,
+                    &latents,
+                    |s| {
+                        let mut d =
+                            TinyDecoder::load(&TinyDecoderConfig::tiny(), s).expect("decoder");
+                        if !s.device().is_cpu() {
+                            d.set_layout(layout).expect("layout");
+                        }
+                        d
+                    },
+                    |d, x| d.decode_chunk(x),
+                );
+            }
             let video = [
                 random(3, &[3, 5, 48, 64], 0.5),
                 random(4, &[3, 8, 48, 64], 0.5),

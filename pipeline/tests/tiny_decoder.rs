@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_bits_eq, in_pieces, random};
 use kernels::{DType, Tensor};
-use pipeline::vae::{TinyDecoder, TinyDecoderConfig, VaeConfig, WanVae};
+use pipeline::vae::{Layout, TinyDecoder, TinyDecoderConfig, VaeConfig, WanVae};
 use pipeline::WeightStore;
 
 fn tiny_decoder(seed: u64) -> TinyDecoder {
@@ -42,6 +42,26 @@ fn streaming_decode_equals_offline_decode_bit_for_bit() {
     let tail = offline.narrow(1, 17, 4).expect("tail");
     assert_eq!(alone.shape(), tail.shape());
     assert_ne!(alone.to_vec_f32(), tail.to_vec_f32());
+}
+
+/// The channels-last network (cuDNN's layout on CUDA; here its CPU reference between transposes)
+/// gives the channels-first bits, streamed in pieces too: the layout moves the time shift of
+/// the memory blocks, the time growth's interleave and the upsampling, not the arithmetic.
+#[test]
+fn channels_last_decode_equals_channels_first_bit_for_bit() {
+    let latents = random(7, &[16, 4, 3, 5]);
+    let mut first = tiny_decoder(6);
+    assert_eq!(first.layout(), Layout::ChannelsFirst, "the CPU's layout");
+    let want = first.decode(&latents).expect("channels-first");
+    let mut last = tiny_decoder(6);
+    last.set_layout(Layout::ChannelsLast).expect("layout");
+    let got = last.decode(&latents).expect("channels-last");
+    assert_bits_eq("one pass", &got, &want);
+    for lens in [&[1, 1, 1, 1][..], &[3, 1]] {
+        last.reset();
+        let streamed = in_pieces(&latents, lens, |c| last.decode_chunk(c));
+        assert_bits_eq(&format!("chunks {lens:?}"), &streamed, &want);
+    }
 }
 
 #[test]

@@ -25,7 +25,7 @@ use kernels::{DType, Device, Tensor};
 use pipeline::rng::NormalRng;
 use pipeline::text::{T5Config, T5Encoder};
 use pipeline::vae::{
-    TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig, VaeConfig, WanVae,
+    Layout, TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig, VaeConfig, WanVae,
 };
 use pipeline::WeightStore;
 use serde::Serialize;
@@ -226,7 +226,23 @@ pub fn run(
                 let t = stream(dev, repeat, &mut dec, &first_latents, &latents, |d, x| {
                     d.decode_chunk(x)
                 })?;
+                let layout = dec.layout();
+                println!("tiny decoder layout on {dev}: {layout:?}");
                 push("tiny decoder (taew2_1) decode", dtype, t, None);
+                // Where the device picked channels-last, the other layout (our own convolution
+                // kernels) in the same run, for the ratio.
+                if layout == Layout::ChannelsLast {
+                    dec.set_layout(Layout::ChannelsFirst)?;
+                    let t = stream(dev, repeat, &mut dec, &first_latents, &latents, |d, x| {
+                        d.decode_chunk(x)
+                    })?;
+                    push(
+                        "tiny decoder (taew2_1) decode, channels-first",
+                        dtype,
+                        t,
+                        None,
+                    );
+                }
             }
             if has(Codec::TinyEnc) {
                 let mut enc = TinyEncoder::load(&TinyEncoderConfig::taew2_1(), &store)

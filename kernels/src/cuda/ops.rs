@@ -481,12 +481,12 @@ pub(crate) fn vsa_fine_fast(
 mod common_conv;
 pub use common_conv::{
     channel_affine, channel_rms_norm, channel_rms_norm_silu, clamp, soft_clamp, softmax_rows,
-    upsample_nearest_2d,
+    upsample_nearest,
 };
 use common_conv::{conv3d, f32_param, f32_slice, i32_of};
 
 mod conv;
-pub use conv::conv3d_fused;
+pub use conv::{channels_last_native, conv2d_nhwc, conv3d_fused};
 mod cudnn;
 use conv::tile_gemm;
 pub(crate) use cudnn::Convs;

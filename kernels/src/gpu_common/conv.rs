@@ -156,30 +156,48 @@ pub fn conv3d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, d: &Conv3dDims) -> 
     Ok(wrap(out, &[d.cout, to, ho, wo]))
 }
 
-pub fn upsample_nearest_2d(x: &Tensor, shape: &[usize], factors: [usize; 2]) -> Result<Tensor> {
+/// Nearest upsampling of `x` seen as `[outer, h, w, inner]` (`inner` contiguous elements a pixel:
+/// 1 channels-first, the channels channels-last) by `[fh, fw]`, to `shape`. A thread copies one
+/// 16-byte unit where a pixel is whole units, else one element.
+pub fn upsample_nearest(
+    x: &Tensor,
+    shape: &[usize],
+    [h, w, inner]: [usize; 3],
+    factors: [usize; 2],
+) -> Result<Tensor> {
     let s = storage(x)?;
-    let (h, w) = (x.dim(-2), x.dim(-1));
-    let outer = (x.elem_count() / (h * w).max(1)) as u64;
+    let size = x.dtype().size_in_bytes();
     let n: usize = shape.iter().product();
+    let (unit, kernel) = match (inner * size % 16, size) {
+        (0, _) => (16, "upsample_nearest_u128"),
+        (_, 4) => (4, "upsample_nearest_u32"),
+        (_, 2) => (2, "upsample_nearest_u16"),
+        _ => return Err(s.dev.err(format!("upsample: {:?} elements", x.dtype()))),
+    };
+    let units = n * size / unit;
+    // Within i32 so that the grid-stride loop's 32-bit index cannot wrap.
+    let u32_of = |v: usize| {
+        u32::try_from(v)
+            .ok()
+            .filter(|&v| v <= i32::MAX as u32)
+            .ok_or_else(|| {
+                s.dev.err(format!(
+                    "upsample to {shape:?}: {units} units exceed the kernel's 32-bit index"
+                ))
+            })
+    };
+    let args = [h, w, inner * size / unit, factors[0], factors[1], units]
+        .into_iter()
+        .map(u32_of)
+        .collect::<Result<Vec<u32>>>()?;
     let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
-    let ints = [h, w, factors[0], factors[1]]
-        .iter()
-        .map(|&v| i32_of(&s.dev, "extent", v))
-        .collect::<Result<Vec<i32>>>()?;
-    launch!(
-        &s.dev,
-        "conv",
-        &format!("upsample_nearest_2d_{}", suffix(x.dtype())?),
-        grid(n),
-        |b| {
-            push_mut(b, &mut out.data);
-            push(b, &s.data);
-            b.arg(&outer);
-            for v in &ints {
-                b.arg(v);
-            }
+    launch!(&s.dev, "conv", kernel, grid(units), |b| {
+        push_mut(b, &mut out.data);
+        push(b, &s.data);
+        for v in &args {
+            b.arg(v);
         }
-    );
+    });
     Ok(wrap(out, shape))
 }
 

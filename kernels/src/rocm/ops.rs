@@ -499,7 +499,7 @@ unsafe fn tile_gemm(
 mod common_conv;
 pub use common_conv::{
     channel_affine, channel_rms_norm, channel_rms_norm_silu, clamp, conv3d, soft_clamp,
-    softmax_rows, upsample_nearest_2d,
+    softmax_rows, upsample_nearest,
 };
 
 /// VSA's fine branch has no TMA kernel here (CUDA's is Hopper-only): the portable kernel runs it.

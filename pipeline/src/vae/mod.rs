@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use coder::{Decoder3d, Encoder3d, Middle};
 pub use layers::{AttentionBlock, CausalConv3d, ResidualBlock};
-pub use tiny::{TinyDecoder, TinyDecoderConfig};
+pub use tiny::{Layout, TinyDecoder, TinyDecoderConfig};
 pub use tiny_encoder::{TinyEncoder, TinyEncoderConfig};
 
 use crate::weights::WeightStore;

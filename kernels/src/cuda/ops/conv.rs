@@ -46,6 +46,26 @@ pub fn conv3d_fused(
     }
 }
 
+/// A per-frame convolution on channels-last `[frames, h, w, cin]` input with `[cout, kh, kw, cin]`
+/// weights and its epilogue, on cuDNN; `None` where cuDNN does not run it (the caller then
+/// transposes to our channels-first convolution).
+pub fn conv2d_nhwc(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    d: &Conv3dDims,
+    epi: ConvEpilogue,
+) -> Result<Option<Tensor>> {
+    super::cudnn::conv2d_nhwc(x, w, bias, d, &epi)
+}
+
+/// Whether channels-last convolutions run natively (on cuDNN) on CUDA device `ordinal`.
+pub fn channels_last_native(ordinal: usize) -> Result<bool> {
+    Ok(super::cudnn::channels_last_native(&*crate::cuda::backend(
+        ordinal,
+    )?))
+}
+
 /// Column-major `D[n × cout] (ld ldd) = A[n × kk] · B[kk × cout]` into `d` from element
 /// `at`: one im2col tile's GEMM, `[n, cout, kk, ldd]`.
 ///

@@ -162,13 +162,14 @@ pub(crate) fn takes(dt: DType, d: &Conv3dDims) -> bool {
         && d.output.iter().all(|&v| v > 0)
 }
 
-fn key(dt: DType, d: &Conv3dDims, epi: &ConvEpilogue) -> String {
+fn key(dt: DType, d: &Conv3dDims, epi: &ConvEpilogue, nhwc: bool) -> String {
     let [ti, hi, wi] = d.input;
+    let layout = if nhwc { "NHWC " } else { "" };
     let [kt, kh, kw] = d.kernel;
     let [st, sh, sw] = d.stride;
     let p = d.padding;
     format!(
-        "{dt:?} {}>{} in{ti}x{hi}x{wi} k{kt}x{kh}x{kw} s{st}x{sh}x{sw} p{}x{}x{} res{} relu{}",
+        "{layout}{dt:?} {}>{} in{ti}x{hi}x{wi} k{kt}x{kh}x{kw} s{st}x{sh}x{sw} p{}x{}x{} res{} relu{}",
         d.cin,
         d.cout,
         p[0][0],
@@ -273,36 +274,74 @@ fn int(v: usize) -> std::result::Result<i32, String> {
     i32::try_from(v).map_err(|_| format!("extent {v} exceeds cuDNN's 32-bit dims"))
 }
 
-fn descs(dt: DType, d: &Conv3dDims, math: Option<u32>) -> std::result::Result<Descs, String> {
+/// Packed strides of `dims` listed in memory order `order` (outermost first), as cuDNN's
+/// per-dimension strides.
+fn strides_in(dims: &[usize], order: &[usize]) -> Vec<usize> {
+    let mut s = vec![0usize; dims.len()];
+    let mut at = 1;
+    for &i in order.iter().rev() {
+        s[i] = at;
+        at *= dims[i];
+    }
+    s
+}
+
+/// The descriptors of `d`: channels-first NCDHW with batch 1, or (`nhwc`) a 2-D convolution
+/// (kt = 1) over the `d.input[0]` frames as a batch of channels-last NHWC images, with weights
+/// as KRSC (`[cout, kh, kw, cin]`).
+fn descs(
+    dt: DType,
+    d: &Conv3dDims,
+    math: Option<u32>,
+    nhwc: bool,
+) -> std::result::Result<Descs, String> {
     let data = match dt {
         DType::BF16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
         _ => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
     };
-    let packed = |dims: [usize; 5]| -> std::result::Result<([i32; 5], [i32; 5]), String> {
-        let mut strides = [1usize; 5];
-        for i in (0..4).rev() {
-            strides[i] = strides[i + 1] * dims[i + 1];
-        }
-        let mut a = [0i32; 5];
-        let mut s = [0i32; 5];
-        for i in 0..5 {
-            a[i] = int(dims[i])?;
-            s[i] = int(strides[i])?;
-        }
-        Ok((a, s))
+    let ints = |v: &[usize]| {
+        v.iter()
+            .map(|&x| int(x))
+            .collect::<std::result::Result<Vec<i32>, String>>()
     };
     let [ti, hi, wi] = d.input;
     let [to, ho, wo] = d.output;
     let [kt, kh, kw] = d.kernel;
-    let (xd, xs) = packed([1, d.cin, ti, hi, wi])?;
-    let (yd, ys) = packed([1, d.cout, to, ho, wo])?;
-    let (wd, _) = packed([d.cout, d.cin, kt, kh, kw])?;
-    let pads = [
-        int(d.padding[0][0])?,
-        int(d.padding[1][0])?,
-        int(d.padding[2][0])?,
-    ];
-    let strides = [int(d.stride[0])?, int(d.stride[1])?, int(d.stride[2])?];
+    let (xd, xs, yd, ys, wd, pads, strides) = if nhwc {
+        if kt != 1 || d.padding[0] != [0, 0] || d.stride[0] != 1 {
+            return Err("a channels-last convolution is per frame (kt 1)".into());
+        }
+        let x = [ti, d.cin, hi, wi];
+        let y = [to, d.cout, ho, wo];
+        (
+            ints(&x)?,
+            ints(&strides_in(&x, &[0, 2, 3, 1]))?,
+            ints(&y)?,
+            ints(&strides_in(&y, &[0, 2, 3, 1]))?,
+            ints(&[d.cout, d.cin, kh, kw])?,
+            ints(&[d.padding[1][0], d.padding[2][0]])?,
+            ints(&[d.stride[1], d.stride[2]])?,
+        )
+    } else {
+        let x = [1, d.cin, ti, hi, wi];
+        let y = [1, d.cout, to, ho, wo];
+        (
+            ints(&x)?,
+            ints(&strides_in(&x, &[0, 1, 2, 3, 4]))?,
+            ints(&y)?,
+            ints(&strides_in(&y, &[0, 1, 2, 3, 4]))?,
+            ints(&[d.cout, d.cin, kt, kh, kw])?,
+            ints(&[d.padding[0][0], d.padding[1][0], d.padding[2][0]])?,
+            ints(&d.stride)?,
+        )
+    };
+    let format = if nhwc {
+        sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+    } else {
+        sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+    };
+    let rank = xd.len() as i32;
+    let spatial = pads.len() as i32;
     let mut out = Descs {
         x: std::ptr::null_mut(),
         y: std::ptr::null_mut(),
@@ -320,27 +359,21 @@ fn descs(dt: DType, d: &Conv3dDims, math: Option<u32>) -> std::result::Result<De
         )?;
         check(
             "input desc",
-            sys::cudnnSetTensorNdDescriptor(out.x, data, 5, xd.as_ptr(), xs.as_ptr()),
+            sys::cudnnSetTensorNdDescriptor(out.x, data, rank, xd.as_ptr(), xs.as_ptr()),
         )?;
         check(
             "output desc",
-            sys::cudnnSetTensorNdDescriptor(out.y, data, 5, yd.as_ptr(), ys.as_ptr()),
+            sys::cudnnSetTensorNdDescriptor(out.y, data, rank, yd.as_ptr(), ys.as_ptr()),
         )?;
         check(
             "filter desc",
-            sys::cudnnSetFilterNdDescriptor(
-                out.w,
-                data,
-                sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-                5,
-                wd.as_ptr(),
-            ),
+            sys::cudnnSetFilterNdDescriptor(out.w, data, format, rank, wd.as_ptr()),
         )?;
         check(
             "conv desc",
             sys::cudnnSetConvolutionNdDescriptor(
                 out.conv,
-                3,
+                spatial,
                 pads.as_ptr(),
                 strides.as_ptr(),
                 [1i32; 3].as_ptr(),
@@ -363,10 +396,16 @@ fn descs(dt: DType, d: &Conv3dDims, math: Option<u32>) -> std::result::Result<De
             "math type",
             sys::cudnnSetConvolutionMathType(out.conv, math),
         )?;
-        let mut got = [0i32; 5];
+        let mut got = vec![0i32; yd.len()];
         check(
             "output dims",
-            sys::cudnnGetConvolutionNdForwardOutputDim(out.conv, out.x, out.w, 5, got.as_mut_ptr()),
+            sys::cudnnGetConvolutionNdForwardOutputDim(
+                out.conv,
+                out.x,
+                out.w,
+                rank,
+                got.as_mut_ptr(),
+            ),
         )?;
         if got != yd {
             return Err(format!("cuDNN's output {got:?} against ours {yd:?}"));
@@ -389,11 +428,12 @@ fn run(
     d: &Conv3dDims,
     epi: &ConvEpilogue,
     (algo, found_workspace, math): (u32, usize, Option<u32>),
+    nhwc: bool,
 ) -> Result<Tensor> {
     let dt = x.dtype();
     let w = cast(w, dt)?;
-    let fail = |e: String| dev.err(format!("cuDNN conv3d {}: {e}", key(dt, d, epi)));
-    let ds = descs(dt, d, math).map_err(fail)?;
+    let fail = |e: String| dev.err(format!("cuDNN conv3d {}: {e}", key(dt, d, epi, nhwc)));
+    let ds = descs(dt, d, math, nhwc).map_err(fail)?;
     // What the algorithm asks for under these descriptors, in case the search's figure differs.
     let mut asked = 0usize;
     // SAFETY: descriptors made above; `asked` is written once.
@@ -455,18 +495,48 @@ fn run(
             })
         })?;
     }
+    let shape = if nhwc {
+        [to, ho, wo, d.cout]
+    } else {
+        [d.cout, to, ho, wo]
+    };
     if bias.is_none() && epi.residual.is_none() && !epi.relu {
-        return Ok(wrap(out, &[d.cout, to, ho, wo]));
+        return Ok(wrap(out, &shape));
     }
     let b32 = bias.map(f32_param).transpose()?;
     let bias_buf = b32.as_ref().map(f32_slice).transpose()?;
     let res = epi.residual.map(storage).transpose()?;
-    let (per, n, act, null) = (
-        (to * ho * wo) as u64,
+    let (per, channels, n, act, null) = (
+        if nhwc { 1 } else { (to * ho * wo) as u64 },
+        d.cout as u64,
         total as u64,
         i32::from(epi.relu),
         0u64,
     );
+    if nhwc && dt == DType::BF16 && d.cout % 8 == 0 {
+        let (channels, vecs) = (d.cout as u32, (total / 8) as u64);
+        launch!(
+            &dev,
+            "conv",
+            "conv_epilogue_cl8_bf16",
+            grid(total / 8),
+            |b| {
+                push_mut(b, &mut out.data);
+                match bias_buf {
+                    Some(p) => b.arg(p),
+                    None => b.arg(&null),
+                };
+                match &res {
+                    Some(r) => push(b, &r.data),
+                    None => {
+                        b.arg(&null);
+                    }
+                }
+                b.arg(&channels).arg(&vecs).arg(&act);
+            }
+        );
+        return Ok(wrap(out, &shape));
+    }
     let name = format!("conv_epilogue_{}", suffix(dt)?);
     let cfg: LaunchConfig = grid(total);
     launch!(&dev, "conv", &name, cfg, |b| {
@@ -481,9 +551,9 @@ fn run(
                 b.arg(&null);
             }
         }
-        b.arg(&per).arg(&n).arg(&act);
+        b.arg(&per).arg(&channels).arg(&n).arg(&act);
     });
-    Ok(wrap(out, &[d.cout, to, ho, wo]))
+    Ok(wrap(out, &shape))
 }
 
 /// cuDNN's fastest algorithm for this convolution on these buffers (its own timing), the
@@ -494,11 +564,12 @@ fn find(
     x: &Tensor,
     w: &Tensor,
     d: &Conv3dDims,
+    nhwc: bool,
 ) -> std::result::Result<(u32, usize, Option<u32>), String> {
     let dt = x.dtype();
     let e = |e: crate::Error| e.to_string();
     let w = cast(w, dt).map_err(e)?;
-    let ds = descs(dt, d, None)?;
+    let ds = descs(dt, d, None, nhwc)?;
     let [to, ho, wo] = d.output;
     let out = CudaStorage::alloc(dev, dt, d.cout * to * ho * wo).map_err(e)?;
     let cap = find_workspace(dev);
@@ -595,6 +666,31 @@ fn save(file: &PathBuf, key: &str, path: Path, note: &str) {
     }
 }
 
+/// Opens cuDNN on first use (and loads the choices made before); whether it is usable.
+fn ensure_open(dev: &CudaBackend, convs: &mut Convs) -> bool {
+    if convs.handle.is_none() {
+        let opened = open(dev);
+        if let Ok((_, version)) = &opened {
+            convs.version = *version;
+            convs.file = cache_file(dev, *version);
+            if let Some(f) = &convs.file {
+                convs.chosen = load(f);
+            }
+        }
+        if let Err(why) = &opened {
+            tracing::info!(device = %dev.ordinal, "convolutions without cuDNN: {why}");
+        }
+        convs.handle = Some(opened.map(|(h, _)| h));
+    }
+    matches!(convs.handle, Some(Ok(_)))
+}
+
+/// Whether channels-last convolutions run on cuDNN on this device (else they are our
+/// channels-first convolution between two transposes: correct, not fast).
+pub(crate) fn channels_last_native(dev: &CudaBackend) -> bool {
+    mode() != Mode::Ours && dev.convs.lock().is_ok_and(|mut c| ensure_open(dev, &mut c))
+}
+
 /// Runs the convolution on cuDNN when that is this shape's choice (measuring both paths the
 /// first time a shape is seen in `auto` mode); `None`: run ours.
 pub(crate) fn conv3d(
@@ -605,8 +701,39 @@ pub(crate) fn conv3d(
     epi: &ConvEpilogue,
     ours: Ours,
 ) -> Result<Option<Tensor>> {
+    if !takes(x.dtype(), d) {
+        return Ok(None);
+    }
+    choose_and_run(x, w, bias, d, epi, Some(ours), false)
+}
+
+/// A per-frame convolution on channels-last `[frames, h, w, cin]` input with KRSC weights
+/// (`[cout, kh, kw, cin]`), to `[frames, ho, wo, cout]`, on cuDNN's fastest algorithm (found
+/// once per shape and kept on disk); `None` without cuDNN.
+pub(crate) fn conv2d_nhwc(
+    x: &Tensor,
+    w_krsc: &Tensor,
+    bias: Option<&Tensor>,
+    d: &Conv3dDims,
+    epi: &ConvEpilogue,
+) -> Result<Option<Tensor>> {
+    if !takes(x.dtype(), d) || d.kernel[0] != 1 {
+        return Ok(None);
+    }
+    choose_and_run(x, w_krsc, bias, d, epi, None, true)
+}
+
+fn choose_and_run(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    d: &Conv3dDims,
+    epi: &ConvEpilogue,
+    ours: Option<Ours>,
+    nhwc: bool,
+) -> Result<Option<Tensor>> {
     let mode = mode();
-    if mode == Mode::Ours || !takes(x.dtype(), d) {
+    if mode == Mode::Ours {
         return Ok(None);
     }
     let dev = storage(x)?.dev.clone();
@@ -615,24 +742,13 @@ pub(crate) fn conv3d(
         .lock()
         .map_err(|_| dev.err("convolution choices poisoned"))?;
     let convs = &mut *convs;
-    if convs.handle.is_none() {
-        let opened = open(&dev);
-        if let Ok((_, version)) = &opened {
-            convs.version = *version;
-            convs.file = cache_file(&dev, *version);
-            if let Some(f) = &convs.file {
-                convs.chosen = load(f);
-            }
-        }
-        if let Err(why) = &opened {
-            tracing::info!(device = %dev.ordinal, "convolutions without cuDNN: {why}");
-        }
-        convs.handle = Some(opened.map(|(h, _)| h));
+    if !ensure_open(&dev, convs) {
+        return Ok(None);
     }
     let Some(Ok(h)) = &convs.handle else {
         return Ok(None);
     };
-    let k = key(x.dtype(), d, epi);
+    let k = key(x.dtype(), d, epi, nhwc);
     let known = match mode {
         Mode::Cudnn => convs.forced.get(&k),
         _ => convs.chosen.get(&k),
@@ -640,7 +756,7 @@ pub(crate) fn conv3d(
     let path = match known {
         Some(p) => *p,
         None => {
-            let path = match find(&dev, h, x, w, d) {
+            let path = match find(&dev, h, x, w, d, nhwc) {
                 Err(why) => {
                     tracing::info!("conv {k}: cuDNN declined ({why}), ours");
                     Path::Ours
@@ -651,15 +767,15 @@ pub(crate) fn conv3d(
                     math,
                 },
                 Ok((algo, workspace, math)) => {
-                    let theirs = || run(&dev, h, x, w, bias, d, epi, (algo, workspace, math));
+                    let theirs = || run(&dev, h, x, w, bias, d, epi, (algo, workspace, math), nhwc);
                     let cudnn = Path::Cudnn {
                         algo,
                         workspace,
                         math,
                     };
                     // An algorithm the search reported but that then fails to run loses.
-                    let (path, note) = match time(&dev, &theirs) {
-                        Ok(t_cudnn) => {
+                    let (path, note) = match (time(&dev, &theirs), ours) {
+                        (Ok(t_cudnn), Some(ours)) => {
                             let t_ours = time(&dev, ours)?;
                             let path = if t_cudnn < t_ours { cudnn } else { Path::Ours };
                             (
@@ -667,7 +783,9 @@ pub(crate) fn conv3d(
                                 format!("# ours {t_ours:.3} ms, cudnn {t_cudnn:.3} ms"),
                             )
                         }
-                        Err(e) => {
+                        // Channels-last has no kernel of ours to compare with.
+                        (Ok(t_cudnn), None) => (cudnn, format!("# cudnn {t_cudnn:.3} ms")),
+                        (Err(e), _) => {
                             tracing::warn!("conv {k}: {} failed, ours: {e}", show(cudnn));
                             (Path::Ours, format!("# {} failed", show(cudnn)))
                         }
@@ -694,7 +812,7 @@ pub(crate) fn conv3d(
     else {
         return Ok(None);
     };
-    match run(&dev, h, x, w, bias, d, epi, (algo, workspace, math)) {
+    match run(&dev, h, x, w, bias, d, epi, (algo, workspace, math), nhwc) {
         Ok(y) => Ok(Some(y)),
         // Forced cuDNN (tests) must say when it fails; a choice read from the cache (another
         // cuDNN build's, say) falls back to ours for the rest of the process.
@@ -752,7 +870,7 @@ mod tests {
             padding: [[0, 0], [1, 1], [1, 1]],
             output: [3, 60, 104],
         };
-        let plain = key(DType::BF16, &d, &ConvEpilogue::default());
+        let plain = key(DType::BF16, &d, &ConvEpilogue::default(), false);
         let relu = key(
             DType::BF16,
             &d,
@@ -760,9 +878,11 @@ mod tests {
                 residual: None,
                 relu: true,
             },
+            false,
         );
         assert_ne!(plain, relu);
-        assert_ne!(plain, key(DType::F32, &d, &ConvEpilogue::default()));
+        assert_ne!(plain, key(DType::F32, &d, &ConvEpilogue::default(), false));
+        assert_ne!(plain, key(DType::BF16, &d, &ConvEpilogue::default(), true));
         assert!(!plain.contains('\t') && !plain.contains('\n'));
         let mut asym = d;
         asym.padding[1] = [0, 1];
