@@ -57,3 +57,4 @@ WL_DEVICE void gather_rows(E* dst, const E* src, const wl_u64* ids, wl_u64 rows,
 WL_LAYOUT(unsigned char, 8)
 WL_LAYOUT(unsigned short, 16)
 WL_LAYOUT(unsigned int, 32)
+WL_LAYOUT(wl_v16, 128)

@@ -431,6 +431,17 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
             check(&format!("permute {dt:?}"), dev, 0.0 + 1e-12, &[&x], |v| {
                 v[0].permute(&[2, 0, 1])
             });
+            // The last axis kept: whole 16-byte runs move as units (24 channels), or not (6).
+            for c in [24, 6] {
+                let y = rand(&mut rng, &[3, 5, 2, c], dt);
+                check(
+                    &format!("permute last kept {c} {dt:?}"),
+                    dev,
+                    1e-12,
+                    &[&y],
+                    |v| v[0].permute(&[2, 0, 1, 3]),
+                );
+            }
             check(&format!("narrow {dt:?}"), dev, 1e-12, &[&x], |v| {
                 v[0].narrow(1, 1, heads - 1)
             });

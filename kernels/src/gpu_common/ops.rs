@@ -856,18 +856,41 @@ pub fn permute(x: &Tensor, shape: &[usize], strides: &[usize]) -> Result<Tensor>
     let s = storage(x)?;
     let dev = &s.dev;
     let n = x.elem_count();
-    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-    let st: Vec<u64> = strides.iter().map(|&d| d as u64).collect();
+    let size = x.dtype().size_in_bytes();
+    let mut dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    let mut st: Vec<u64> = strides.iter().map(|&d| d as u64).collect();
+    let mut bits = 8 * size;
+    let mut units = n;
+    // The last axis kept in place with whole 16-byte runs (a channels-last layout's channels):
+    // move the runs as units, a division per 16 bytes instead of per element.
+    let last = shape.len().saturating_sub(1);
+    let per = (16 / size) as u64;
+    if strides.get(last) == Some(&1)
+        && (shape[last] * size).is_multiple_of(16)
+        && st[..last].iter().all(|v| v.is_multiple_of(per))
+    {
+        dims[last] /= per;
+        for v in &mut st[..last] {
+            *v /= per;
+        }
+        bits = 128;
+        units = n / per as usize;
+    }
     let dims_d = dev.stream.clone_htod(&dims).map_err(|e| dev.err(e))?;
     let st_d = dev.stream.clone_htod(&st).map_err(|e| dev.err(e))?;
     let mut out = GpuStorage::alloc(dev, x.dtype(), n)?;
-    let bits = if x.dtype() == DType::F32 { 32 } else { 16 };
-    let (n64, rank) = (n as u64, shape.len() as i32);
-    launch!(dev, "layout", &format!("permute_b{bits}"), grid(n), |b| {
-        push_mut(b, &mut out.data);
-        push(b, &s.data);
-        b.arg(&n64).arg(&rank).arg(&dims_d).arg(&st_d);
-    });
+    let (n64, rank) = (units as u64, shape.len() as i32);
+    launch!(
+        dev,
+        "layout",
+        &format!("permute_b{bits}"),
+        grid(units),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            b.arg(&n64).arg(&rank).arg(&dims_d).arg(&st_d);
+        }
+    );
     Ok(wrap(out, shape))
 }
 

@@ -148,7 +148,7 @@ impl Layout {
     }
 
     /// `[c, t, h, w]` → this layout.
-    fn from_channels_first(self, x: &Tensor) -> Result<Tensor> {
+    fn enter(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Layout::ChannelsFirst => x.clone(),
             Layout::ChannelsLast => x.permute(&[1, 2, 3, 0])?,
@@ -156,7 +156,7 @@ impl Layout {
     }
 
     /// This layout → `[c, t, h, w]`.
-    fn to_channels_first(self, x: &Tensor) -> Result<Tensor> {
+    fn leave(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Layout::ChannelsFirst => x.clone(),
             Layout::ChannelsLast => x.permute(&[3, 0, 1, 2])?,
@@ -314,26 +314,53 @@ impl MemBlock {
     pub fn forward_in(&mut self, x: &Tensor, layout: Layout) -> Result<Tensor> {
         let ta = layout.time_axis();
         let t = x.shape()[ta];
-        let before = match self.past.take() {
-            Some(p) => p,
-            None => {
-                let mut shape = x.shape().to_vec();
-                shape[ta] = 1;
-                Tensor::zeros(&shape, x.dtype())?.to_device(x.device())?
-            }
+        let c = x.shape()[layout.channel_axis()];
+        let hw = x.elem_count() / (t * c).max(1);
+        // `cat[x_t, x_{t−1}]` over channels in one copy: the held frame (zeros at the start of a
+        // stream: left uncovered) and this chunk's frames but the last, beside the chunk. Seen
+        // as a matrix, channels-first is [c, t·hw] (the shifted block below, a frame to the
+        // right) and channels-last [t·hw, c] (beside, a frame down).
+        let past = self.past.take();
+        let (x2, past2, shape) = match layout {
+            Layout::ChannelsFirst => (
+                x.reshape(&[c, t * hw])?,
+                past.map(|p| p.reshape(&[c, hw])).transpose()?,
+                [2 * c, t * hw],
+            ),
+            Layout::ChannelsLast => (
+                x.reshape(&[t * hw, c])?,
+                past.map(|p| p.reshape(&[hw, c])).transpose()?,
+                [t * hw, 2 * c],
+            ),
         };
-        // Each frame's predecessor: the held frame, then this chunk's frames but the last.
-        let shifted = if t > 1 {
-            Tensor::cat(&[&before, &x.narrow(ta, 0, t - 1)?], ta)?
-        } else {
-            before
+        // Where the held frame and the shifted frames start, and the shifted block's size.
+        let (held_at, shifted_at, shifted) = match layout {
+            Layout::ChannelsFirst => ((c, 0), (c, hw), (c, (t - 1) * hw)),
+            Layout::ChannelsLast => ((0, c), (hw, c), ((t - 1) * hw, c)),
         };
+        let mut pieces = vec![ops::Piece::whole(&x2, 0, 0)];
+        if let Some(p) = &past2 {
+            pieces.push(ops::Piece::whole(p, held_at.0, held_at.1));
+        }
+        if t > 1 {
+            pieces.push(ops::Piece {
+                src: &x2,
+                src_row: 0,
+                src_col: 0,
+                rows: shifted.0,
+                cols: shifted.1,
+                dst_row: shifted_at.0,
+                dst_col: shifted_at.1,
+            });
+        }
         self.past = Some(x.narrow(ta, t - 1, 1)?);
         let relu = ConvEpilogue {
             residual: None,
             relu: true,
         };
-        let stacked = Tensor::cat(&[x, &shifted], layout.channel_axis())?;
+        let mut full = x.shape().to_vec();
+        full[layout.channel_axis()] = 2 * c;
+        let stacked = ops::assemble(&shape, x.dtype(), x.device(), &pieces)?.reshape(&full)?;
         let h = self.conv0.forward_in(&stacked, relu, layout)?;
         let h = self.conv2.forward_in(&h, relu, layout)?;
         let skip = match &self.skip {
@@ -548,7 +575,7 @@ impl TinyDecoder {
     /// raw network, state carried), to `[3, t', 8h, 8w]`.
     pub fn forward_raw(&mut self, x: &Tensor) -> Result<Tensor> {
         let layout = self.layout;
-        let mut x = layout.from_channels_first(x)?;
+        let mut x = layout.enter(x)?;
         let n = self.layers.len();
         let mut i = 0;
         while i < n {
@@ -573,7 +600,7 @@ impl TinyDecoder {
             x = self.layers[i].forward(&x, layout)?;
             i += 1;
         }
-        layout.to_channels_first(&x)
+        layout.leave(&x)
     }
 
     /// Decodes the next `[z, k, h, w]` normalised latents of the stream to `[3, t, 8h, 8w]` frames

@@ -93,6 +93,10 @@ pub(crate) struct Convs {
     forced: HashMap<String, Path>,
     file: Option<PathBuf>,
     version: usize,
+    /// Descriptors and workspace size by shape key and algorithm, made on a shape's first run:
+    /// cuDNN 9 spends tens of microseconds of host time making them, a conv's worth of GPU time
+    /// at the tiny decoder's small shapes.
+    plans: HashMap<String, Plan>,
 }
 
 impl Convs {
@@ -249,6 +253,15 @@ struct Descs {
     y: sys::cudnnTensorDescriptor_t,
     w: sys::cudnnFilterDescriptor_t,
     conv: sys::cudnnConvolutionDescriptor_t,
+}
+
+// SAFETY: descriptors are host structs, used only under the backend's `convs` lock.
+unsafe impl Send for Descs {}
+
+/// One convolution's descriptors under an algorithm, and the workspace it runs with.
+struct Plan {
+    ds: Descs,
+    workspace: usize,
 }
 
 impl Drop for Descs {
@@ -417,24 +430,16 @@ fn descs(
 /// Our convolution with its epilogue, as `conv3d_fused` would run it without cuDNN.
 pub(crate) type Ours<'a> = &'a dyn Fn() -> Result<Tensor>;
 
-/// The cuDNN convolution `algo` with `workspace` bytes, then the epilogue in one pass.
-#[allow(clippy::too_many_arguments)]
-fn run(
-    dev: &Arc<CudaBackend>,
+/// The descriptors of this convolution under `algo` and `math`, and the workspace: the larger of
+/// what the search found and what the algorithm asks for under these descriptors.
+fn plan(
     h: &Handle,
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
+    dt: DType,
     d: &Conv3dDims,
-    epi: &ConvEpilogue,
     (algo, found_workspace, math): (u32, usize, Option<u32>),
     nhwc: bool,
-) -> Result<Tensor> {
-    let dt = x.dtype();
-    let w = cast(w, dt)?;
-    let fail = |e: String| dev.err(format!("cuDNN conv3d {}: {e}", key(dt, d, epi, nhwc)));
-    let ds = descs(dt, d, math, nhwc).map_err(fail)?;
-    // What the algorithm asks for under these descriptors, in case the search's figure differs.
+) -> std::result::Result<Plan, String> {
+    let ds = descs(dt, d, math, nhwc)?;
     let mut asked = 0usize;
     // SAFETY: descriptors made above; `asked` is written once.
     check("workspace size", unsafe {
@@ -447,9 +452,32 @@ fn run(
             algo_enum(algo),
             &mut asked,
         )
+    })?;
+    Ok(Plan {
+        ds,
+        workspace: found_workspace.max(asked),
     })
-    .map_err(fail)?;
-    let workspace = found_workspace.max(asked);
+}
+
+/// The cuDNN convolution under `plan` (algorithm `algo`, math `math`), then the epilogue in one
+/// pass.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    dev: &Arc<CudaBackend>,
+    h: &Handle,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    d: &Conv3dDims,
+    epi: &ConvEpilogue,
+    plan: &Plan,
+    (algo, math): (u32, Option<u32>),
+    nhwc: bool,
+) -> Result<Tensor> {
+    let dt = x.dtype();
+    let w = cast(w, dt)?;
+    let fail = |e: String| dev.err(format!("cuDNN conv3d {}: {e}", key(dt, d, epi, nhwc)));
+    let (ds, workspace) = (&plan.ds, plan.workspace);
     let [to, ho, wo] = d.output;
     let total = d.cout * to * ho * wo;
     let mut out = CudaStorage::alloc(dev, dt, total)?;
@@ -513,7 +541,7 @@ fn run(
         i32::from(epi.relu),
         0u64,
     );
-    if nhwc && dt == DType::BF16 && d.cout % 8 == 0 {
+    if nhwc && dt == DType::BF16 && d.cout.is_multiple_of(8) {
         let (channels, vecs) = (d.cout as u32, (total / 8) as u64);
         launch!(
             &dev,
@@ -767,7 +795,12 @@ fn choose_and_run(
                     math,
                 },
                 Ok((algo, workspace, math)) => {
-                    let theirs = || run(&dev, h, x, w, bias, d, epi, (algo, workspace, math), nhwc);
+                    let made = plan(h, x.dtype(), d, (algo, workspace, math), nhwc)
+                        .map_err(|e| dev.err(format!("cuDNN conv3d {k}: {e}")));
+                    let theirs = || match &made {
+                        Ok(p) => run(&dev, h, x, w, bias, d, epi, p, (algo, math), nhwc),
+                        Err(e) => Err(dev.err(e.to_string())),
+                    };
                     let cudnn = Path::Cudnn {
                         algo,
                         workspace,
@@ -812,7 +845,24 @@ fn choose_and_run(
     else {
         return Ok(None);
     };
-    match run(&dev, h, x, w, bias, d, epi, (algo, workspace, math), nhwc) {
+    let pk = format!("{k} {}", show(path));
+    if !convs.plans.contains_key(&pk) {
+        match plan(h, x.dtype(), d, (algo, workspace, math), nhwc) {
+            Ok(p) => {
+                convs.plans.insert(pk.clone(), p);
+            }
+            Err(e) if mode == Mode::Cudnn => return Err(dev.err(format!("cuDNN conv3d {k}: {e}"))),
+            Err(e) => {
+                tracing::warn!("conv {k}: {} failed, ours from now on: {e}", show(path));
+                convs.chosen.insert(k, Path::Ours);
+                return Ok(None);
+            }
+        }
+    }
+    let Some(p) = convs.plans.get(&pk) else {
+        return Ok(None);
+    };
+    match run(&dev, h, x, w, bias, d, epi, p, (algo, math), nhwc) {
         Ok(y) => Ok(Some(y)),
         // Forced cuDNN (tests) must say when it fails; a choice read from the cache (another
         // cuDNN build's, say) falls back to ours for the rest of the process.
