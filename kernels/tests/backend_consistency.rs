@@ -222,6 +222,9 @@ fn fused_norm_modulate_cases(dev: Device, variant: &str) {
         (DType::BF16, 9, 5120),
         (DType::BF16, 7, 1536),
         (DType::BF16, 5, 7000),
+        // More rows than a device holds blocks at once.
+        (DType::F32, 1500, 384),
+        (DType::BF16, 1300, 1536),
     ] {
         let x = rand(&mut rng, &[rows, cols], dt);
         let shift = rand(&mut rng, &[cols], DType::F32);
