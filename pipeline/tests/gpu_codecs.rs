@@ -103,14 +103,33 @@ fn tiny_decoder_and_encoder_match_the_cpu() {
                 random(3, &[3, 5, 48, 64], 0.5),
                 random(4, &[3, 8, 48, 64], 0.5),
             ];
-            compare(
-                "tiny encoder",
-                dev,
-                dtype,
-                &video,
-                |s| TinyEncoder::load(&TinyEncoderConfig::tiny(), s).expect("encoder"),
-                |e, x| e.encode_chunk(x),
-            );
+            let picked = TinyEncoder::load(
+                &TinyEncoderConfig::tiny(),
+                &WeightStore::random(22, dtype).on_device(dev),
+            )
+            .expect("encoder")
+            .layout();
+            println!("tiny encoder on {dev}: {picked:?}");
+            if std::env::var("WORLDLINE_REQUIRE_CUDNN").is_ok_and(|v| v == "1") {
+                assert_eq!(picked, Layout::ChannelsLast, "cuDNN required on {dev}");
+            }
+            for layout in [Layout::ChannelsLast, Layout::ChannelsFirst] {
+                compare(
+                    &format!("tiny encoder {layout:?}"),
+                    dev,
+                    dtype,
+                    &video,
+                    |s| {
+                        let mut e =
+                            TinyEncoder::load(&TinyEncoderConfig::tiny(), s).expect("encoder");
+                        if !s.device().is_cpu() {
+                            e.set_layout(layout).expect("layout");
+                        }
+                        e
+                    },
+                    |e, x| e.encode_chunk(x),
+                );
+            }
         }
     }
 }

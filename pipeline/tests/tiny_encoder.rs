@@ -7,7 +7,7 @@ mod common;
 
 use common::{assert_bits_eq, assert_close, in_pieces, random, CaseDir};
 use kernels::{ops, DType, Tensor};
-use pipeline::vae::{TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig};
+use pipeline::vae::{Layout, TinyDecoder, TinyDecoderConfig, TinyEncoder, TinyEncoderConfig};
 use pipeline::WeightStore;
 
 /// Frames in [−1, 1] (a soft squash of normals), `[3, t, h, w]`.
@@ -30,6 +30,26 @@ fn encoder_matches_numpy_when_streamed() {
     case["case"] = "encoder".into();
     let reference = common::run_reference("taehv_ref.py", &dir.0, case, &store, &[("video", &v)]);
     assert_close("tiny encoder latents", &latents, &reference, "latents");
+}
+
+/// The channels-last network (what cuDNN devices run) against the channels-first one: the same
+/// convolutions on the same numbers, so the same bits, in one pass and streamed. It fails if
+/// the time pooling stacks the frames of a group in another order.
+#[test]
+fn channels_last_encode_equals_channels_first_bit_for_bit() {
+    let store = WeightStore::random(45, DType::F32);
+    let mut first = TinyEncoder::load(&TinyEncoderConfig::tiny(), &store).expect("encoder");
+    assert_eq!(first.layout(), Layout::ChannelsFirst, "the CPU's layout");
+    let v = video(46, 17, 24, 16);
+    let want = first.encode(&v).expect("channels-first");
+    let mut last = TinyEncoder::load(&TinyEncoderConfig::tiny(), &store).expect("encoder");
+    last.set_layout(Layout::ChannelsLast).expect("layout");
+    assert_eq!(last.layout(), Layout::ChannelsLast);
+    let got = last.encode(&v).expect("channels-last");
+    assert_bits_eq("one pass", &got, &want);
+    last.reset();
+    let streamed = in_pieces(&v, &[1, 8, 4, 4], |x| last.encode_chunk(x));
+    assert_bits_eq("streamed", &streamed, &want);
 }
 
 #[test]

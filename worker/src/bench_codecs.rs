@@ -250,7 +250,21 @@ pub fn run(
                 let t = stream(dev, repeat, &mut enc, &first_video, &video, |e, x| {
                     e.encode_chunk(x)
                 })?;
+                let layout = enc.layout();
+                println!("tiny encoder layout on {dev}: {layout:?}");
                 push("tiny encoder (taew2_1) encode", dtype, t, None);
+                if layout == Layout::ChannelsLast {
+                    enc.set_layout(Layout::ChannelsFirst)?;
+                    let t = stream(dev, repeat, &mut enc, &first_video, &video, |e, x| {
+                        e.encode_chunk(x)
+                    })?;
+                    push(
+                        "tiny encoder (taew2_1) encode, channels-first",
+                        dtype,
+                        t,
+                        None,
+                    );
+                }
             }
             if has(Codec::VaeDec) || has(Codec::VaeEnc) {
                 let mut vae = WanVae::load(&VaeConfig::wan21(), &store).context("Wan VAE")?;

@@ -148,7 +148,7 @@ impl Layout {
     }
 
     /// `[c, t, h, w]` → this layout.
-    fn enter(self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn enter(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Layout::ChannelsFirst => x.clone(),
             Layout::ChannelsLast => x.permute(&[1, 2, 3, 0])?,
@@ -156,7 +156,7 @@ impl Layout {
     }
 
     /// This layout → `[c, t, h, w]`.
-    fn leave(self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn leave(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Layout::ChannelsFirst => x.clone(),
             Layout::ChannelsLast => x.permute(&[3, 0, 1, 2])?,

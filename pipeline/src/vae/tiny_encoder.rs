@@ -26,12 +26,15 @@
 //! must then bring a multiple of four frames (counting the three repeats on the first call): a
 //! session encodes its first frame alone (1 frame → 1 latent) and then 12-frame chunks (→ 3
 //! latents). Streaming gives the bits of one pass over the whole stream.
+//!
+//! As the decoder, it runs channels-last (`[t, h, w, c]`) where cuDNN takes the convolutions
+//! ([`Layout`]), with the same bits on the CPU.
 
-use kernels::{ops, Tensor};
+use kernels::{ops, ConvEpilogue, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::layers::{check_video, frames};
-use super::tiny::{relu, Conv2d, MemBlock};
+use super::tiny::{relu, Conv2d, Layout, MemBlock};
 use crate::weights::{Vb, WeightStore};
 use crate::{Error, Result};
 
@@ -124,10 +127,20 @@ impl TimePool {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_in(x, Layout::ChannelsFirst)
+    }
+
+    /// [`forward`](Self::forward) on activations in `layout`; the stacked channels are in the
+    /// same order in both (frame j of a group is channel block j).
+    pub fn forward_in(&self, x: &Tensor, layout: Layout) -> Result<Tensor> {
+        let conv = |x: &Tensor| self.conv.forward_in(x, ConvEpilogue::default(), layout);
         if self.stride == 1 {
-            return self.conv.forward(x);
+            return conv(x);
         }
-        let (c, t, h, w) = (x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+        let (c, t, h, w) = match layout {
+            Layout::ChannelsFirst => (x.dim(0), x.dim(1), x.dim(2), x.dim(3)),
+            Layout::ChannelsLast => (x.dim(3), x.dim(0), x.dim(1), x.dim(2)),
+        };
         if !t.is_multiple_of(self.stride) {
             return Err(Error::Input(format!(
                 "tiny encoder: {t} frames do not group by {}",
@@ -135,11 +148,17 @@ impl TimePool {
             )));
         }
         let s = self.stride;
-        let stacked = x
-            .reshape(&[c, t / s, s, h * w])?
-            .permute(&[2, 0, 1, 3])?
-            .reshape(&[s * c, t / s, h, w])?;
-        self.conv.forward(&stacked)
+        let stacked = match layout {
+            Layout::ChannelsFirst => x
+                .reshape(&[c, t / s, s, h * w])?
+                .permute(&[2, 0, 1, 3])?
+                .reshape(&[s * c, t / s, h, w])?,
+            Layout::ChannelsLast => x
+                .reshape(&[t / s, s, h * w, c])?
+                .permute(&[0, 2, 1, 3])?
+                .reshape(&[t / s, h, w, s * c])?,
+        };
+        conv(&stacked)
     }
 }
 
@@ -153,12 +172,21 @@ pub enum EncoderLayer {
 }
 
 impl EncoderLayer {
-    fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&mut self, x: &Tensor, layout: Layout) -> Result<Tensor> {
         match self {
-            EncoderLayer::Conv(c) => c.forward(x),
+            EncoderLayer::Conv(c) => c.forward_in(x, ConvEpilogue::default(), layout),
             EncoderLayer::Relu => relu(x),
-            EncoderLayer::Pool(p) => p.forward(x),
-            EncoderLayer::Mem(m) => m.forward(x),
+            EncoderLayer::Pool(p) => p.forward_in(x, layout),
+            EncoderLayer::Mem(m) => m.forward_in(x, layout),
+        }
+    }
+
+    fn prepare_channels_last(&mut self) -> Result<()> {
+        match self {
+            EncoderLayer::Conv(c) => c.prepare_channels_last(),
+            EncoderLayer::Pool(p) => p.conv.prepare_channels_last(),
+            EncoderLayer::Mem(m) => m.prepare_channels_last(),
+            EncoderLayer::Relu => Ok(()),
         }
     }
 }
@@ -173,6 +201,7 @@ pub struct TinyEncoder {
     half: Tensor,
     /// Activations run in the weights' dtype (as the tiny decoder's).
     dtype: kernels::DType,
+    layout: Layout,
 }
 
 impl TinyEncoder {
@@ -198,27 +227,61 @@ impl TinyEncoder {
         }
         let out = Conv2d::load(&vb.pp(layers.len()), w, cfg.latent_channels, 3, true)?;
         layers.push(EncoderLayer::Conv(out));
-        Ok(TinyEncoder {
+        let mut enc = TinyEncoder {
             cfg: cfg.clone(),
             layers,
             started: false,
             half: Tensor::from_vec(vec![0.5; 3], &[3])?.to_device(store.device())?,
             dtype: store.run_dtype(),
-        })
+            layout: Layout::ChannelsFirst,
+        };
+        enc.set_layout(Layout::for_device(store.device())?)?;
+        Ok(enc)
     }
 
     pub fn config(&self) -> &TinyEncoderConfig {
         &self.cfg
     }
 
+    /// The activations' layout inside the network (chosen for the device at load).
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Runs the network in `layout` from the next stream on (resets the stream: the memory
+    /// blocks hold their frame in the layout).
+    pub fn set_layout(&mut self, layout: Layout) -> Result<()> {
+        if layout == Layout::ChannelsLast {
+            for l in &mut self.layers {
+                l.prepare_channels_last()?;
+            }
+        }
+        self.layout = layout;
+        self.reset();
+        Ok(())
+    }
+
     /// Runs the layers over `[3, t, h, w]` frames in `[0, 1]` (upstream's input; `t` a
     /// multiple of the time stride), state carried.
     pub fn forward_raw(&mut self, x: &Tensor) -> Result<Tensor> {
-        let mut x = x.clone();
-        for l in &mut self.layers {
-            x = l.forward(&x)?;
+        let layout = self.layout;
+        let mut x = layout.enter(x)?;
+        let n = self.layers.len();
+        let mut i = 0;
+        while i < n {
+            if let [EncoderLayer::Conv(c), EncoderLayer::Relu] = &self.layers[i..(i + 2).min(n)] {
+                let relu = ConvEpilogue {
+                    residual: None,
+                    relu: true,
+                };
+                x = c.forward_in(&x, relu, layout)?;
+                i += 2;
+                continue;
+            }
+            x = self.layers[i].forward(&x, layout)?;
+            i += 1;
         }
-        Ok(x)
+        layout.leave(&x)
     }
 
     /// Encodes the next `[3, t, H, W]` frames in `[−1, 1]` of the stream to
