@@ -106,7 +106,7 @@ run() {
       ;;
     codecs-bf16)
       part bench-codecs-bf16 300 "$dir/worker" bench codecs --device cuda --repeat 3 --codec-dtypes bf16 \
-        --codecs tiny-dec,vae-dec,vae-enc --json "$out/codecs.json"
+        --codecs tiny-dec,tiny-enc,vae-dec,vae-enc --json "$out/codecs.json"
       cp "$WORLDLINE_KERNEL_CACHE"/convs-*.tsv "$out/" 2>/dev/null
       part peer-codecs 300 python3 worker/bench/codecs_peer.py "$out/codecs_peer.json" --only coders
       ;;
