@@ -435,7 +435,7 @@ impl TimeGrow {
     }
 }
 
-/// One entry of the decoder's sequence.
+/// One entry of the decoder's or the encoder's sequence.
 #[derive(Clone, Debug)]
 pub enum TinyLayer {
     SoftClamp,
@@ -445,6 +445,8 @@ pub enum TinyLayer {
     /// Nearest-neighbour ×2 in space.
     Upsample,
     Grow(TimeGrow),
+    /// The encoder's time pooling.
+    Pool(super::tiny_encoder::TimePool),
 }
 
 impl TinyLayer {
@@ -456,6 +458,7 @@ impl TinyLayer {
             TinyLayer::Mem(m) => m.forward_in(x, layout),
             TinyLayer::Upsample => layout.upsample2(x),
             TinyLayer::Grow(g) => g.forward_in(x, layout),
+            TinyLayer::Pool(p) => p.forward_in(x, layout),
         }
     }
 
@@ -464,6 +467,7 @@ impl TinyLayer {
             TinyLayer::Conv(c) => c.prepare_channels_last(),
             TinyLayer::Mem(m) => m.prepare_channels_last(),
             TinyLayer::Grow(g) => g.conv.prepare_channels_last(),
+            TinyLayer::Pool(p) => p.conv.prepare_channels_last(),
             _ => Ok(()),
         }
     }
@@ -473,6 +477,44 @@ impl TinyLayer {
             m.reset();
         }
     }
+}
+
+/// Readies `layers` to run in `layout` (channels-last weights made once).
+pub(super) fn prepare_layers(layers: &mut [TinyLayer], layout: Layout) -> Result<()> {
+    if layout == Layout::ChannelsLast {
+        for l in layers {
+            l.prepare_channels_last()?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `layers` over channels-first `x` in `layout`, state carried, back to channels-first.
+pub(super) fn run_layers(layers: &mut [TinyLayer], x: &Tensor, layout: Layout) -> Result<Tensor> {
+    let mut x = layout.enter(x)?;
+    let n = layers.len();
+    let mut i = 0;
+    while i < n {
+        // `Upsample` then `Grow` (a 1×1 conv and a time interleave) commute: the same dot
+        // products per pixel, so growing first gives the same bits on a quarter of the pixels.
+        if let [TinyLayer::Upsample, grow @ TinyLayer::Grow(_)] = &mut layers[i..(i + 2).min(n)] {
+            x = layout.upsample2(&grow.forward(&x, layout)?)?;
+            i += 2;
+            continue;
+        }
+        if let [TinyLayer::Conv(c), TinyLayer::Relu] = &layers[i..(i + 2).min(n)] {
+            let relu = ConvEpilogue {
+                residual: None,
+                relu: true,
+            };
+            x = c.forward_in(&x, relu, layout)?;
+            i += 2;
+            continue;
+        }
+        x = layers[i].forward(&x, layout)?;
+        i += 1;
+    }
+    layout.leave(&x)
 }
 
 /// The tiny decoder with its stream: [`decode_chunk`](Self::decode_chunk) continues it,
@@ -551,11 +593,7 @@ impl TinyDecoder {
     /// Runs the network in `layout` from the next stream on (resets the stream: the memory
     /// blocks hold their frame in the layout).
     pub fn set_layout(&mut self, layout: Layout) -> Result<()> {
-        if layout == Layout::ChannelsLast {
-            for l in &mut self.layers {
-                l.prepare_channels_last()?;
-            }
-        }
+        prepare_layers(&mut self.layers, layout)?;
         self.layout = layout;
         self.reset();
         Ok(())
@@ -574,33 +612,7 @@ impl TinyDecoder {
     /// Runs the layers over `[z, t, h, w]` latents without the output mapping or trimming (the
     /// raw network, state carried), to `[3, t', 8h, 8w]`.
     pub fn forward_raw(&mut self, x: &Tensor) -> Result<Tensor> {
-        let layout = self.layout;
-        let mut x = layout.enter(x)?;
-        let n = self.layers.len();
-        let mut i = 0;
-        while i < n {
-            // `Upsample` then `Grow` (a 1×1 conv and a time interleave) commute: the same dot
-            // products per pixel, so growing first gives the same bits on a quarter of the pixels.
-            if let [TinyLayer::Upsample, grow @ TinyLayer::Grow(_)] =
-                &mut self.layers[i..(i + 2).min(n)]
-            {
-                x = layout.upsample2(&grow.forward(&x, layout)?)?;
-                i += 2;
-                continue;
-            }
-            if let [TinyLayer::Conv(c), TinyLayer::Relu] = &self.layers[i..(i + 2).min(n)] {
-                let relu = ConvEpilogue {
-                    residual: None,
-                    relu: true,
-                };
-                x = c.forward_in(&x, relu, layout)?;
-                i += 2;
-                continue;
-            }
-            x = self.layers[i].forward(&x, layout)?;
-            i += 1;
-        }
-        layout.leave(&x)
+        run_layers(&mut self.layers, x, self.layout)
     }
 
     /// Decodes the next `[z, k, h, w]` normalised latents of the stream to `[3, t, 8h, 8w]` frames

@@ -34,7 +34,7 @@ use kernels::{ops, ConvEpilogue, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::layers::{check_video, frames};
-use super::tiny::{relu, Conv2d, Layout, MemBlock};
+use super::tiny::{prepare_layers, run_layers, Conv2d, Layout, MemBlock, TinyLayer};
 use crate::weights::{Vb, WeightStore};
 use crate::{Error, Result};
 
@@ -162,41 +162,12 @@ impl TimePool {
     }
 }
 
-/// One entry of the encoder's sequence.
-#[derive(Clone, Debug)]
-pub enum EncoderLayer {
-    Conv(Conv2d),
-    Relu,
-    Pool(TimePool),
-    Mem(Box<MemBlock>),
-}
-
-impl EncoderLayer {
-    fn forward(&mut self, x: &Tensor, layout: Layout) -> Result<Tensor> {
-        match self {
-            EncoderLayer::Conv(c) => c.forward_in(x, ConvEpilogue::default(), layout),
-            EncoderLayer::Relu => relu(x),
-            EncoderLayer::Pool(p) => p.forward_in(x, layout),
-            EncoderLayer::Mem(m) => m.forward_in(x, layout),
-        }
-    }
-
-    fn prepare_channels_last(&mut self) -> Result<()> {
-        match self {
-            EncoderLayer::Conv(c) => c.prepare_channels_last(),
-            EncoderLayer::Pool(p) => p.conv.prepare_channels_last(),
-            EncoderLayer::Mem(m) => m.prepare_channels_last(),
-            EncoderLayer::Relu => Ok(()),
-        }
-    }
-}
-
 /// The tiny encoder with its stream.
 #[derive(Debug)]
 pub struct TinyEncoder {
     cfg: TinyEncoderConfig,
     /// `encoder.N` for `N` = index.
-    pub layers: Vec<EncoderLayer>,
+    pub layers: Vec<TinyLayer>,
     started: bool,
     half: Tensor,
     /// Activations run in the weights' dtype (as the tiny decoder's).
@@ -211,22 +182,22 @@ impl TinyEncoder {
         let vb = store.root().pp("encoder");
         let w = cfg.width;
         let mut layers = vec![
-            EncoderLayer::Conv(Conv2d::load(&vb.pp(0), 3, w, 3, true)?),
-            EncoderLayer::Relu,
+            TinyLayer::Conv(Conv2d::load(&vb.pp(0), 3, w, 3, true)?),
+            TinyLayer::Relu,
         ];
         for s in 0..3 {
             let stride = if cfg.time_downscale[s] { 2 } else { 1 };
             let p = TimePool::load(&vb.pp(layers.len()), w, stride)?;
-            layers.push(EncoderLayer::Pool(p));
+            layers.push(TinyLayer::Pool(p));
             let c = Conv2d::load(&vb.pp(layers.len()), w, w, 3, false)?.with_stride(2);
-            layers.push(EncoderLayer::Conv(c));
+            layers.push(TinyLayer::Conv(c));
             for _ in 0..cfg.mem_blocks {
                 let m = MemBlock::load(&vb.pp(layers.len()), w, w)?;
-                layers.push(EncoderLayer::Mem(Box::new(m)));
+                layers.push(TinyLayer::Mem(Box::new(m)));
             }
         }
         let out = Conv2d::load(&vb.pp(layers.len()), w, cfg.latent_channels, 3, true)?;
-        layers.push(EncoderLayer::Conv(out));
+        layers.push(TinyLayer::Conv(out));
         let mut enc = TinyEncoder {
             cfg: cfg.clone(),
             layers,
@@ -251,11 +222,7 @@ impl TinyEncoder {
     /// Runs the network in `layout` from the next stream on (resets the stream: the memory
     /// blocks hold their frame in the layout).
     pub fn set_layout(&mut self, layout: Layout) -> Result<()> {
-        if layout == Layout::ChannelsLast {
-            for l in &mut self.layers {
-                l.prepare_channels_last()?;
-            }
-        }
+        prepare_layers(&mut self.layers, layout)?;
         self.layout = layout;
         self.reset();
         Ok(())
@@ -264,24 +231,7 @@ impl TinyEncoder {
     /// Runs the layers over `[3, t, h, w]` frames in `[0, 1]` (upstream's input; `t` a
     /// multiple of the time stride), state carried.
     pub fn forward_raw(&mut self, x: &Tensor) -> Result<Tensor> {
-        let layout = self.layout;
-        let mut x = layout.enter(x)?;
-        let n = self.layers.len();
-        let mut i = 0;
-        while i < n {
-            if let [EncoderLayer::Conv(c), EncoderLayer::Relu] = &self.layers[i..(i + 2).min(n)] {
-                let relu = ConvEpilogue {
-                    residual: None,
-                    relu: true,
-                };
-                x = c.forward_in(&x, relu, layout)?;
-                i += 2;
-                continue;
-            }
-            x = self.layers[i].forward(&x, layout)?;
-            i += 1;
-        }
-        layout.leave(&x)
+        run_layers(&mut self.layers, x, self.layout)
     }
 
     /// Encodes the next `[3, t, H, W]` frames in `[−1, 1]` of the stream to
@@ -326,11 +276,7 @@ impl TinyEncoder {
 
     /// Starts a new stream.
     pub fn reset(&mut self) {
-        for l in &mut self.layers {
-            if let EncoderLayer::Mem(m) = l {
-                m.reset();
-            }
-        }
+        self.layers.iter_mut().for_each(TinyLayer::reset);
         self.started = false;
     }
 }
