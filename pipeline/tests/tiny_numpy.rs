@@ -9,7 +9,7 @@ mod common;
 
 use common::{assert_close, random, streamed, CaseDir};
 use kernels::{DType, Tensor};
-use pipeline::vae::tiny::MemBlock;
+use pipeline::vae::tiny_layers::MemBlock;
 use pipeline::vae::{TinyDecoder, TinyDecoderConfig};
 use pipeline::WeightStore;
 

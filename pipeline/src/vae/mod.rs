@@ -18,14 +18,16 @@ mod coder;
 pub mod layers;
 pub mod tiny;
 pub mod tiny_encoder;
+pub mod tiny_layers;
 
 use kernels::{ops, DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 pub use coder::{Decoder3d, Encoder3d, Middle};
 pub use layers::{AttentionBlock, CausalConv3d, ResidualBlock};
-pub use tiny::{Layout, TinyDecoder, TinyDecoderConfig};
+pub use tiny::{TinyDecoder, TinyDecoderConfig};
 pub use tiny_encoder::{TinyEncoder, TinyEncoderConfig};
+pub use tiny_layers::Layout;
 
 use crate::weights::WeightStore;
 use crate::{Error, Result};

@@ -30,12 +30,14 @@
 //! As the decoder, it runs channels-last (`[t, h, w, c]`) where cuDNN takes the convolutions
 //! ([`Layout`]), with the same bits on the CPU.
 
-use kernels::{ops, ConvEpilogue, Tensor};
+use kernels::{ops, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::layers::{check_video, frames};
-use super::tiny::{prepare_layers, run_layers, Conv2d, Layout, MemBlock, TinyLayer};
-use crate::weights::{Vb, WeightStore};
+use super::tiny_layers::{
+    prepare_layers, run_layers, Conv2d, Layout, MemBlock, TimePool, TinyLayer,
+};
+use crate::weights::WeightStore;
 use crate::{Error, Result};
 
 /// Shape of a tiny encoder.
@@ -107,58 +109,6 @@ impl TinyEncoderConfig {
             )));
         }
         Ok(())
-    }
-}
-
-/// `TPool`: `stride` consecutive frames stacked on channels, then a bias-free 1×1 conv back to
-/// `c` channels.
-#[derive(Clone, Debug)]
-pub struct TimePool {
-    pub conv: Conv2d,
-    stride: usize,
-}
-
-impl TimePool {
-    pub fn load(vb: &Vb, c: usize, stride: usize) -> Result<Self> {
-        Ok(TimePool {
-            conv: Conv2d::load(&vb.pp("conv"), c * stride, c, 1, false)?,
-            stride,
-        })
-    }
-
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_in(x, Layout::ChannelsFirst)
-    }
-
-    /// [`forward`](Self::forward) on activations in `layout`; the stacked channels are in the
-    /// same order in both (frame j of a group is channel block j).
-    pub fn forward_in(&self, x: &Tensor, layout: Layout) -> Result<Tensor> {
-        let conv = |x: &Tensor| self.conv.forward_in(x, ConvEpilogue::default(), layout);
-        if self.stride == 1 {
-            return conv(x);
-        }
-        let (c, t, h, w) = match layout {
-            Layout::ChannelsFirst => (x.dim(0), x.dim(1), x.dim(2), x.dim(3)),
-            Layout::ChannelsLast => (x.dim(3), x.dim(0), x.dim(1), x.dim(2)),
-        };
-        if !t.is_multiple_of(self.stride) {
-            return Err(Error::Input(format!(
-                "tiny encoder: {t} frames do not group by {}",
-                self.stride
-            )));
-        }
-        let s = self.stride;
-        let stacked = match layout {
-            Layout::ChannelsFirst => x
-                .reshape(&[c, t / s, s, h * w])?
-                .permute(&[2, 0, 1, 3])?
-                .reshape(&[s * c, t / s, h, w])?,
-            Layout::ChannelsLast => x
-                .reshape(&[t / s, s, h * w, c])?
-                .permute(&[0, 2, 1, 3])?
-                .reshape(&[t / s, h, w, s * c])?,
-        };
-        conv(&stacked)
     }
 }
 
