@@ -9,7 +9,7 @@
 # through the parts in order, each under its own time limit, and prints one summary line per part
 # at the end; a part that fails or times out does not stop the others. Parts (default: all that
 # the machine can run): tests, kernels, codecs, sp (tests1 / tests2: only the one- / two-GPU
-# tests; quick: the tests of the ops, the DiT and the codecs; text: the umT5 prompt encode and
+# tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
 # under 20 s left is skipped and said so, so the summary still comes out inside one device call.
@@ -20,6 +20,7 @@ tests1=(kernels:backend_consistency kernels:vsa pipeline:gpu pipeline:gpu_codecs
 tests2=(pipeline:gpu_sequence_parallel sp:nccl)
 tests=("${tests1[@]}" "${tests2[@]}")
 quick=(kernels:backend_consistency pipeline:gpu pipeline:gpu_codecs)
+ops=(kernels:backend_consistency pipeline:fp8_linears pipeline:gpu)
 
 stage() {
   set -e
@@ -85,7 +86,7 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv >"$out/gpus.csv" 2>&1
   for p in "${parts[@]}"; do
     case $p in
-    tests | tests1 | tests2 | quick)
+    tests | tests1 | tests2 | quick | ops)
       local -n list=$p
       for t in "${list[@]}"; do
         local name=${t#*:}
@@ -120,7 +121,7 @@ run() {
         summary+=("sp: skipped, $gpus GPU(s) here (needs 2)")
       fi
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, kernels, codecs, codecs-bf16, text, sp)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, codecs, codecs-bf16, text, sp)" >&2 ;;
     esac
   done
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

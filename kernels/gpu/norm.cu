@@ -205,33 +205,6 @@ WL_NORM_MOD(wl_bf16, bf16, wl_bf16, bf16)
 #define WL_VEC_VALUES 40
 #define WL_VEC_THREADS 128
 
-template <typename T>
-struct WlVec;
-template <>
-struct WlVec<wl_bf16> {
-    static constexpr int N = 8;
-    static WL_DEVICE void load(float* v, const wl_bf16* row, unsigned int j) {
-        const uint4 r = ((const uint4*)row)[j];
-        const unsigned int w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            v[2 * k] = __uint_as_float(w[k] << 16);
-            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-        }
-    }
-};
-template <>
-struct WlVec<float> {
-    static constexpr int N = 4;
-    static WL_DEVICE void load(float* v, const float* row, unsigned int j) {
-        const float4 r = ((const float4*)row)[j];
-        v[0] = r.x;
-        v[1] = r.y;
-        v[2] = r.z;
-        v[3] = r.w;
-    }
-};
-
 // N values as bf16 (one 16- or 8-byte store) or as e4m3 codes after scaling by r (8 or 4 bytes).
 template <int N>
 WL_DEVICE void wl_st_bf16s(wl_bf16* row, unsigned int j, const float* v);
@@ -446,29 +419,6 @@ WL_DEVICE float wl_norm_lean(float v, float mh, float ml, float ih, float il) {
     return fmaf(s, ih, fmaf(s, il, (e - ml) * ih));
 }
 
-// wl_to_e4m3's codes (checked equal on all 2^32 floats) without its branch and its two
-// float→int conversions: magnitudes from 448 up (and ±inf) clamp to 448, code 0x7e; normal
-// values round their mantissa to 3 bits in the integer bits (a carry moves into the exponent, as
-// a rounding up to the next binade should); below 2^-6 the f32 addition to 2^14 rounds to the
-// multiples of 2^-9 that are the subnormal codes.
-WL_DEVICE unsigned int wl_e4m3_lean(float x) {
-    const float af = fminf(fabsf(x), 448.0f);
-    const unsigned int a = __float_as_uint(af);
-    unsigned int c = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-    if (af < 0.015625f) c = __float_as_uint(af + 16384.0f) - 0x46800000u;
-    c |= (__float_as_uint(x) >> 24) & 0x80u;
-    return x != x ? 0x7fu : c;
-}
-WL_DEVICE unsigned int wl_pack_e4m3_lean(const float* v, float r) {
-#if defined(WL_HAS_CVT_E4M3)
-    // The hardware conversion where there is one: two instructions for four codes.
-    return wl_cvt_e4m3x2(v[0] * r, v[1] * r) | (wl_cvt_e4m3x2(v[2] * r, v[3] * r) << 16);
-#else
-    return wl_e4m3_lean(v[0] * r) | (wl_e4m3_lean(v[1] * r) << 8) | (wl_e4m3_lean(v[2] * r) << 16) |
-           (wl_e4m3_lean(v[3] * r) << 24);
-#endif
-}
-
 // v ← LayerNorm(row)·(1 + scale) + shift, vector i of this thread at v[i·N ..]; `sh`/`sc` point
 // at this row's shift/scale.
 template <typename T, typename P>
@@ -595,3 +545,138 @@ WL_NORM_LEAN(float, f32, float, f32)
 WL_NORM_LEAN(float, f32, wl_bf16, bf16)
 WL_NORM_LEAN(wl_bf16, bf16, float, f32)
 WL_NORM_LEAN(wl_bf16, bf16, wl_bf16, bf16)
+
+// ---- "fast": lean's layout and shapes with about half its work an element, for the outputs the
+// GEMMs take (bf16, fp8), where lean's f32-exact normalisation is rounded away. Lean spends most
+// of its issue slots on the statistics (an f32→f64 conversion, which sm_90 runs at an eighth of
+// the f32 rate, and two f64 operations an element) and on the error-free normalisation (nine
+// operations an element); with the row in registers, the kernel is bound by those instructions
+// as much as by memory (fp8 out at 73% of copy bandwidth). Here:
+// - statistics: a thread's own values' mean t (f32), then a = Σ(v−t) and q = Σ(v−t)² in f32,
+//   three operations an element. Its sums about the row's first value k follow in f64 from
+//   those, per thread: Σ(v−k) = n(t−k) + a and Σ(v−k)² = q + 2(t−k)a + n(t−k)², and the block
+//   reduction is lean's. a and q carry f32 rounding relative to the thread's spread about its
+//   own mean, so the variance is within a few f32 ulps of the two-pass value;
+// - y = (v − mean_hi)·inv + (−mean_lo·inv): one subtraction and one fma (within ~1.5 f32 ulps
+//   of lean's y, far below bf16's or e4m3's rounding).
+template <typename T, typename P>
+WL_DEVICE void wl_fast_row(float* v, const T* xr, wl_u64 cols, float eps, const P* sh, const P* sc) {
+    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
+    __shared__ double scratch[2][WL_VEC_THREADS / WL_WARP_SIZE];
+    const unsigned int nv = (unsigned int)(cols / N);
+    float s = 0.0f;
+    int cnt = 0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
+        if (j < nv) {
+            WlVec<T>::load(v + i * N, xr, j);
+            cnt += N;
+#pragma unroll
+            for (int c = 0; c < N; ++c) s += v[i * N + c];
+        }
+    }
+    const float t = cnt > 0 ? s / (float)cnt : 0.0f;
+    float a = 0.0f, q = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+        if (threadIdx.x + i * WL_VEC_THREADS < nv)
+#pragma unroll
+            for (int c = 0; c < N; ++c) {
+                const float d = v[i * N + c] - t;
+                a += d;
+                q = fmaf(d, d, q);
+            }
+    const double k = (double)wl_ld(xr, 0), dt = (double)t - k, n = (double)cnt;
+    double s1 = fma(n, dt, (double)a);
+    double s2 = fma(n * dt, dt, fma(2.0 * dt, (double)a, (double)q));
+    wl_block_sum2_f64(&s1, &s2, scratch[0], scratch[1]);
+    const double nc = (double)cols, m1 = s1 / nc, mean = k + m1;
+    const double inv = 1.0 / sqrt(fmax(s2 / nc - m1 * m1, 0.0) + (double)eps);
+    const float mh = (float)mean, ih = (float)inv;
+    const float c0 = -(float)(mean - (double)mh) * ih;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
+        if (j < nv) {
+            float g[N], b[N];
+            wl_ld_params<P, N>(g, sc, j);
+            wl_ld_params<P, N>(b, sh, j);
+#pragma unroll
+            for (int c = 0; c < N; ++c)
+                v[i * N + c] = fmaf(fmaf(v[i * N + c] - mh, ih, c0), 1.0f + g[c], b[c]);
+        }
+    }
+}
+
+template <typename T, typename P>
+WL_DEVICE void norm_modulate_fast(wl_bf16* out, const T* x, const P* shift, const P* scale, wl_u64 cols,
+                                  wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
+    const wl_u64 row = blockIdx.x;
+    float v[WL_VEC_VALUES];
+    wl_fast_row(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n, scale + (row * cols) % scale_n);
+    const unsigned int nv = (unsigned int)(cols / N);
+    wl_bf16* o = out + row * cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
+        if (j < nv) {
+            const float* w = v + i * N;
+            if constexpr (N == 8)
+                ((uint4*)o)[j] = make_uint4(wl_pack_bf16_lean(w[0], w[1]), wl_pack_bf16_lean(w[2], w[3]),
+                                            wl_pack_bf16_lean(w[4], w[5]), wl_pack_bf16_lean(w[6], w[7]));
+            else
+                ((uint2*)o)[j] = make_uint2(wl_pack_bf16_lean(w[0], w[1]), wl_pack_bf16_lean(w[2], w[3]));
+        }
+    }
+}
+
+template <typename T, typename P>
+WL_DEVICE void norm_modulate_fast_fp8(unsigned char* codes, float* scales, const T* x, const P* shift,
+                                      const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
+    __shared__ float scratch[WL_VEC_THREADS / WL_WARP_SIZE];
+    const wl_u64 row = blockIdx.x;
+    float v[WL_VEC_VALUES];
+    wl_fast_row(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n, scale + (row * cols) % scale_n);
+    const unsigned int nv = (unsigned int)(cols / N);
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+        if (threadIdx.x + i * WL_VEC_THREADS < nv)
+#pragma unroll
+            for (int c = 0; c < N; ++c) a = fmaxf(a, fabsf(v[i * N + c]));
+    const float s = fmaxf(wl_block_max_once(a, scratch) / 448.0f, 1e-12f);
+    const float r = 1.0f / s;
+    unsigned char* cr = codes + row * cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
+        if (j < nv) {
+            if constexpr (N == 8)
+                ((uint2*)cr)[j] = make_uint2(wl_pack_e4m3_lean(v + i * N, r), wl_pack_e4m3_lean(v + i * N + 4, r));
+            else
+                ((unsigned int*)cr)[j] = wl_pack_e4m3_lean(v + i * N, r);
+        }
+    }
+    if (threadIdx.x == 0) scales[row] = s;
+}
+
+#define WL_NORM_FAST(T, tn, P, pn)                                                                          \
+    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 6)                                                     \
+        norm_modulate_fast_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale,     \
+                                              wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {     \
+        norm_modulate_fast(out, x, shift, scale, cols, shift_n, scale_n, eps);                              \
+    }                                                                                                       \
+    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 6)                                                     \
+        norm_modulate_fast_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, \
+                                             const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,   \
+                                             float eps) {                                                   \
+        norm_modulate_fast_fp8(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);                \
+    }
+
+WL_NORM_FAST(float, f32, float, f32)
+WL_NORM_FAST(float, f32, wl_bf16, bf16)
+WL_NORM_FAST(wl_bf16, bf16, float, f32)
+WL_NORM_FAST(wl_bf16, bf16, wl_bf16, bf16)

@@ -94,9 +94,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 
 /// `gelu_tanh(linear(x, w, b))`: the first half of the DiT's FFN. On CUDA the bias and the GELU
 /// run in cuBLASLt's epilogue (one rounding of the output instead of two; 1.37× faster at the 14B
-/// FFN shape on an H200), unless `WORLDLINE_GEMM_EPILOGUE=0`; elsewhere as the two ops.
+/// FFN shape on an H200), unless `WORLDLINE_GEMM_EPILOGUE=0` (for fp8 operands, wherever
+/// cuBLASLt takes that epilogue with their scales); elsewhere as the two ops.
 pub fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    if let (Storage::Cuda(_), true) = (x.storage(), w.dtype() != DType::F8E4M3) {
+    if let Storage::Cuda(_) = x.storage() {
         linear_checks(x, w, b)?;
         return cuda::ops::linear_act(x, w, b, out_dtype(x), true);
     }

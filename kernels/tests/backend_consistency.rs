@@ -203,7 +203,7 @@ backend_test!(t5_ops_match_the_cpu);
 fn fused_norm_modulate_matches_the_cpu(dev: Device) {
     // Every kernel (`WORLDLINE_NORM` picks `vec` or `lean` where it applies: f32 or bf16 rows
     // of a multiple of its vector up to 5120 columns, into bf16 or fp8).
-    for variant in ["rows", "vec", "lean"] {
+    for variant in ["rows", "vec", "lean", "fast"] {
         std::env::set_var("WORLDLINE_NORM", variant);
         fused_norm_modulate_cases(dev, variant);
     }
@@ -360,8 +360,15 @@ backend_test!(fp8_gemm_matches_the_cpu);
 
 fn fp8_quantization_matches_the_cpu_code_for_code(dev: Device) {
     let mut rng = Rng::new(3);
-    for dt in [DType::F32, DType::BF16] {
-        let x = rand(&mut rng, &[65, 300], dt);
+    // Rows of a whole number of 16-byte vectors (quant_rows_vec: 300 f32, 1000 of either) and
+    // of not (300 bf16: quant_rows).
+    for (dt, cols) in [
+        (DType::F32, 300),
+        (DType::BF16, 300),
+        (DType::F32, 1000),
+        (DType::BF16, 1000),
+    ] {
+        let x = rand(&mut rng, &[65, cols], dt);
         for kind in [ScaleKind::Tensorwise, ScaleKind::Rowwise] {
             let want = ops::quantize_fp8(&x, kind).expect("cpu");
             let got = ops::quantize_fp8(&x.to_device(dev).expect("up"), kind).expect("gpu");

@@ -68,7 +68,7 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         c.permute(&[2, 0, 1])
     });
     // The vectorised fused norms (f32 and bf16 rows) into bf16 and fp8.
-    for kernel in ["vec", "lean"] {
+    for kernel in ["vec", "lean", "fast"] {
         std::env::set_var("WORLDLINE_NORM", kernel);
         for dt in [DType::F32, DType::BF16] {
             let x = input(5, &[9, 384], dt);

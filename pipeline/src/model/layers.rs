@@ -19,8 +19,21 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_act(x, false)
+    }
+
+    /// `gelu_tanh(self.forward(x))` as one op, so that a GEMM epilogue may apply the GELU.
+    pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_act(x, true)
+    }
+
+    fn forward_act(&self, x: &Tensor, gelu: bool) -> Result<Tensor> {
+        let run = |x: &Tensor| match gelu {
+            true => ops::linear_gelu(x, &self.weight, self.bias.as_ref()),
+            false => ops::linear(x, &self.weight, self.bias.as_ref()),
+        };
         if self.weight.dtype() != DType::F8E4M3 {
-            return Ok(ops::linear(x, &self.weight, self.bias.as_ref())?);
+            return Ok(run(x)?);
         }
         // fp8 × fp8: the activation per token (already fp8 when the fused norm wrote it); the
         // output in bf16, the dtype of a model with fp8 linears.
@@ -28,7 +41,7 @@ impl Linear {
             DType::F8E4M3 => x.clone(),
             _ => ops::quantize_fp8(x, ScaleKind::Rowwise)?,
         };
-        Ok(ops::linear(&xq, &self.weight, self.bias.as_ref())?.to_dtype(DType::BF16)?)
+        Ok(run(&xq)?.to_dtype(DType::BF16)?)
     }
 
     /// The weight as fp8 e4m3 with one scale per output channel (its rows).
@@ -120,12 +133,9 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = &self.fc0.weight;
         let h = match self.act {
             // One op, so a GEMM epilogue may apply the GELU (ops::linear_gelu).
-            Activation::GeluTanh if w.dtype() != DType::F8E4M3 => {
-                ops::linear_gelu(x, w, self.fc0.bias.as_ref())?
-            }
+            Activation::GeluTanh => self.fc0.forward_gelu(x)?,
             _ => self.act.apply(&self.fc0.forward(x)?)?,
         };
         self.fc2.forward(&h)
