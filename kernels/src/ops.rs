@@ -429,10 +429,62 @@ pub fn silu_f32(x: f32) -> f32 {
 /// Wan's 3-D RoPE on `x: [L, heads, head_dim]`, tokens on a `(f, h, w)` grid; time positions
 /// start at `t_offset` (the absolute latent-frame index of the first frame).
 pub fn rope_3d(x: &Tensor, grid: [usize; 3], t_offset: usize, table: &RopeTable) -> Result<Tensor> {
-    no_fp8("rope_3d", x)?;
+    rope_checks("rope_3d", x, grid, t_offset, table)?;
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let out = cpu::rope::rope_3d(&x.cpu_f32(), x.dim(1), grid, t_offset, table);
+            finish(out, x.shape(), x.dtype())
+        }
+        Storage::Cuda(_) => cuda::ops::rope_3d(x, grid, t_offset, table),
+        Storage::Rocm(_) => rocm::ops::rope_3d(x, grid, t_offset, table),
+    }
+}
+
+/// `rope_3d(rms_norm(x, w, eps), grid, t_offset, table)` for `x: [L, heads, head_dim]`, the
+/// RMSNorm over each token's whole row (heads · head_dim, Wan's q/k norm): on a GPU one pass
+/// that writes the normalised row already rotated (the two ops read and write it twice), with
+/// the same roundings, so the result is the two ops' bit for bit.
+pub fn rms_norm_rope(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    grid: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+) -> Result<Tensor> {
+    rope_checks("rms_norm_rope", x, grid, t_offset, table)?;
+    if w.elem_count() != x.dim(1) * x.dim(2) {
+        return Err(shape_err(
+            "rms_norm_rope",
+            format!("weight {:?} for rows of {:?}", w.shape(), &x.shape()[1..]),
+        ));
+    }
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let rows = x.reshape(&[x.dim(0), x.dim(1) * x.dim(2)])?;
+            rope_3d(
+                &rms_norm(&rows, w, eps)?.reshape(x.shape())?,
+                grid,
+                t_offset,
+                table,
+            )
+        }
+        Storage::Cuda(_) => cuda::ops::rms_norm_rope(x, w, eps, grid, t_offset, table),
+        Storage::Rocm(_) => rocm::ops::rms_norm_rope(x, w, eps, grid, t_offset, table),
+    }
+}
+
+fn rope_checks(
+    op: &'static str,
+    x: &Tensor,
+    grid: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+) -> Result<()> {
+    no_fp8(op, x)?;
     if x.rank() != 3 || x.dim(2) != table.head_dim() || x.dim(0) != grid.iter().product() {
         return Err(shape_err(
-            "rope_3d",
+            op,
             format!(
                 "{:?} on grid {grid:?} with head_dim {}",
                 x.shape(),
@@ -443,21 +495,14 @@ pub fn rope_3d(x: &Tensor, grid: [usize; 3], t_offset: usize, table: &RopeTable)
     let limits = [t_offset + grid[0], grid[1], grid[2]];
     if limits.iter().any(|&l| l > table.max_positions()) {
         return Err(Error::Invalid {
-            op: "rope_3d",
+            op,
             msg: format!(
                 "positions up to {limits:?} exceed the table's {} per axis (re-base the time offset)",
                 table.max_positions()
             ),
         });
     }
-    match x.storage() {
-        Storage::Cpu(_) => {
-            let out = cpu::rope::rope_3d(&x.cpu_f32(), x.dim(1), grid, t_offset, table);
-            finish(out, x.shape(), x.dtype())
-        }
-        Storage::Cuda(_) => cuda::ops::rope_3d(x, grid, t_offset, table),
-        Storage::Rocm(_) => rocm::ops::rope_3d(x, grid, t_offset, table),
-    }
+    Ok(())
 }
 
 /// `q: [lq, heads, d]` against `k`, `v: [cap, heads, d]` with `1 ≤ kv_len ≤ cap`.

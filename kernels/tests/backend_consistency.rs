@@ -410,6 +410,34 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
             check(&format!("rope {dt:?} d{d}"), dev, tol(dt), &[&x], |v| {
                 ops::rope_3d(&v[0], grid, 7, &table)
             });
+            // RMSNorm over each token's heads fused with the RoPE: against the CPU's two ops,
+            // and against the device's two kernels bit for bit.
+            let g = rand(&mut rng, &[heads * d], DType::F32);
+            check(
+                &format!("rms_norm_rope {dt:?} d{d}"),
+                dev,
+                tol(dt),
+                &[&x, &g],
+                |v| ops::rms_norm_rope(&v[0], &v[1], 1e-6, grid, 7, &table),
+            );
+            let (xd, gd) = (x.to_device(dev).expect("up"), g.to_device(dev).expect("up"));
+            let fused = ops::rms_norm_rope(&xd, &gd, 1e-6, grid, 7, &table).expect("fused");
+            let rows = xd.reshape(&[l, heads * d]).expect("rows");
+            let normed = ops::rms_norm(&rows, &gd, 1e-6).expect("rms_norm");
+            let two = ops::rope_3d(
+                &normed.reshape(&[l, heads, d]).expect("heads"),
+                grid,
+                7,
+                &table,
+            )
+            .expect("rope");
+            let bits =
+                |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+            assert_eq!(
+                bits(&fused),
+                bits(&two),
+                "rms_norm_rope {dt:?} d{d} on {dev}: not the two kernels' result bit for bit"
+            );
             // Head dim 128 takes the tensor-core kernel, which attends in bf16 whatever the
             // input dtype.
             let att_tol = if d == 128 { 1e-2 } else { tol(dt) };

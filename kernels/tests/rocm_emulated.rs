@@ -88,6 +88,15 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         }
     }
     std::env::remove_var("WORLDLINE_NORM");
+    // RMSNorm over each token's heads fused with the 3-D RoPE (q and k of the DiT).
+    let table = kernels::RopeTable::new(16, 64, 1e4).expect("table");
+    for (dt, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
+        let x = input(30, &[12, 3, 16], dt);
+        let g = input(31, &[48], DType::F32);
+        check(&format!("rms_norm_rope {dt:?}"), dev, tol, &[&x, &g], |v| {
+            ops::rms_norm_rope(&v[0], &v[1], 1e-6, [2, 2, 3], 5, &table)
+        });
+    }
     // Attention at Wan's head dim: the MFMA flash kernel on the emulated matrix cores, beside
     // the start-up check's two cases (block-causal over three heads; two query blocks of 128,
     // the second partial, over three key tiles of 64, the last partial, in a longer cache): f32

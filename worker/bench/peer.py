@@ -22,6 +22,22 @@ def bench(fn, repeat=5):
     return best
 
 
+def bench_queued(fn, repeat=5, calls=20):
+    """As bench(), timing `calls` calls queued back to back, per call (worker's time_queued)."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeat):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        best = min(best, s.elapsed_time(e) / calls)
+    return best
+
+
 rows = []
 dev = "cuda"
 for m, k, n in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)]:
@@ -41,7 +57,7 @@ for m, k, n in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)]:
         print(f"rowwise _scaled_mm unavailable: {e}")
 x = torch.randn(4680, 5120, device=dev)
 sh, sc = torch.randn(5120, device=dev) * 0.1, torch.randn(5120, device=dev) * 0.1
-ms = bench(lambda: (F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh).to(torch.bfloat16))
+ms = bench_queued(lambda: (F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh).to(torch.bfloat16))
 rows.append(("torch norm+modulate f32 -> bf16 4680x5120", ms, 0.0))
 
 
@@ -51,7 +67,7 @@ def fp8_rows(x):
     return (y / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
 
 
-ms = bench(lambda: fp8_rows(x))
+ms = bench_queued(lambda: fp8_rows(x))
 rows.append(("torch norm+modulate f32 -> fp8 rowwise 4680x5120", ms, 0.0))
 for heads in [40, 12]:
     q = torch.randn(1, heads, 4680, 128, device=dev, dtype=torch.bfloat16)
@@ -93,6 +109,47 @@ class Block(torch.nn.Module):
         return x + self.f2(F.gelu(self.f0(y), approximate="tanh")).float() * e[5]
 
 
+def fp8_per_row(t):
+    """fp8 e4m3 codes and f32 scales per row of a 2-D tensor (FastVideo's rowwise rule)."""
+    s = (t.abs().amax(-1, keepdim=True).float() / 448).clamp(min=1e-12)
+    return (t.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
+class Fp8Linear(torch.nn.Module):
+    """A Linear as fp8 rowwise `torch._scaled_mm`: the weight per output channel once, the
+    activation per token on every call (the quantization as PyTorch ops, which torch.compile
+    may fuse into the op before), bias in the GEMM, bf16 out."""
+
+    def __init__(self, lin):
+        super().__init__()
+        self.wq, ws = fp8_per_row(lin.weight.detach())
+        self.ws = ws.t().contiguous()
+        self.bias = lin.bias.detach()
+
+        # Some builds refuse a bias with rowwise scales: then it is added after the GEMM.
+        try:
+            probe = torch.zeros(16, self.wq.shape[1], device=dev, dtype=torch.float8_e4m3fn)
+            ones = torch.ones(16, 1, device=dev)
+            torch._scaled_mm(probe, self.wq.t(), scale_a=ones, scale_b=self.ws, bias=self.bias, out_dtype=torch.bfloat16)
+            self.fused_bias = True
+        except RuntimeError:
+            self.fused_bias = False
+
+    def forward(self, x):
+        xq, xs = fp8_per_row(x.reshape(-1, x.shape[-1]))
+        b = self.bias if self.fused_bias else None
+        y = torch._scaled_mm(xq, self.wq.t(), scale_a=xs, scale_b=self.ws, bias=b, out_dtype=torch.bfloat16)
+        if not self.fused_bias:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], -1)
+
+
+def to_fp8(blk):
+    for name in ["q", "k", "v", "o", "cq", "co", "f0", "f2"]:
+        setattr(blk, name, Fp8Linear(getattr(blk, name)))
+    return blk
+
+
 with torch.no_grad():
     for name, dim, ffn, heads in [("lingbot-1.3b", 1536, 8960, 12), ("lingbot-14b", 5120, 13824, 40)]:
         blk = Block(dim, ffn, heads)
@@ -113,6 +170,16 @@ with torch.no_grad():
             rows.append((f"torch compile {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         except Exception as err:  # a missing compiler toolchain must not cost the other rows
             print(f"torch.compile {name} block failed: {err}", file=sys.stderr)
+        # The same block with fp8 rowwise linears, eager and compiled (the issue's fp8 peers).
+        try:
+            fblk = to_fp8(blk)
+            ms = bench(lambda: fblk(x, e, kc, kc, tk, tk, cs, cs))
+            rows.append((f"torch eager fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            cfblk = torch.compile(fblk)
+            ms = bench(lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs))
+            rows.append((f"torch compile fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+        except Exception as err:
+            print(f"fp8 rowwise {name} block failed: {err}", file=sys.stderr)
 
 for what, ms, tf in rows:
     print(f"{what}: {ms:.3f} ms, {tf:.1f} TFLOP/s")

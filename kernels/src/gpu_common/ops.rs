@@ -531,6 +531,60 @@ pub fn rope_3d(
     Ok(wrap(out, x.shape()))
 }
 
+/// [`crate::ops::rms_norm_rope`]: a block per token (as `rms_norm`, so the same sum of squares
+/// in the same order), the token's cos/sin per pair made once in shared memory for all heads.
+pub fn rms_norm_rope(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    grid3: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+) -> Result<Tensor> {
+    let s = storage(x)?;
+    let (tokens, heads, d) = (x.dim(0), x.dim(1) as i32, x.dim(2) as i32);
+    let [pt, ph, _] = table.pairs();
+    let (gh, gw, off, pt, ph) = (
+        grid3[1] as i32,
+        grid3[2] as i32,
+        t_offset as i32,
+        pt as i32,
+        ph as i32,
+    );
+    // rope.cu keeps a token's cos/sin for up to 256 pairs in shared memory.
+    if d > 512 || d % 2 != 0 {
+        return Err(s
+            .dev
+            .err(format!("rms_norm_rope: head dim {d} (even, at most 512)")));
+    }
+    let theta = table.theta();
+    let w = cast(w, DType::F32)?;
+    let ws = storage(&w)?;
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
+    let cols64 = (heads as u64) * (d as u64);
+    launch!(
+        &s.dev,
+        "rope",
+        &format!("rms_norm_rope_{}", suffix(x.dtype())?),
+        rows_cfg(tokens),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            push(b, &ws.data);
+            b.arg(&cols64)
+                .arg(&eps)
+                .arg(&d)
+                .arg(&gh)
+                .arg(&gw)
+                .arg(&off)
+                .arg(&pt)
+                .arg(&ph)
+                .arg(&theta);
+        }
+    );
+    Ok(wrap(out, x.shape()))
+}
+
 /// Largest head dim of the attention kernel.
 pub const MAX_HEAD_DIM: usize = 512;
 

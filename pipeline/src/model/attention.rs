@@ -57,6 +57,26 @@ impl SelfAttention {
         Ok(t.reshape(&[l, self.heads, dim / self.heads])?)
     }
 
+    /// `rope_3d(norm(t))` as `[L, heads, head_dim]`, in one pass (`ops::rms_norm_rope`).
+    fn normed_rotated(
+        &self,
+        norm: &RmsNorm,
+        t: &Tensor,
+        grid: [usize; 3],
+        t_offset: usize,
+        rope: &RopeTable,
+    ) -> Result<Tensor> {
+        let t = self.heads_view(t)?;
+        Ok(ops::rms_norm_rope(
+            &t,
+            &norm.weight,
+            norm.eps,
+            grid,
+            t_offset,
+            rope,
+        )?)
+    }
+
     /// Rotated keys and plain values of `x: [L, dim]` as `[L, heads, head_dim]`.
     pub fn keys_values(
         &self,
@@ -65,8 +85,7 @@ impl SelfAttention {
         t_offset: usize,
         rope: &RopeTable,
     ) -> Result<(Tensor, Tensor)> {
-        let k = self.heads_view(&self.norm_k.forward(&self.k.forward(x)?)?)?;
-        let k = ops::rope_3d(&k, grid, t_offset, rope)?;
+        let k = self.normed_rotated(&self.norm_k, &self.k.forward(x)?, grid, t_offset, rope)?;
         let v = self.heads_view(&self.v.forward(x)?)?;
         Ok((k, v))
     }
@@ -103,7 +122,12 @@ impl SelfAttention {
         kv_only: bool,
         sp: Option<&Ulysses>,
     ) -> Result<Option<Tensor>> {
-        let k = self.heads_view(&self.norm_k.forward(&self.k.forward(x)?)?)?;
+        // On one card the norm and the RoPE are one op; under Ulysses the RoPE runs after the
+        // all-to-all, on the whole sequence (the norm needs all of a token's heads).
+        let k = match sp {
+            None => self.normed_rotated(&self.norm_k, &self.k.forward(x)?, grid, t_offset, rope)?,
+            Some(_) => self.heads_view(&self.norm_k.forward(&self.k.forward(x)?)?)?,
+        };
         let v = self.heads_view(&self.v.forward(x)?)?;
         // Under Ulysses the keys and values cross the links while the queries are projected,
         // and the queries while the keys are rotated and cached.
@@ -114,10 +138,15 @@ impl SelfAttention {
         let q = if cache_only {
             None
         } else {
-            let q = self.heads_view(&self.norm_q.forward(&self.q.forward(x)?)?)?;
+            let q = self.q.forward(x)?;
             Some(match sp {
-                None => Queries::Here(q),
-                Some(u) => Queries::OnTheWay(u.scatter_heads_start(&[&q])?),
+                None => {
+                    Queries::Here(self.normed_rotated(&self.norm_q, &q, grid, t_offset, rope)?)
+                }
+                Some(u) => {
+                    let q = self.heads_view(&self.norm_q.forward(&q)?)?;
+                    Queries::OnTheWay(u.scatter_heads_start(&[&q])?)
+                }
             })
         };
         let (k, v) = match kv {
@@ -131,7 +160,10 @@ impl SelfAttention {
             }
         };
         let l = k.dim(0);
-        let k = ops::rope_3d(&k, grid, t_offset, rope)?;
+        let k = match sp {
+            None => k,
+            Some(_) => ops::rope_3d(&k, grid, t_offset, rope)?,
+        };
         let (keys, values, kv_len, mask) = match mode {
             KvMode::Full => (k, v, l, AttnMask::None),
             KvMode::BlockCausal { block_tokens } => {
@@ -158,13 +190,16 @@ impl SelfAttention {
         };
         let q = match q {
             Some(Queries::Here(q)) => q,
-            Some(Queries::OnTheWay(s)) => s
-                .finish()?
-                .pop()
-                .ok_or_else(|| crate::Error::Config("scatter_heads lost the queries".into()))?,
+            Some(Queries::OnTheWay(s)) => ops::rope_3d(
+                &s.finish()?
+                    .pop()
+                    .ok_or_else(|| crate::Error::Config("scatter_heads lost the queries".into()))?,
+                grid,
+                t_offset,
+                rope,
+            )?,
             None => return Err(crate::Error::Config("attention without queries".into())),
         };
-        let q = ops::rope_3d(&q, grid, t_offset, rope)?;
         let out = ops::attention(&q, &keys, &values, kv_len, mask)?;
         let out = match sp {
             None => out,

@@ -152,15 +152,10 @@ impl WanBlock {
         if let Some(c) = camera {
             x = ops::modulate(&x, &c.shift, &c.scale)?;
         }
-        // With bf16 projections the text cross-attention runs in bf16: its q linear would
-        // round an f32 input to bf16 anyway, and the q norm, the attention and the o linear
-        // after it would each cast to bf16 and back (the same values, six passes over the
-        // chunk's activations instead of one).
-        let n3 = self.norm3.forward(&x)?;
-        let n3 = match self.projection_input() {
-            NormOut::Dtype(DType::BF16) => n3.to_dtype(DType::BF16)?,
-            _ => n3,
-        };
+        // The text cross-attention's input as its q linear takes it (bf16, or fp8 per token),
+        // written by the norm itself: its q linear would round an f32 input anyway, and the q
+        // norm, the attention and the o linear after it would each cast and cast back.
+        let n3 = self.norm3.forward_as(&x, self.projection_input())?;
         let y = self.cross_attn.forward(&n3, text)?;
         let x = ops::add(&x, &y)?;
         let h = ops::norm_modulate(&x, &e(3)?, &e(4)?, self.eps, self.projection_input())?;

@@ -1,4 +1,4 @@
-use kernels::{ops, DType, ScaleKind, Tensor};
+use kernels::{ops, DType, NormOut, ScaleKind, Tensor};
 
 use crate::weights::Vb;
 use crate::Result;
@@ -79,15 +79,36 @@ pub struct LayerNorm {
     pub weight: Tensor,
     pub bias: Tensor,
     pub eps: f32,
+    /// `weight − 1`, the gain as the fused norm's scale (see [`forward_as`](Self::forward_as)),
+    /// made at load from `weight`.
+    gain_scale: Tensor,
 }
 
 impl LayerNorm {
     pub fn load(vb: &Vb, dim: usize, eps: f32) -> Result<Self> {
+        let weight = vb.get(&[dim], "weight")?;
+        let scale: Vec<f32> = weight.to_vec_f32().iter().map(|w| w - 1.0).collect();
+        let gain_scale = Tensor::from_vec(scale, &[dim])?.to_device(weight.device())?;
         Ok(LayerNorm {
-            weight: vb.get(&[dim], "weight")?,
+            weight,
             bias: vb.get(&[dim], "bias")?,
             eps,
+            gain_scale,
         })
+    }
+
+    /// [`forward`](Self::forward) written as `out` (bf16, or fp8 per token for fp8 linears)
+    /// in one pass: the affine `x̂·w + b` is the fused norm's `x̂·(1 + (w − 1)) + b`, the same
+    /// value up to the f32 rounding of `w − 1` (exact for gains in [0.5, 2]). A separate norm
+    /// and cast (or quantization) would read and write the activations twice more.
+    pub fn forward_as(&self, x: &Tensor, out: NormOut) -> Result<Tensor> {
+        Ok(ops::norm_modulate(
+            x,
+            &self.bias,
+            &self.gain_scale,
+            self.eps,
+            out,
+        )?)
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
