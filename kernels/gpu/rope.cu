@@ -49,40 +49,65 @@ WL_DEVICE float wl_as_stored<wl_bf16>(float v) {
     return __uint_as_float((unsigned int)wl_to_bf16(v) << 16);
 }
 
+// The cos/sin of every (axis position, pair) a grid of gt × gh × gw tokens needs, as rope_3d
+// computes them: t pairs at positions t_offset .. t_offset + gt − 1, then h pairs at 0 .. gh − 1,
+// then w pairs at 0 .. gw − 1, each entry (cos, sin). A few thousand entries for a chunk: made
+// once per call, so that no token waits on f64 pow/cos/sin (in the fused kernel below that
+// latency, paid per token a block, was three quarters of its time).
+WL_KERNEL void rope_angles(double* cs, int gt, int gh, int gw, int t_offset, int pairs_t, int pairs_h, int half,
+                           double theta) {
+    const int pairs_w = half - pairs_t - pairs_h;
+    const wl_u64 nt = (wl_u64)gt * pairs_t, nh = (wl_u64)gh * pairs_h;
+    WL_GRID_STRIDE(e, nt + nh + (wl_u64)gw * pairs_w) {
+        int axis_j, axis_pairs, pos;
+        if (e < nt) {
+            axis_pairs = pairs_t; axis_j = (int)(e % pairs_t); pos = (int)(e / pairs_t) + t_offset;
+        } else if (e < nt + nh) {
+            axis_pairs = pairs_h; axis_j = (int)((e - nt) % pairs_h); pos = (int)((e - nt) / pairs_h);
+        } else {
+            axis_pairs = pairs_w; axis_j = (int)((e - nt - nh) % pairs_w); pos = (int)((e - nt - nh) / pairs_w);
+        }
+        const double freq = 1.0 / pow(theta, (double)(2 * axis_j) / (double)(2 * axis_pairs));
+        const double angle = (double)pos * freq;
+        cs[2 * e] = cos(angle);
+        cs[2 * e + 1] = sin(angle);
+    }
+}
+
 // rope_3d(rms_norm(x, w)) for one token a block: the sum of squares as norm.cu's rms_norm (same
-// loop, same block size, same reduction), the token's cos/sin per pair of a head once in shared
-// memory, then each pair normalised, rounded to T as rms_norm stores it, and rotated as rope_3d
-// rotates it, so the output is the two kernels' bit for bit with one read and one write of x.
+// loop, same block size, same reduction), the token's cos/sin per pair of a head from
+// rope_angles' table into shared memory, then each pair normalised, rounded to T as rms_norm
+// stores it, and rotated as rope_3d rotates it, so the output is the two kernels' bit for bit
+// with one read and one write of x.
 #define WL_ROPE_MAX_HALF 256
 template <typename T>
-WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, wl_u64 cols, float eps, int d, int gh, int gw,
-                             int t_offset, int pairs_t, int pairs_h, double theta) {
+WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* angles, wl_u64 cols, float eps, int d,
+                             int gt, int gh, int gw, int pairs_t, int pairs_h) {
     __shared__ double scratch[32];
     __shared__ double cs[2 * WL_ROPE_MAX_HALF];
     const wl_u64 n = blockIdx.x;
     const T* xr = x + n * cols;
+    const int half = d / 2;
+    // The table reads go out before the reduction waits.
+    const wl_u64 nt = (wl_u64)gt * pairs_t, nh = (wl_u64)gh * pairs_h;
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        wl_u64 e;
+        if (j < pairs_t)
+            e = (n / ((wl_u64)gh * gw)) * pairs_t + j;
+        else if (j < pairs_t + pairs_h)
+            e = nt + ((n / gw) % gh) * pairs_h + (j - pairs_t);
+        else
+            e = nt + nh + (n % gw) * (half - pairs_t - pairs_h) + (j - pairs_t - pairs_h);
+        cs[2 * j] = angles[2 * e];
+        cs[2 * j + 1] = angles[2 * e + 1];
+    }
     double s = 0.0;
     for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) {
         double v = (double)wl_ld(xr, c);
         s += v * v;
     }
+    // (Its barriers also publish cs.)
     const float inv = (float)(1.0 / sqrt(wl_block_sum_f64(s, scratch) / (double)cols + (double)eps));
-    const int half = d / 2;
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        int axis_j, axis_pairs, pos;
-        if (j < pairs_t) {
-            axis_j = j; axis_pairs = pairs_t; pos = (int)(n / ((wl_u64)gh * gw)) + t_offset;
-        } else if (j < pairs_t + pairs_h) {
-            axis_j = j - pairs_t; axis_pairs = pairs_h; pos = (int)((n / gw) % gh);
-        } else {
-            axis_j = j - pairs_t - pairs_h; axis_pairs = half - pairs_t - pairs_h; pos = (int)(n % gw);
-        }
-        const double freq = 1.0 / pow(theta, (double)(2 * axis_j) / (double)(2 * axis_pairs));
-        const double angle = (double)pos * freq;
-        cs[2 * j] = cos(angle);
-        cs[2 * j + 1] = sin(angle);
-    }
-    __syncthreads();
     T* o = out + n * cols;
     for (wl_u64 p = threadIdx.x; p < cols / 2; p += blockDim.x) {
         const int j = (int)(p % (wl_u64)half);
@@ -95,10 +120,10 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, wl_u64 cols, fl
     }
 }
 
-#define WL_RMS_ROPE(T, tn)                                                                                   \
-    WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* w, wl_u64 cols, float eps, int d,     \
-                                      int gh, int gw, int t_offset, int pairs_t, int pairs_h, double theta) { \
-        rms_norm_rope(out, x, w, cols, eps, d, gh, gw, t_offset, pairs_t, pairs_h, theta);                   \
+#define WL_RMS_ROPE(T, tn)                                                                                     \
+    WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* w, const double* angles, wl_u64 cols,  \
+                                      float eps, int d, int gt, int gh, int gw, int pairs_t, int pairs_h) {   \
+        rms_norm_rope(out, x, w, angles, cols, eps, d, gt, gh, gw, pairs_t, pairs_h);                         \
     }
 
 WL_RMS_ROPE(float, f32)

@@ -532,7 +532,7 @@ pub fn rope_3d(
 }
 
 /// [`crate::ops::rms_norm_rope`]: a block per token (as `rms_norm`, so the same sum of squares
-/// in the same order), the token's cos/sin per pair made once in shared memory for all heads.
+/// in the same order), the cos/sin of the grid's positions made first by a small kernel.
 pub fn rms_norm_rope(
     x: &Tensor,
     w: &Tensor,
@@ -542,28 +542,42 @@ pub fn rms_norm_rope(
     table: &RopeTable,
 ) -> Result<Tensor> {
     let s = storage(x)?;
-    let (tokens, heads, d) = (x.dim(0), x.dim(1) as i32, x.dim(2) as i32);
-    let [pt, ph, _] = table.pairs();
-    let (gh, gw, off, pt, ph) = (
+    let dev = &s.dev;
+    let (tokens, heads, d) = (x.dim(0), x.dim(1), x.dim(2));
+    // rope.cu keeps a token's cos/sin for up to 256 pairs in shared memory.
+    if d > 512 || d % 2 != 0 {
+        return Err(dev.err(format!("rms_norm_rope: head dim {d} (even, at most 512)")));
+    }
+    let [pt, ph, pw] = table.pairs();
+    let entries = grid3[0] * pt + grid3[1] * ph + grid3[2] * pw;
+    let e = |e| dev.err(e);
+    // SAFETY: rope_angles writes all `entries` (cos, sin) pairs before the second kernel reads.
+    let mut angles = unsafe { dev.stream.alloc::<f64>(2 * entries.max(1)) }.map_err(e)?;
+    let (gt, gh, gw, off) = (
+        grid3[0] as i32,
         grid3[1] as i32,
         grid3[2] as i32,
         t_offset as i32,
-        pt as i32,
-        ph as i32,
     );
-    // rope.cu keeps a token's cos/sin for up to 256 pairs in shared memory.
-    if d > 512 || d % 2 != 0 {
-        return Err(s
-            .dev
-            .err(format!("rms_norm_rope: head dim {d} (even, at most 512)")));
-    }
+    let (pt, ph, half, d32) = (pt as i32, ph as i32, (d / 2) as i32, d as i32);
     let theta = table.theta();
+    launch!(dev, "rope", "rope_angles", grid(entries), |b| {
+        b.arg(&mut angles)
+            .arg(&gt)
+            .arg(&gh)
+            .arg(&gw)
+            .arg(&off)
+            .arg(&pt)
+            .arg(&ph)
+            .arg(&half)
+            .arg(&theta);
+    });
     let w = cast(w, DType::F32)?;
     let ws = storage(&w)?;
-    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
-    let cols64 = (heads as u64) * (d as u64);
+    let mut out = GpuStorage::alloc(dev, x.dtype(), x.elem_count())?;
+    let cols64 = (heads * d) as u64;
     launch!(
-        &s.dev,
+        dev,
         "rope",
         &format!("rms_norm_rope_{}", suffix(x.dtype())?),
         rows_cfg(tokens),
@@ -571,15 +585,15 @@ pub fn rms_norm_rope(
             push_mut(b, &mut out.data);
             push(b, &s.data);
             push(b, &ws.data);
-            b.arg(&cols64)
+            b.arg(&angles)
+                .arg(&cols64)
                 .arg(&eps)
-                .arg(&d)
+                .arg(&d32)
+                .arg(&gt)
                 .arg(&gh)
                 .arg(&gw)
-                .arg(&off)
                 .arg(&pt)
-                .arg(&ph)
-                .arg(&theta);
+                .arg(&ph);
         }
     );
     Ok(wrap(out, x.shape()))

@@ -342,6 +342,7 @@ impl std::fmt::Debug for HipStream {
 /// Element types that cross to the device as plain bytes.
 pub trait DeviceRepr: Copy + Default + 'static {}
 impl DeviceRepr for f32 {}
+impl DeviceRepr for f64 {}
 impl DeviceRepr for half::bf16 {}
 impl DeviceRepr for u8 {}
 impl DeviceRepr for i32 {}
