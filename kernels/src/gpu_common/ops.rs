@@ -348,8 +348,8 @@ impl NormKernel {
 
 /// `Fast` where it applies, else `Rows`; `WORLDLINE_NORM=rows` forces `Rows`, and `=vec` or
 /// `=lean` picks that kernel where it applies (for `bench kernels` and the tests).
-/// Measured on an H200 at 4680×5120 f32 → bf16 (copy 0.056 ms): `Lean` 0.052 ms, `Vec` 0.061
-/// ms, `Rows` 0.115 ms; into fp8 rowwise 0.060, 0.079, 0.143 ms.
+/// Measured on an H200 at 4680×5120 f32 → bf16, 20 launches queued (copy 0.048 ms): `Fast`
+/// 0.040 ms, `Lean` 0.044, `Vec` 0.055, `Rows` 0.107; into fp8 rowwise 0.036, 0.041, 0.071, 0.135.
 fn norm_kernel(x: &Tensor, out: crate::NormOut) -> NormKernel {
     let wanted = match std::env::var("WORLDLINE_NORM").as_deref() {
         Ok("rows") => NormKernel::Rows,
