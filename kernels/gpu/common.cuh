@@ -36,6 +36,19 @@ WL_DEVICE unsigned char wl_to_e4m3(float x) {
     return sign | (unsigned char)code;
 }
 
+// A value as stored in T and read back: what the next kernel reads after one wrote it (fused
+// kernels round their intermediates so, to give the unfused kernels' results bit for bit).
+template <typename T>
+WL_DEVICE float wl_as_stored(float v);
+template <>
+WL_DEVICE float wl_as_stored<float>(float v) {
+    return v;
+}
+template <>
+WL_DEVICE float wl_as_stored<wl_bf16>(float v) {
+    return __uint_as_float((unsigned int)wl_to_bf16(v) << 16);
+}
+
 // Reduction over a block whose size is a multiple of the warp size (≤ 1024): every thread gets
 // the result. `scratch` holds one value per warp.
 struct WlSum {
@@ -85,6 +98,11 @@ struct WlVec<wl_bf16> {
             v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
         }
     }
+    // wl_st's rounding (wl_to_bf16), eight values at once.
+    static WL_DEVICE void store(wl_bf16* row, unsigned int j, const float* v) {
+        ((uint4*)row)[j] = make_uint4(wl_pack_bf16(v[0], v[1]), wl_pack_bf16(v[2], v[3]), wl_pack_bf16(v[4], v[5]),
+                                      wl_pack_bf16(v[6], v[7]));
+    }
 };
 template <>
 struct WlVec<float> {
@@ -96,7 +114,45 @@ struct WlVec<float> {
         v[2] = r.z;
         v[3] = r.w;
     }
+    static WL_DEVICE void store(float* row, unsigned int j, const float* v) {
+        ((float4*)row)[j] = make_float4(v[0], v[1], v[2], v[3]);
+    }
 };
+
+// N f32 parameters (a gain) of vector j of a row.
+template <int N>
+WL_DEVICE void wl_ld_f32s(float* g, const float* row, unsigned int j) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) WlVec<float>::load(g + 4 * i, row, (N / 4) * j + i);
+}
+
+// Σ x² over a row in f64, summed in an order fixed by the block size and `cols` alone: norm.cu's
+// rms_norm and rope.cu's rms_norm_rope both take it, so the fused op's normalisation is the
+// plain one's bit for bit. 16-byte vectors where the row is a whole number of them (the loads
+// go out together instead of one element a thread waiting on each), else elements.
+template <typename T>
+WL_DEVICE double wl_row_sumsq(const T* xr, wl_u64 cols, double* scratch) {
+    constexpr int N = WlVec<T>::N;
+    double s = 0.0;
+    if (cols % N == 0) {
+        const unsigned int nv = (unsigned int)(cols / N);
+        for (unsigned int j = threadIdx.x; j < nv; j += blockDim.x) {
+            float v[N];
+            WlVec<T>::load(v, xr, j);
+#pragma unroll
+            for (int c = 0; c < N; ++c) {
+                const double d = (double)v[c];
+                s += d * d;
+            }
+        }
+    } else {
+        for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            const double d = (double)wl_ld(xr, c);
+            s += d * d;
+        }
+    }
+    return wl_block_sum_f64(s, scratch);
+}
 
 // wl_to_e4m3's codes (checked equal on all 2^32 floats) without its branch and its two
 // float→int conversions: magnitudes from 448 up (and ±inf) clamp to 448, code 0x7e; normal

@@ -9,10 +9,42 @@ WL_DEVICE void modulate(T* out, const T* x, const P* shift, const P* scale, wl_u
     }
 }
 
-template <typename T, typename P>
-WL_DEVICE void gated_residual(T* out, const T* x, const T* y, const P* gate, wl_u64 n, wl_u64 gate_n) {
+// `y` in its own dtype: a bf16 projection output adds into the f32 residual stream without a
+// cast pass.
+template <typename T, typename Y, typename P>
+WL_DEVICE void gated_residual(T* out, const T* x, const Y* y, const P* gate, wl_u64 n, wl_u64 gate_n) {
     WL_GRID_STRIDE(i, n) { wl_st(out, i, wl_ld(x, i) + wl_ld(y, i) * wl_ld(gate, i % gate_n)); }
 }
+
+// modulate(gated_residual(x, y, gate), shift, scale) in one pass, the sum rounded to T in between
+// as the two kernels store it: the self-attention residual and LingBot's camera FiLM after it.
+template <typename T, typename Y, typename P>
+WL_DEVICE void gated_residual_modulate(T* out, const T* x, const Y* y, const P* gate, const P* shift, const P* scale,
+                                       wl_u64 n, wl_u64 gate_n, wl_u64 shift_n, wl_u64 scale_n) {
+    WL_GRID_STRIDE(i, n) {
+        const float r = wl_as_stored<T>(wl_ld(x, i) + wl_ld(y, i) * wl_ld(gate, i % gate_n));
+        wl_st(out, i, r * (1.0f + wl_ld(scale, i % scale_n)) + wl_ld(shift, i % shift_n));
+    }
+}
+
+#define WL_RESIDUAL(T, Y, P, tn, yn, pn)                                                                  \
+    WL_KERNEL void gated_residual_##tn##_##yn##_##pn(T* out, const T* x, const Y* y, const P* gate, wl_u64 n, \
+                                                      wl_u64 gate_n) {                                     \
+        gated_residual(out, x, y, gate, n, gate_n);                                                       \
+    }                                                                                                     \
+    WL_KERNEL void gated_residual_modulate_##tn##_##yn##_##pn(T* out, const T* x, const Y* y, const P* gate,  \
+                                                               const P* shift, const P* scale, wl_u64 n,   \
+                                                               wl_u64 gate_n, wl_u64 shift_n,              \
+                                                               wl_u64 scale_n) {                           \
+        gated_residual_modulate(out, x, y, gate, shift, scale, n, gate_n, shift_n, scale_n);              \
+    }
+#define WL_RESIDUAL_Y(T, tn, P, pn)                 \
+    WL_RESIDUAL(T, float, P, tn, f32, pn)           \
+    WL_RESIDUAL(T, wl_bf16, P, tn, bf16, pn)
+WL_RESIDUAL_Y(float, f32, float, f32)
+WL_RESIDUAL_Y(float, f32, wl_bf16, bf16)
+WL_RESIDUAL_Y(wl_bf16, bf16, float, f32)
+WL_RESIDUAL_Y(wl_bf16, bf16, wl_bf16, bf16)
 
 template <typename T, typename P>
 WL_DEVICE void add(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) {
@@ -28,10 +60,6 @@ WL_DEVICE void mul(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) {
     WL_KERNEL void modulate_##tn##_##pn(T* out, const T* x, const P* shift, const P* scale, wl_u64 n,  \
                                         wl_u64 shift_n, wl_u64 scale_n) {                            \
         modulate(out, x, shift, scale, n, shift_n, scale_n);                                         \
-    }                                                                                                \
-    WL_KERNEL void gated_residual_##tn##_##pn(T* out, const T* x, const T* y, const P* gate, wl_u64 n, \
-                                              wl_u64 gate_n) {                                       \
-        gated_residual(out, x, y, gate, n, gate_n);                                                  \
     }                                                                                                \
     WL_KERNEL void add_##tn##_##pn(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) { add(out, a, b, n, b_n); } \
     WL_KERNEL void mul_##tn##_##pn(T* out, const T* a, const P* b, wl_u64 n, wl_u64 b_n) { mul(out, a, b, n, b_n); }

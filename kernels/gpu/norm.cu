@@ -22,18 +22,28 @@ WL_DEVICE void layer_norm(T* out, const T* x, const float* w, const float* b, wl
     }
 }
 
+// RMSNorm of a row with its gain: 16-byte vectors where the row is a whole number of them (the
+// sum of squares as rope.cu's rms_norm_rope takes it: wl_row_sumsq).
 template <typename T>
 WL_DEVICE void rms_norm(T* out, const T* x, const float* w, wl_u64 cols, float eps) {
+    constexpr int N = WlVec<T>::N;
     __shared__ double scratch[32];
     const wl_u64 row = blockIdx.x;
     const T* xr = x + row * cols;
-    double s = 0.0;
-    for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) {
-        double v = (double)wl_ld(xr, c);
-        s += v * v;
+    const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, cols, scratch) / (double)cols + (double)eps));
+    T* o = out + row * cols;
+    if (cols % N == 0) {
+        for (unsigned int j = threadIdx.x; j < (unsigned int)(cols / N); j += blockDim.x) {
+            float v[N], g[N];
+            WlVec<T>::load(v, xr, j);
+            wl_ld_f32s<N>(g, w, j);
+#pragma unroll
+            for (int c = 0; c < N; ++c) v[c] = (v[c] * inv) * g[c];
+            WlVec<T>::store(o, j, v);
+        }
+    } else {
+        for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) wl_st(o, c, (wl_ld(xr, c) * inv) * w[c]);
     }
-    const float inv = (float)(1.0 / sqrt(wl_block_sum_f64(s, scratch) / (double)cols + (double)eps));
-    for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) wl_st(out + row * cols, c, (wl_ld(xr, c) * inv) * w[c]);
 }
 
 #define WL_NORM(T, tn)                                                                                     \

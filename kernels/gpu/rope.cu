@@ -37,18 +37,6 @@ WL_DEVICE void rope_3d(T* out, const T* x, wl_u64 tokens, int heads, int d, int 
 WL_ROPE(float, f32)
 WL_ROPE(wl_bf16, bf16)
 
-// A value as stored in T and read back (what rope_3d reads after rms_norm wrote it).
-template <typename T>
-WL_DEVICE float wl_as_stored(float v);
-template <>
-WL_DEVICE float wl_as_stored<float>(float v) {
-    return v;
-}
-template <>
-WL_DEVICE float wl_as_stored<wl_bf16>(float v) {
-    return __uint_as_float((unsigned int)wl_to_bf16(v) << 16);
-}
-
 // The cos/sin of every (axis position, pair) a grid of gt × gh × gw tokens needs, as rope_3d
 // computes them: t pairs at positions t_offset .. t_offset + gt − 1, then h pairs at 0 .. gh − 1,
 // then w pairs at 0 .. gw − 1, each entry (cos, sin). A few thousand entries for a chunk: made
@@ -74,21 +62,28 @@ WL_KERNEL void rope_angles(double* cs, int gt, int gh, int gw, int t_offset, int
     }
 }
 
-// rope_3d(rms_norm(x, w)) for one token a block: the sum of squares as norm.cu's rms_norm (same
-// loop, same block size, same reduction), the token's cos/sin per pair of a head from
-// rope_angles' table into shared memory, then each pair normalised, rounded to T as rms_norm
+// rope_3d(rms_norm(x, w)) for one token a block: the sum of squares as norm.cu's rms_norm
+// (wl_row_sumsq, same block size), the token's cos/sin per pair of a head from rope_angles' table
+// into shared memory, then each pair normalised as rms_norm does it, rounded to T as rms_norm
 // stores it, and rotated as rope_3d rotates it, so the output is the two kernels' bit for bit
-// with one read and one write of x.
+// with one read and one write of x. Rows of whole 16-byte vectors go by vectors (N/2 pairs
+// each); the table is then stored with pair j at (j mod N/2)·(half/(N/2)) + j/(N/2), so that the
+// 32 lanes of a warp, N/2 pairs apart, read consecutive entries (in the natural order every
+// other lane would hit the same bank).
 #define WL_ROPE_MAX_HALF 256
 template <typename T>
 WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* angles, wl_u64 cols, float eps, int d,
                              int gt, int gh, int gw, int pairs_t, int pairs_h) {
+    constexpr int N = WlVec<T>::N, K = N / 2;
     __shared__ double scratch[32];
-    __shared__ double cs[2 * WL_ROPE_MAX_HALF];
+    __shared__ double cc[WL_ROPE_MAX_HALF], ss[WL_ROPE_MAX_HALF];
     const wl_u64 n = blockIdx.x;
     const T* xr = x + n * cols;
     const int half = d / 2;
-    // The table reads go out before the reduction waits.
+    const bool vec = cols % N == 0 && half % K == 0;
+    const int stride = half / K;
+    auto slot = [&](int j) { return vec ? (j % K) * stride + j / K : j; };
+    // The table reads go out before the reduction waits (whose barriers also publish them).
     const wl_u64 nt = (wl_u64)gt * pairs_t, nh = (wl_u64)gh * pairs_h;
     for (int j = threadIdx.x; j < half; j += blockDim.x) {
         wl_u64 e;
@@ -98,25 +93,38 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* a
             e = nt + ((n / gw) % gh) * pairs_h + (j - pairs_t);
         else
             e = nt + nh + (n % gw) * (half - pairs_t - pairs_h) + (j - pairs_t - pairs_h);
-        cs[2 * j] = angles[2 * e];
-        cs[2 * j + 1] = angles[2 * e + 1];
+        cc[slot(j)] = angles[2 * e];
+        ss[slot(j)] = angles[2 * e + 1];
     }
-    double s = 0.0;
-    for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) {
-        double v = (double)wl_ld(xr, c);
-        s += v * v;
-    }
-    // (Its barriers also publish cs.)
-    const float inv = (float)(1.0 / sqrt(wl_block_sum_f64(s, scratch) / (double)cols + (double)eps));
+    const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, cols, scratch) / (double)cols + (double)eps));
     T* o = out + n * cols;
-    for (wl_u64 p = threadIdx.x; p < cols / 2; p += blockDim.x) {
-        const int j = (int)(p % (wl_u64)half);
-        const wl_u64 at = 2 * p;
-        const double a = wl_as_stored<T>((wl_ld(xr, at) * inv) * w[at]);
-        const double b = wl_as_stored<T>((wl_ld(xr, at + 1) * inv) * w[at + 1]);
-        const double c = cs[2 * j], sn = cs[2 * j + 1];
-        wl_st(o, at, (float)(a * c - b * sn));
-        wl_st(o, at + 1, (float)(a * sn + b * c));
+    if (vec) {
+        for (unsigned int j = threadIdx.x; j < (unsigned int)(cols / N); j += blockDim.x) {
+            float v[N], g[N], r[N];
+            WlVec<T>::load(v, xr, j);
+            wl_ld_f32s<N>(g, w, j);
+            const int first = (int)(((wl_u64)j * K) % (wl_u64)half);  // the vector's first pair in its head
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                const double a = wl_as_stored<T>((v[2 * k] * inv) * g[2 * k]);
+                const double b = wl_as_stored<T>((v[2 * k + 1] * inv) * g[2 * k + 1]);
+                const int at = k * stride + first / K;
+                const double c = cc[at], sn = ss[at];
+                r[2 * k] = (float)(a * c - b * sn);
+                r[2 * k + 1] = (float)(a * sn + b * c);
+            }
+            WlVec<T>::store(o, j, r);
+        }
+    } else {
+        for (wl_u64 p = threadIdx.x; p < cols / 2; p += blockDim.x) {
+            const int j = (int)(p % (wl_u64)half);
+            const wl_u64 at = 2 * p;
+            const double a = wl_as_stored<T>((wl_ld(xr, at) * inv) * w[at]);
+            const double b = wl_as_stored<T>((wl_ld(xr, at + 1) * inv) * w[at + 1]);
+            const double c = cc[j], sn = ss[j];
+            wl_st(o, at, (float)(a * c - b * sn));
+            wl_st(o, at + 1, (float)(a * sn + b * c));
+        }
     }
 }
 

@@ -290,6 +290,37 @@ pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `modulate(gated_residual(x, y, gate), shift, scale)`: the self-attention residual and
+/// LingBot's camera FiLM after it, in one pass on GPUs (the sum rounded to x's dtype in between,
+/// as the two ops store it).
+pub fn gated_residual_modulate(
+    x: &Tensor,
+    y: &Tensor,
+    gate: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+) -> Result<Tensor> {
+    if x.shape() != y.shape() {
+        return Err(shape_err(
+            "gated_residual_modulate",
+            format!("{:?} + {:?}", x.shape(), y.shape()),
+        ));
+    }
+    for t in [x, y] {
+        no_fp8("gated_residual_modulate", t)?;
+    }
+    same_device("gated_residual_modulate", x, y)?;
+    for p in [gate, shift, scale] {
+        no_fp8("gated_residual_modulate", p)?;
+        check_rowparam("gated_residual_modulate", x, p)?;
+    }
+    match x.storage() {
+        Storage::Cpu(_) => modulate(&gated_residual(x, y, gate)?, shift, scale),
+        Storage::Cuda(_) => cuda::ops::gated_residual_modulate(x, y, gate, shift, scale),
+        Storage::Rocm(_) => rocm::ops::gated_residual_modulate(x, y, gate, shift, scale),
+    }
+}
+
 /// `a + b`, same shape, or `b` a row broadcast over `a`'s rows.
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     no_fp8("add", a)?;

@@ -119,6 +119,53 @@ fn elementwise_and_norms_match_the_cpu(dev: Device) {
             &[&x, &y, &row],
             |v| ops::gated_residual(&v[0], &v[1], &v[2]),
         );
+        // The residual stream in f32 with a bf16 projection output (the DiT's case), and with
+        // the camera FiLM fused after it: against the CPU, and against the two device kernels
+        // bit for bit.
+        let yb = y.to_dtype(DType::BF16).expect("bf16");
+        let xf = x.to_dtype(DType::F32).expect("f32");
+        check(
+            &format!("gated_residual f32 + {dt:?}"),
+            dev,
+            1e-5,
+            &[&xf, &y, &row],
+            |v| ops::gated_residual(&v[0], &v[1], &v[2]),
+        );
+        let per_f = per.to_dtype(DType::F32).expect("f32");
+        let per2_f = per2.to_dtype(DType::F32).expect("f32");
+        for (xx, yy) in [(&x, &y), (&xf, &yb)] {
+            let what = format!(
+                "gated_residual_modulate {:?} + {:?}",
+                xx.dtype(),
+                yy.dtype()
+            );
+            check(
+                &what,
+                dev,
+                tol(xx.dtype()),
+                &[xx, yy, &row, &per_f, &per2_f],
+                |v| ops::gated_residual_modulate(&v[0], &v[1], &v[2], &v[3], &v[4]),
+            );
+            let up: Vec<Tensor> = [xx, yy, &row, &per_f, &per2_f]
+                .iter()
+                .map(|t| t.to_device(dev).expect("up"))
+                .collect();
+            let fused = ops::gated_residual_modulate(&up[0], &up[1], &up[2], &up[3], &up[4])
+                .expect("fused");
+            let two = ops::modulate(
+                &ops::gated_residual(&up[0], &up[1], &up[2]).expect("residual"),
+                &up[3],
+                &up[4],
+            )
+            .expect("modulate");
+            let bits =
+                |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+            assert_eq!(
+                bits(&fused),
+                bits(&two),
+                "{what} on {dev}: not the two kernels' bits"
+            );
+        }
         check(&format!("add {dt:?}"), dev, t, &[&x, &y], |v| {
             ops::add(&v[0], &v[1])
         });

@@ -97,6 +97,26 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
             ops::rms_norm_rope(&v[0], &v[1], 1e-6, [2, 2, 3], 5, &table)
         });
     }
+    // The residual with a bf16 projection output, and the camera FiLM fused after it.
+    let (x, y) = (
+        input(32, &[9, 40], DType::F32),
+        input(33, &[9, 40], DType::BF16),
+    );
+    let (g, sh, sc) = (
+        input(34, &[40], DType::F32),
+        input(35, &[9, 40], DType::F32),
+        input(36, &[9, 40], DType::F32),
+    );
+    check("gated_residual f32 + bf16", dev, 1e-5, &[&x, &y, &g], |v| {
+        ops::gated_residual(&v[0], &v[1], &v[2])
+    });
+    check(
+        "gated_residual_modulate",
+        dev,
+        1e-5,
+        &[&x, &y, &g, &sh, &sc],
+        |v| ops::gated_residual_modulate(&v[0], &v[1], &v[2], &v[3], &v[4]),
+    );
     // Attention at Wan's head dim: the MFMA flash kernel on the emulated matrix cores, beside
     // the start-up check's two cases (block-causal over three heads; two query blocks of 128,
     // the second partial, over three key tiles of 64, the last partial, in a longer cache): f32

@@ -154,22 +154,71 @@ pub fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
 
 pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
     let s = storage(x)?;
-    let y = cast(y, x.dtype())?;
     let name = format!(
-        "gated_residual_{}_{}",
+        "gated_residual_{}_{}_{}",
         suffix(x.dtype())?,
+        suffix(y.dtype())?,
         suffix(gate.dtype())?
     );
     let n = x.elem_count();
     let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
     let (n64, gn) = (n as u64, gate.elem_count() as u64);
-    let (ys, gs) = (storage(&y)?, storage(gate)?);
+    let (ys, gs) = (storage(y)?, storage(gate)?);
     launch!(&s.dev, "elementwise", &name, grid(n), |b| {
         push_mut(b, &mut out.data);
         push(b, &s.data);
         push(b, &ys.data);
         push(b, &gs.data);
         b.arg(&n64).arg(&gn);
+    });
+    Ok(wrap(out, x.shape()))
+}
+
+/// [`crate::ops::gated_residual_modulate`]: one pass; gate, shift and scale in one dtype (f32
+/// when they differ).
+pub fn gated_residual_modulate(
+    x: &Tensor,
+    y: &Tensor,
+    gate: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+) -> Result<Tensor> {
+    let s = storage(x)?;
+    let alike = gate.dtype() == shift.dtype() && shift.dtype() == scale.dtype();
+    let f32 = |t: &Tensor| {
+        if alike {
+            Ok(t.clone())
+        } else {
+            cast(t, DType::F32)
+        }
+    };
+    let (gate, shift, scale) = (f32(gate)?, f32(shift)?, f32(scale)?);
+    let name = format!(
+        "gated_residual_modulate_{}_{}_{}",
+        suffix(x.dtype())?,
+        suffix(y.dtype())?,
+        suffix(gate.dtype())?
+    );
+    let n = x.elem_count();
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
+    let counts = [n, gate.elem_count(), shift.elem_count(), scale.elem_count()].map(|c| c as u64);
+    let (ys, gs, shs, scs) = (
+        storage(y)?,
+        storage(&gate)?,
+        storage(&shift)?,
+        storage(&scale)?,
+    );
+    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
+        push_mut(b, &mut out.data);
+        push(b, &s.data);
+        push(b, &ys.data);
+        push(b, &gs.data);
+        push(b, &shs.data);
+        push(b, &scs.data);
+        b.arg(&counts[0])
+            .arg(&counts[1])
+            .arg(&counts[2])
+            .arg(&counts[3]);
     });
     Ok(wrap(out, x.shape()))
 }

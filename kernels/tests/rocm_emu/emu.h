@@ -82,6 +82,7 @@ struct alignas(16) float4 {
 };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 // CDNA's matrix-core operands and v_mfma_f32_16x16x16_bf16 (vendor/hip.h's wl_mfma_16x16x16_bf16)
 // written from AMD's register layout: lane l holds A[l%16][4·(l/16)+i], B[4·(l/16)+i][l%16] and

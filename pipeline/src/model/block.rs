@@ -148,10 +148,10 @@ impl WanBlock {
         else {
             return Ok(None);
         };
-        let mut x = ops::gated_residual(x, &y, &e(2)?)?;
-        if let Some(c) = camera {
-            x = ops::modulate(&x, &c.shift, &c.scale)?;
-        }
+        let x = match camera {
+            Some(c) => ops::gated_residual_modulate(x, &y, &e(2)?, &c.shift, &c.scale)?,
+            None => ops::gated_residual(x, &y, &e(2)?)?,
+        };
         // The text cross-attention's input as its q linear takes it (bf16, or fp8 per token),
         // written by the norm itself: its q linear would round an f32 input anyway, and the q
         // norm, the attention and the o linear after it would each cast and cast back.
