@@ -229,7 +229,13 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
     if one_gpu && gpus.iter().any(|&g| g != gpus[0]) {
         bail!("--one-gpu runs every rank on one GPU: pass --device cuda:N, not --gpus");
     }
-    let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
+    // `--dtype fp8` as the worker runs it: a bf16 model with fp8 linears in its DiT blocks.
+    let (dtype, fp8_linears) = crate::setup::run_dtype(&args.dtype)?;
+    let label = if fp8_linears {
+        "bf16 + fp8 linears"
+    } else {
+        dtype.name()
+    };
     let elem = dtype.size_in_bytes();
     let mut counts = vec![1];
     while counts.last().copied().unwrap_or(1) * 2 <= gpus.len() {
@@ -262,7 +268,7 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
         ecfg.window_frames,
         ecfg.sink_frames,
         ecfg.step_indices.len(),
-        dtype = dtype.name(),
+        dtype = label,
     );
     let seed = args.seed;
     let model_cfg = cfg.clone();
@@ -284,7 +290,10 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
         }
         let started = Instant::now();
         let store = WeightStore::random_shared(seed, dtype, draws.clone()).on_device(dev);
-        let m = WanModel::load(&model_cfg, &store)?;
+        let mut m = WanModel::load(&model_cfg, &store)?;
+        if fp8_linears {
+            m.quantize_linears_fp8()?;
+        }
         info!(device = %dev, seconds = format!("{:.1}", started.elapsed().as_secs_f64()), "model ready");
         Ok(m)
     });
@@ -492,7 +501,7 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
             "gemm_row_stability": stability,
             "model": cfg.name,
             "weights": format!("random, seed {}", args.seed),
-            "dtype": dtype.name(),
+            "dtype": label,
             "resolution": [ecfg.width, ecfg.height],
             "window_frames": ecfg.window_frames,
             "sink_frames": ecfg.sink_frames,
@@ -514,7 +523,11 @@ pub fn gemm_rows(args: &ModelArgs) -> Result<()> {
         matches!(device, Device::Cuda(_)),
         "bench gemm-rows needs --device cuda"
     );
-    let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
+    let (dtype, fp8_linears) = crate::setup::run_dtype(&args.dtype)?;
+    anyhow::ensure!(
+        !fp8_linears,
+        "bench gemm-rows times the bf16 or f32 GEMMs: pass --dtype bf16 or f32"
+    );
     let ecfg = EngineConfig::lingbot(args.seed);
     let cards = args.cards.max(2);
     println!(
