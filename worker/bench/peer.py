@@ -8,22 +8,9 @@ import torch
 import torch.nn.functional as F
 
 
-def bench(fn, repeat=5):
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeat):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        best = min(best, s.elapsed_time(e))
-    return best
-
-
-def bench_queued(fn, repeat=5, calls=20):
-    """As bench(), timing `calls` calls queued back to back, per call (worker's time_queued)."""
+def bench(fn, repeat=5, calls=1):
+    """Best over `repeat` rounds of the mean CUDA-event time of `calls` calls queued back to back
+    (worker's `time`, or its `time_queued` for the short ops), after one warm-up call."""
     fn()
     torch.cuda.synchronize()
     best = float("inf")
@@ -57,7 +44,7 @@ for m, k, n in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)]:
         print(f"rowwise _scaled_mm unavailable: {e}")
 x = torch.randn(4680, 5120, device=dev)
 sh, sc = torch.randn(5120, device=dev) * 0.1, torch.randn(5120, device=dev) * 0.1
-ms = bench_queued(lambda: (F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh).to(torch.bfloat16))
+ms = bench(lambda: (F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh).to(torch.bfloat16), calls=20)
 rows.append(("torch norm+modulate f32 -> bf16 4680x5120", ms, 0.0))
 
 
@@ -67,7 +54,7 @@ def fp8_rows(x):
     return (y / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
 
 
-ms = bench_queued(lambda: fp8_rows(x))
+ms = bench(lambda: fp8_rows(x), calls=20)
 rows.append(("torch norm+modulate f32 -> fp8 rowwise 4680x5120", ms, 0.0))
 for heads in [40, 12]:
     q = torch.randn(1, heads, 4680, 128, device=dev, dtype=torch.bfloat16)

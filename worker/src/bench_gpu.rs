@@ -91,6 +91,22 @@ fn time_queued(
     Ok(best)
 }
 
+/// "span S ms = kind T ms ×N, …, idle I ms": a profiled stretch by kind of launch.
+fn profile_line(p: &kernels::cuda::Profile) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let kinds: Vec<String> = p
+        .kinds
+        .iter()
+        .map(|(kind, d, n)| format!("{kind} {:.3} ms ×{n}", ms(*d)))
+        .collect();
+    format!(
+        "span {:.3} ms = {}, idle {:.3} ms",
+        ms(p.span),
+        kinds.join(", "),
+        ms(p.unmarked())
+    )
+}
+
 fn rand(dev: Device, seed: u64, shape: &[usize], scale: f32, dtype: DType) -> Result<Tensor> {
     let n = shape.iter().product();
     let v = NormalRng::new(seed)
@@ -263,18 +279,9 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             let ran = kernels::vsa::attention(&q, &k, &v, None, q_grid, k_grid, top_k);
             b.profile(false);
             ran?;
-            let p = b.take_profile()?;
-            let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            let kinds: Vec<String> = p
-                .kinds
-                .iter()
-                .map(|(kind, d, n)| format!("{kind} {:.3} ms ×{n}", ms(*d)))
-                .collect();
             println!(
-                "vsa profile (one call, events around each launch): span {:.3} ms = {}, idle {:.3} ms",
-                ms(p.span),
-                kinds.join(", "),
-                ms(p.unmarked())
+                "vsa profile (one call, events around each launch): {}",
+                profile_line(&b.take_profile()?)
             );
         }
         // Every tensor-core variant, to keep the choice of the default measured.
@@ -423,19 +430,10 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 );
                 b.profile(false);
                 ran?;
-                let p = b.take_profile()?;
-                let ms = |d: Duration| d.as_secs_f64() * 1e3;
-                let kinds: Vec<String> = p
-                    .kinds
-                    .iter()
-                    .map(|(kind, d, n)| format!("{kind} {:.3} ms ×{n}", ms(*d)))
-                    .collect();
                 println!(
-                    "{} block ({label}) profile: span {:.3} ms = {}, idle {:.3} ms",
+                    "{} block ({label}) profile: {}",
                     cfg.name,
-                    ms(p.span),
-                    kinds.join(", "),
-                    ms(p.unmarked())
+                    profile_line(&b.take_profile()?)
                 );
             }
         }
