@@ -366,68 +366,40 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             t_offset: 15,
             rope: &rope,
         };
-        let t = time(dev, repeat.min(2), || {
-            block.forward(
-                &x,
-                &inp,
-                &text,
-                Some(&cam),
-                KvMode::Cache {
-                    cache: &mut cache,
-                    first_frame: 15,
-                },
-                false,
-            )?;
-            Ok(())
-        })?;
-        push(
-            format!("{} block, {tokens} tokens, 18-frame window", cfg.name),
-            t,
-            flops::block(&cfg, tokens, 18 * frame_tokens),
-        );
         // The same block with fp8 linears (weights per channel, activations per token), as
         // `--dtype fp8` runs the engine.
         let mut fp8_block = block.clone();
         fp8_block.quantize_linears_fp8()?;
-        let t = time(dev, repeat.min(2), || {
-            fp8_block.forward(
-                &x,
-                &inp,
-                &text,
-                Some(&cam),
-                KvMode::Cache {
-                    cache: &mut cache,
-                    first_frame: 15,
-                },
-                false,
-            )?;
+        let blocks = [
+            ("", "bf16", &block),
+            (" fp8 linears", "fp8 linears", &fp8_block),
+        ];
+        let forward = |blk: &WanBlock, cache: &mut kernels::KvCache| -> Result<()> {
+            let mode = KvMode::Cache {
+                cache,
+                first_frame: 15,
+            };
+            blk.forward(&x, &inp, &text, Some(&cam), mode, false)?;
             Ok(())
-        })?;
-        push(
-            format!(
-                "{} block fp8 linears, {tokens} tokens, 18-frame window",
-                cfg.name
-            ),
-            t,
-            flops::block(&cfg, tokens, 18 * frame_tokens),
-        );
+        };
+        for (suffix, _, blk) in blocks {
+            let t = time(dev, repeat.min(2), || forward(blk, &mut cache))?;
+            push(
+                format!(
+                    "{} block{suffix}, {tokens} tokens, 18-frame window",
+                    cfg.name
+                ),
+                t,
+                flops::block(&cfg, tokens, 18 * frame_tokens),
+            );
+        }
         // Where each block's time goes, by kind of launch.
         if let Device::Cuda(i) = dev {
             let b = kernels::cuda::backend(i)?;
-            for (label, blk) in [("bf16", &block), ("fp8 linears", &fp8_block)] {
+            for (_, label, blk) in blocks {
                 b.synchronize()?;
                 b.profile(true);
-                let ran = blk.forward(
-                    &x,
-                    &inp,
-                    &text,
-                    Some(&cam),
-                    KvMode::Cache {
-                        cache: &mut cache,
-                        first_frame: 15,
-                    },
-                    false,
-                );
+                let ran = forward(blk, &mut cache);
                 b.profile(false);
                 ran?;
                 println!(
