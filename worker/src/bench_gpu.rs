@@ -28,28 +28,8 @@ fn sync(dev: Device) -> Result<()> {
 /// events around the call, as the PyTorch peer times itself (`torch.cuda.Event`), so that a
 /// kernel of tens of microseconds is not charged the host's launch and synchronisation (5-10 µs
 /// here); elsewhere host time, each run ended by a synchronisation.
-fn time(dev: Device, repeat: usize, mut f: impl FnMut() -> Result<()>) -> Result<Duration> {
-    f()?;
-    sync(dev)?;
-    let mut best = Duration::MAX;
-    for _ in 0..repeat {
-        let t = match dev {
-            Device::Cuda(i) => {
-                let b = kernels::cuda::backend(i)?;
-                let start = b.timed_marker()?;
-                f()?;
-                b.timed_marker()?.elapsed_since(&start)?
-            }
-            _ => {
-                let t = Instant::now();
-                f()?;
-                sync(dev)?;
-                t.elapsed()
-            }
-        };
-        best = best.min(t);
-    }
-    Ok(best)
+fn time(dev: Device, repeat: usize, f: impl FnMut() -> Result<()>) -> Result<Duration> {
+    time_queued(dev, repeat, 1, f)
 }
 
 /// For ops of tens of microseconds: the best over `repeat` rounds of the mean stream time of
