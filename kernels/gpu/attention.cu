@@ -725,9 +725,21 @@ WL_DEVICE void fw_rescale(float* o, float* m, float* l, const float* n, const fl
 // a consumer loading and a block-wide sync per tile 478; cp.async by every thread 277. In
 // `bench kernels` (SDPA 615): 618.
 #define FT_THREADS 384
+// The tail split: a grid of whole (query block, head) items is a whole number of waves plus a
+// last, partial one, where most SMs wait for a few blocks (at 4680 queries × 12 heads, 444 blocks
+// on 132 SMs make 3.36 waves that take 4). So the grid runs its first `whole` items whole and
+// the rest in `parts` key ranges each, one block per range, placed last; such a block writes its
+// unnormalised output and its rows' (max, sum) to `part_o`/`part_ml` and `flash_split_combine`
+// merges the ranges. With parts = 1 every item is whole.
+struct fw_split {
+    int whole, parts;
+    float* o;   // [split items · parts, 128 rows, 128]
+    float* ml;  // [split items · parts, 128 rows, 2]: the row's max (log2 units), sum
+};
+
 template <int BC, int ST>
 WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv, int lq,
-                              int kv_len, int heads, int block_tokens, float scale) {
+                              int kv_len, int heads, int block_tokens, float scale, fw_split sp) {
     constexpr int KB = BC * 256, SB = 2 * KB;  // bytes of a K (or V) tile, of a stage
     extern __shared__ __align__(1024) unsigned char ft_smem[];
     unsigned char* qs = ft_smem;                      // dims 0-63 | 64-127, 128 rows each
@@ -736,11 +748,17 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     unsigned long long* empty = full + ST;
     unsigned long long* qbar = empty + ST;
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
-    const int h = blockIdx.y, qb = blockIdx.x * FW_BR;
+    const int nqb = (lq + FW_BR - 1) / FW_BR;
+    int item = blockIdx.x, part = -1;
+    if (item >= sp.whole) part = (item - sp.whole) % sp.parts, item = sp.whole + (item - sp.whole) / sp.parts;
+    const int h = item / nqb, qb = item % nqb * FW_BR;
     const wl_u64 row = (wl_u64)heads * 128;
     int block_end = kv_len;
     if (block_tokens > 0) block_end = min(kv_len, (min(lq - 1, qb + FW_BR - 1) / block_tokens + 1) * block_tokens);
-    const int n = (block_end + BC - 1) / BC;
+    // Key tiles j0 + [0, n) (the host makes every part at least one tile).
+    const int tiles = (block_end + BC - 1) / BC;
+    const int j0 = part < 0 ? 0 : part * tiles / sp.parts;
+    const int n = part < 0 ? tiles : (part + 1) * tiles / sp.parts - j0;
     if (threadIdx.x == 0) {
         for (int s = 0; s < ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
         wl_mbar_init(qbar, 1);
@@ -759,10 +777,11 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
                 if (j >= ST) wl_mbar_wait(empty + s, (j / ST - 1) & 1);
                 unsigned char* ks = stages + s * SB;
                 wl_mbar_expect_tx(full + s, SB);
-                wl_tma_load_3d(ks, tk, 0, h, j * BC, full + s);
-                wl_tma_load_3d(ks + BC * 128, tk, 64, h, j * BC, full + s);
-                wl_tma_load_3d(ks + KB, tv, 0, h, j * BC, full + s);
-                wl_tma_load_3d(ks + KB + BC * 128, tv, 64, h, j * BC, full + s);
+                const int key = (j0 + j) * BC;
+                wl_tma_load_3d(ks, tk, 0, h, key, full + s);
+                wl_tma_load_3d(ks + BC * 128, tk, 64, h, key, full + s);
+                wl_tma_load_3d(ks + KB, tv, 0, h, key, full + s);
+                wl_tma_load_3d(ks + KB + BC * 128, tv, 64, h, key, full + s);
             }
         }
         return;
@@ -811,7 +830,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
         float nm[2], corr[2], sum[2];
-        fw_softmax<BC>(sc, m, nm, corr, sum, 0, row0, cq, kv_len, block_tokens, scale2);
+        fw_softmax<BC>(sc, m, nm, corr, sum, j0 * BC, row0, cq, kv_len, block_tokens, scale2);
 #pragma unroll
         for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
         pack(pa, sc);
@@ -829,7 +848,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
         float nm[2], corr[2], sum[2];
-        fw_softmax<BC>(sc, m, nm, corr, sum, j * BC, row0, cq, kv_len, block_tokens, scale2);
+        fw_softmax<BC>(sc, m, nm, corr, sum, (j0 + j) * BC, row0, cq, kv_len, block_tokens, scale2);
         wl_wgmma_wait_all();
         if (t == 0) wl_mbar_arrive(empty + prev);
         fw_rescale(o, m, l, nm, corr, sum);
@@ -841,6 +860,21 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     pv(o, pa, stages + ((n - 1) % ST) * SB + KB);
     wl_wgmma_commit();
     wl_wgmma_wait_all();
+    if (part >= 0) {
+        const wl_u64 slot = (wl_u64)(item - sp.whole) * sp.parts + part;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float tl = l[e];
+            tl += wl_shfl_xor(tl, 1);
+            tl += wl_shfl_xor(tl, 2);
+            const int r = row0 - qb + e * 8;
+            float* po = sp.o + (slot * FW_BR + r) * 128;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) *(float2*)(po + j * 8 + cq) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
+            if (cq == 0) *(float2*)(sp.ml + (slot * FW_BR + r) * 2) = make_float2(m[e], tl);
+        }
+        return;
+    }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         float tl = l[e];
@@ -1061,9 +1095,30 @@ WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
 #define WL_FLASH_TMA(BC, ST)                                                                                    \
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1) flash_tma_bf16_d128_bc##BC##_s##ST(                         \
         wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                  \
-        const __grid_constant__ wl_tmap tv, int lq, int kv_len, int heads, int block_tokens, float scale) {    \
-        flash_tma_d128<BC, ST>(out, &tq, &tk, &tv, lq, kv_len, heads, block_tokens, scale);                     \
+        const __grid_constant__ wl_tmap tv, int lq, int kv_len, int heads, int block_tokens, float scale,      \
+        fw_split sp) {                                                                                          \
+        flash_tma_d128<BC, ST>(out, &tq, &tk, &tv, lq, kv_len, heads, block_tokens, scale, sp);                 \
     }
 // Shared memory: 32 KiB of Q, then ST stages of 2·BC·256 bytes (the H200 gives a block 227 KiB).
 WL_FLASH_TMA(128, 3)
+
+// Merges the key ranges of the split items (see fw_split): a block per (split item, row), a
+// thread per dim; out as the whole kernel writes it.
+WL_KERNEL void flash_split_combine(wl_bf16* out, fw_split sp, int lq, int heads) {
+    const int nqb = (lq + FW_BR - 1) / FW_BR;
+    const int s = blockIdx.x / FW_BR, r = blockIdx.x % FW_BR, d = threadIdx.x;
+    const int item = sp.whole + s, h = item / nqb, q = item % nqb * FW_BR + r;
+    if (q >= lq) return;
+    const wl_u64 base = (wl_u64)s * sp.parts * FW_BR + r;  // part p's row: base + p · FW_BR
+    float mx = -WL_INF;
+    for (int p = 0; p < sp.parts; ++p) mx = fmaxf(mx, sp.ml[(base + (wl_u64)p * FW_BR) * 2]);
+    float num = 0.0f, den = 0.0f;
+    for (int p = 0; p < sp.parts; ++p) {
+        const wl_u64 pr = base + (wl_u64)p * FW_BR;
+        const float w = wl_exp2_approx(sp.ml[pr * 2] - mx);
+        num = fmaf(w, sp.o[pr * 128 + d], num);
+        den = fmaf(w, sp.ml[pr * 2 + 1], den);
+    }
+    wl_st(out, (wl_u64)q * heads * 128 + (wl_u64)h * 128 + d, num / den);
+}
 #endif

@@ -230,6 +230,17 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             t,
             flops::attention(lq, lk, heads * d),
         );
+        // The blocks' text cross-attention: the same queries over the 512 text tokens.
+        let text = 512;
+        let t_text = time(dev, repeat.min(2), || {
+            ops::attention(&q, &k, &v, text, AttnMask::None)?;
+            Ok(())
+        })?;
+        push(
+            format!("attention bf16 {lq}q x {text}k x {heads}h x {d} (text cross)"),
+            t_text,
+            flops::attention(lq, text, heads * d),
+        );
         // VSA at sparsity 0.9 on the same shape: the chunk's 3×30×52 latent grid against the
         // window's 18×30×52 (issue target: ≥ 4× faster than our dense row above).
         let (q_grid, k_grid) = ([3, 30, 52], [18, 30, 52]);
@@ -382,10 +393,19 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 let ran = forward(blk, &mut cache);
                 b.profile(false);
                 ran?;
+                let p = b.take_profile()?;
+                // Self- and cross-attention share a kind; their launches apart.
+                let attn: Vec<String> = p
+                    .launches
+                    .iter()
+                    .filter(|l| l.0 == "attention")
+                    .map(|l| format!("{:.3} ms", l.1.as_secs_f64() * 1e3))
+                    .collect();
                 println!(
-                    "{} block ({label}) profile: {}",
+                    "{} block ({label}) profile: {}; attention launches {}",
                     cfg.name,
-                    profile_line(&b.take_profile()?)
+                    profile_line(&p),
+                    attn.join(", ")
                 );
             }
         }

@@ -28,6 +28,8 @@ pub struct CudaBackend {
     pub name: String,
     /// NVRTC target, e.g. `sm_90a`.
     pub arch: String,
+    /// Streaming multiprocessors: how many one-per-SM blocks make a wave.
+    pub sms: usize,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     /// A second stream, made on first use, for collectives that may run while the ops' stream
@@ -54,6 +56,8 @@ pub struct Profile {
     pub span: std::time::Duration,
     /// Summed time of each kind, in the order kinds first appeared.
     pub kinds: Vec<(&'static str, std::time::Duration, usize)>,
+    /// Each launch's kind and time, in stream order.
+    pub launches: Vec<(&'static str, std::time::Duration)>,
 }
 
 impl Profile {
@@ -69,6 +73,7 @@ impl Profile {
         }
         for (kind, a, b) in marks {
             let d = elapsed(a, b)?;
+            p.launches.push((kind, d));
             match p.kinds.iter_mut().find(|k| k.0 == *kind) {
                 Some(k) => {
                     k.1 += d;
@@ -173,11 +178,13 @@ impl CudaBackend {
         } else {
             format!("sm_{major}{minor}")
         };
+        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
         let name = ctx.name().map_err(|e| dev_err(ordinal, e))?;
         Ok(CudaBackend {
             ordinal,
             name,
             arch,
+            sms,
             ctx,
             stream,
             side: Mutex::new(None),

@@ -2,7 +2,8 @@
 //! cuBLASLt GEMMs, the tensor-core attention kernels, the implicit-GEMM convolution.
 
 pub(crate) use cudarc::driver::{
-    CudaSlice as DeviceBuf, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaSlice as DeviceBuf, DevicePtr, DevicePtrMut, DeviceRepr, LaunchArgs, LaunchConfig,
+    PushKernelArg,
 };
 
 use super::gemm::{operand as gemm_operand, Epilogue, Gemm, Operands, Types};
@@ -192,8 +193,13 @@ pub enum FlashKernel {
     /// mma.sync (sm_80 and later): 4 warps × 32 queries, `bc` (32 or 64) keys per tile.
     Mma { bc: usize },
     /// wgmma fed by TMA (sm_90a only): a producer warpgroup and 2 consumer warpgroups × 64
-    /// queries, `bc` (128) keys per tile, `stages` (3) tiles in flight.
-    Tma { bc: usize, stages: usize },
+    /// queries, `bc` (128) keys per tile, `stages` (3) tiles in flight; with `split`, the
+    /// blocks of the last, partial wave cut into key ranges (attention.cu's `fw_split`).
+    Tma {
+        bc: usize,
+        stages: usize,
+        split: bool,
+    },
 }
 
 impl FlashKernel {
@@ -204,7 +210,16 @@ impl FlashKernel {
             // Measured on the H200 (`bench kernels`, 4680 × 28080 × 40 heads, SDPA 615 TFLOP/s
             // in the same run): 618 (attention.cu says what else was tried; with 2 stages, so
             // that a stage is refilled only after the next tile's P·V, 383); mma.sync 239.
-            v.push(FlashKernel::Tma { bc: 128, stages: 3 });
+            v.push(FlashKernel::Tma {
+                bc: 128,
+                stages: 3,
+                split: true,
+            });
+            v.push(FlashKernel::Tma {
+                bc: 128,
+                stages: 3,
+                split: false,
+            });
         }
         v.extend([FlashKernel::Mma { bc: 64 }, FlashKernel::Mma { bc: 32 }]);
         v
@@ -215,7 +230,9 @@ impl FlashKernel {
             FlashKernel::Mma { bc: bc @ (32 | 64) } => {
                 Ok(format!("flash_attention_bf16_d128_bc{bc}"))
             }
-            FlashKernel::Tma { bc: 128, stages: 3 } => Ok("flash_tma_bf16_d128_bc128_s3".into()),
+            FlashKernel::Tma {
+                bc: 128, stages: 3, ..
+            } => Ok("flash_tma_bf16_d128_bc128_s3".into()),
             other => Err(Error::Shape {
                 op: "attention",
                 msg: format!("no flash kernel {other:?}"),
@@ -229,7 +246,7 @@ impl FlashKernel {
     fn smem_bytes(self) -> u32 {
         let bytes = match self {
             FlashKernel::Mma { bc } => (FLASH_BLOCK_QUERIES * 136 + 2 * 2 * bc * 136) * 2,
-            FlashKernel::Tma { bc, stages } => {
+            FlashKernel::Tma { bc, stages, .. } => {
                 FLASH_BLOCK_QUERIES * 256 + stages * 2 * bc * 256 + (2 * stages + 1) * 8
             }
         };
@@ -240,7 +257,9 @@ impl FlashKernel {
     pub fn tag(self) -> String {
         match self {
             FlashKernel::Mma { bc } => format!("mma{bc}"),
-            FlashKernel::Tma { bc, stages } => format!("tma{bc}s{stages}"),
+            FlashKernel::Tma { bc, stages, split } => {
+                format!("tma{bc}s{stages}{}", if split { "" } else { "whole" })
+            }
         }
     }
 }
@@ -328,7 +347,7 @@ pub fn flash_attention_with(
                 Ok(())
             })?;
         }
-        FlashKernel::Tma { bc, .. } => {
+        FlashKernel::Tma { bc, split, .. } => {
             let st = &dev.stream;
             let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("attention: not bf16"));
             let ((q_p, _g1), (k_p, _g2), (v_p, _g3)) =
@@ -344,25 +363,105 @@ pub fn flash_attention_with(
             let tq = map(q_p, lq, FLASH_BLOCK_QUERIES)?;
             let tk = map(k_p, kv_len, bc)?;
             let tv = map(v_p, kv_len, bc)?;
+            let items = grid_dim.0 as usize * heads;
+            let (whole, parts) = match (split, block_tokens) {
+                (true, 0) => tail_split(items, dev.sms, kv_len.div_ceil(bc)),
+                _ => (items, 1),
+            };
+            let split_rows = (items - whole) * parts * FLASH_BLOCK_QUERIES;
+            // SAFETY: the split blocks write every row of their part (rows past lq included)
+            // before the combine reads them.
+            let (po, pml) = unsafe {
+                (
+                    st.alloc::<f32>((split_rows * FLASH_HEAD_DIM).max(1)),
+                    st.alloc::<f32>((split_rows * 2).max(1)),
+                )
+            };
+            let (mut po, mut pml) = (po.map_err(|e| dev.err(e))?, pml.map_err(|e| dev.err(e))?);
+            let (po_p, _g4) = po.device_ptr_mut(st);
+            let (pml_p, _g5) = pml.device_ptr_mut(st);
+            let plan = FlashSplit {
+                whole: whole as i32,
+                parts: parts as i32,
+                o: po_p,
+                ml: pml_p,
+            };
             let cfg = LaunchConfig {
-                grid_dim,
+                grid_dim: ((whole + (items - whole) * parts) as u32, 1, 1),
                 block_dim: (FLASH_TMA_THREADS, 1, 1),
                 shared_mem_bytes: smem,
             };
             let mut b = dev.stream.launch_builder(&func);
             push_mut(&mut b, &mut out.data);
             b.arg(&tq).arg(&tk).arg(&tv);
-            b.arg(&lq32).arg(&kv32).arg(&h32).arg(&bt).arg(&scale);
+            b.arg(&lq32)
+                .arg(&kv32)
+                .arg(&h32)
+                .arg(&bt)
+                .arg(&scale)
+                .arg(&plan);
             dev.timed("attention", || {
                 // SAFETY: the tensor maps describe the live bf16 buffers q [lq, heads, 128] and
                 // k, v [kv_len.., heads, 128], held until the launch is enqueued (the stream
-                // orders any reuse); then the sizes.
+                // orders any reuse); then the sizes and the split plan, whose buffers hold
+                // `split_rows` rows.
                 unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
                 Ok(())
             })?;
+            if whole < items {
+                let combine = dev.func("attention", "flash_split_combine")?;
+                let cfg = LaunchConfig {
+                    grid_dim: (((items - whole) * FLASH_BLOCK_QUERIES) as u32, 1, 1),
+                    block_dim: (FLASH_HEAD_DIM as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = dev.stream.launch_builder(&combine);
+                push_mut(&mut b, &mut out.data);
+                b.arg(&plan).arg(&lq32).arg(&h32);
+                dev.timed("attention", || {
+                    // SAFETY: out as above; the plan's buffers written by the launch before.
+                    unsafe { b.launch(cfg) }
+                        .map_err(|e| dev.err(format!("flash_split_combine: {e}")))?;
+                    Ok(())
+                })?;
+            }
         }
     }
     cast(&wrap(out, q.shape()), q.dtype())
+}
+
+/// attention.cu's `fw_split`: the first `whole` (query block, head) items run whole, each of
+/// the rest as `parts` key ranges whose partial outputs go to `o` and `ml`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct FlashSplit {
+    whole: i32,
+    parts: i32,
+    o: u64,
+    ml: u64,
+}
+
+// SAFETY: two i32 and two device pointers, as the kernel's struct.
+unsafe impl DeviceRepr for FlashSplit {}
+
+/// Most key ranges an item is cut into: past this the combine's reads outweigh the wave saved.
+const MAX_SPLIT_PARTS: usize = 8;
+
+/// How `items` equal one-per-SM blocks of `tiles` key tiles run on `sms` SMs: how many whole,
+/// and into how many key ranges each of the rest is cut so that the last wave, where only
+/// `items % sms` blocks would run, uses the idle SMs (each range at least one tile).
+pub fn tail_split(items: usize, sms: usize, tiles: usize) -> (usize, usize) {
+    let rest = items % sms.max(1);
+    let parts = if rest == 0 {
+        1
+    } else {
+        (sms / rest).min(tiles).min(MAX_SPLIT_PARTS)
+    };
+    if parts < 2 {
+        (items, 1)
+    } else {
+        (items - rest, parts)
+    }
 }
 
 /// The token grid of a VSA tiling as attention.cu's `vsa_grid`.
