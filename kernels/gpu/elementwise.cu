@@ -18,8 +18,10 @@ WL_DEVICE void gated_residual(T* out, const T* x, const Y* y, const P* gate, wl_
 
 // modulate(gated_residual(x, y, gate), shift, scale) in one pass, the sum rounded to T in between
 // as the two kernels store it: the self-attention residual and LingBot's camera FiLM after it.
-template <typename T, typename Y, typename P>
-WL_DEVICE void gated_residual_modulate(T* out, const T* x, const Y* y, const P* gate, const P* shift, const P* scale,
+// The camera's shift and scale (`C`, per token: the camera layers' bf16 output) keep their dtype
+// apart from the gate's, so neither is cast to match the other.
+template <typename T, typename Y, typename P, typename C>
+WL_DEVICE void gated_residual_modulate(T* out, const T* x, const Y* y, const P* gate, const C* shift, const C* scale,
                                        wl_u64 n, wl_u64 gate_n, wl_u64 shift_n, wl_u64 scale_n) {
     WL_GRID_STRIDE(i, n) {
         const float r = wl_as_stored<T>(wl_ld(x, i) + wl_ld(y, i) * wl_ld(gate, i % gate_n));
@@ -27,17 +29,21 @@ WL_DEVICE void gated_residual_modulate(T* out, const T* x, const Y* y, const P* 
     }
 }
 
+#define WL_RESIDUAL_MOD(T, Y, P, C, tn, yn, pn, cn)                                                           \
+    WL_KERNEL void gated_residual_modulate_##tn##_##yn##_##pn##_##cn(T* out, const T* x, const Y* y,         \
+                                                                      const P* gate, const C* shift,         \
+                                                                      const C* scale, wl_u64 n,              \
+                                                                      wl_u64 gate_n, wl_u64 shift_n,         \
+                                                                      wl_u64 scale_n) {                      \
+        gated_residual_modulate(out, x, y, gate, shift, scale, n, gate_n, shift_n, scale_n);                  \
+    }
 #define WL_RESIDUAL(T, Y, P, tn, yn, pn)                                                                  \
     WL_KERNEL void gated_residual_##tn##_##yn##_##pn(T* out, const T* x, const Y* y, const P* gate, wl_u64 n, \
                                                       wl_u64 gate_n) {                                     \
         gated_residual(out, x, y, gate, n, gate_n);                                                       \
     }                                                                                                     \
-    WL_KERNEL void gated_residual_modulate_##tn##_##yn##_##pn(T* out, const T* x, const Y* y, const P* gate,  \
-                                                               const P* shift, const P* scale, wl_u64 n,   \
-                                                               wl_u64 gate_n, wl_u64 shift_n,              \
-                                                               wl_u64 scale_n) {                           \
-        gated_residual_modulate(out, x, y, gate, shift, scale, n, gate_n, shift_n, scale_n);              \
-    }
+    WL_RESIDUAL_MOD(T, Y, P, float, tn, yn, pn, f32)                                                      \
+    WL_RESIDUAL_MOD(T, Y, P, wl_bf16, tn, yn, pn, bf16)
 #define WL_RESIDUAL_Y(T, tn, P, pn)                 \
     WL_RESIDUAL(T, float, P, tn, f32, pn)           \
     WL_RESIDUAL(T, wl_bf16, P, tn, bf16, pn)

@@ -133,20 +133,27 @@ fn elementwise_and_norms_match_the_cpu(dev: Device) {
         );
         let per_f = per.to_dtype(DType::F32).expect("f32");
         let per2_f = per2.to_dtype(DType::F32).expect("f32");
-        for (xx, yy) in [(&x, &y), (&xf, &yb)] {
+        // The camera's shift and scale also in bf16 beside an f32 gate (the camera layers'
+        // output in the DiT).
+        let (per_b, per2_b) = (
+            per.to_dtype(DType::BF16).expect("bf16"),
+            per2.to_dtype(DType::BF16).expect("bf16"),
+        );
+        for (xx, yy, sh, sc) in [
+            (&x, &y, &per_f, &per2_f),
+            (&xf, &yb, &per_f, &per2_f),
+            (&xf, &yb, &per_b, &per2_b),
+        ] {
             let what = format!(
-                "gated_residual_modulate {:?} + {:?}",
+                "gated_residual_modulate {:?} + {:?}, camera {:?}",
                 xx.dtype(),
-                yy.dtype()
+                yy.dtype(),
+                sh.dtype()
             );
-            check(
-                &what,
-                dev,
-                tol(xx.dtype()),
-                &[xx, yy, &row, &per_f, &per2_f],
-                |v| ops::gated_residual_modulate(&v[0], &v[1], &v[2], &v[3], &v[4]),
-            );
-            let up: Vec<Tensor> = [xx, yy, &row, &per_f, &per2_f]
+            check(&what, dev, tol(xx.dtype()), &[xx, yy, &row, sh, sc], |v| {
+                ops::gated_residual_modulate(&v[0], &v[1], &v[2], &v[3], &v[4])
+            });
+            let up: Vec<Tensor> = [xx, yy, &row, sh, sc]
                 .iter()
                 .map(|t| t.to_device(dev).expect("up"))
                 .collect();

@@ -117,6 +117,17 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         &[&x, &y, &g, &sh, &sc],
         |v| ops::gated_residual_modulate(&v[0], &v[1], &v[2], &v[3], &v[4]),
     );
+    let (shb, scb) = (
+        sh.to_dtype(DType::BF16).expect("bf16"),
+        sc.to_dtype(DType::BF16).expect("bf16"),
+    );
+    check(
+        "gated_residual_modulate, bf16 camera",
+        dev,
+        1e-5,
+        &[&x, &y, &g, &shb, &scb],
+        |v| ops::gated_residual_modulate(&v[0], &v[1], &v[2], &v[3], &v[4]),
+    );
     // Attention at Wan's head dim: the MFMA flash kernel on the emulated matrix cores, beside
     // the start-up check's two cases (block-causal over three heads; two query blocks of 128,
     // the second partial, over three key tiles of 64, the last partial, in a longer cache): f32

@@ -407,6 +407,16 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                     profile_line(&p),
                     attn.join(", ")
                 );
+                let all: Vec<String> = p
+                    .launches
+                    .iter()
+                    .map(|l| format!("{} {:.1}", l.0, l.1.as_secs_f64() * 1e6))
+                    .collect();
+                println!(
+                    "{} block ({label}) launches, µs: {}",
+                    cfg.name,
+                    all.join(", ")
+                );
             }
         }
     }

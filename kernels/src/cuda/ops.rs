@@ -452,11 +452,9 @@ const MAX_SPLIT_PARTS: usize = 8;
 /// `items % sms` blocks would run, uses the idle SMs (each range at least one tile).
 pub fn tail_split(items: usize, sms: usize, tiles: usize) -> (usize, usize) {
     let rest = items % sms.max(1);
-    let parts = if rest == 0 {
-        1
-    } else {
-        (sms / rest).min(tiles).min(MAX_SPLIT_PARTS)
-    };
+    let parts = sms
+        .checked_div(rest)
+        .map_or(1, |p| p.min(tiles).min(MAX_SPLIT_PARTS));
     if parts < 2 {
         (items, 1)
     } else {
@@ -595,3 +593,23 @@ pub(crate) use cudnn::Convs;
 #[path = "../gpu_common/vsa.rs"]
 mod vsa;
 pub use vsa::vsa_attention;
+
+#[cfg(test)]
+mod tests {
+    use super::{tail_split, MAX_SPLIT_PARTS};
+
+    #[test]
+    fn tail_split_fills_the_last_wave() {
+        // 4680 queries × 12 heads on an H200's 132 SMs: 3 waves and 48 blocks, cut in two.
+        assert_eq!(tail_split(444, 132, 220), (396, 2));
+        // × 40 heads: 11 waves and 28 blocks, cut in four.
+        assert_eq!(tail_split(1480, 132, 220), (1452, 4));
+        // A whole number of waves, or a last wave too full to cut: nothing split.
+        assert_eq!(tail_split(264, 132, 220), (264, 1));
+        assert_eq!(tail_split(200, 132, 220), (200, 1));
+        // Fewer blocks than SMs: all split, never into more ranges than tiles or the cap.
+        assert_eq!(tail_split(6, 132, 3), (0, 3));
+        assert_eq!(tail_split(1, 132, 100), (0, MAX_SPLIT_PARTS));
+        assert_eq!(tail_split(5, 132, 1), (5, 1));
+    }
+}

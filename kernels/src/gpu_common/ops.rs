@@ -174,8 +174,8 @@ pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
     Ok(wrap(out, x.shape()))
 }
 
-/// [`crate::ops::gated_residual_modulate`]: one pass; gate, shift and scale in one dtype (f32
-/// when they differ).
+/// [`crate::ops::gated_residual_modulate`]: one pass; the gate in its dtype, shift and scale in
+/// theirs (f32 when the two differ).
 pub fn gated_residual_modulate(
     x: &Tensor,
     y: &Tensor,
@@ -184,27 +184,20 @@ pub fn gated_residual_modulate(
     scale: &Tensor,
 ) -> Result<Tensor> {
     let s = storage(x)?;
-    let alike = gate.dtype() == shift.dtype() && shift.dtype() == scale.dtype();
-    let f32 = |t: &Tensor| {
-        if alike {
-            Ok(t.clone())
-        } else {
-            cast(t, DType::F32)
-        }
-    };
-    let (gate, shift, scale) = (f32(gate)?, f32(shift)?, f32(scale)?);
+    let (shift, scale) = params_alike(shift, scale)?;
     let name = format!(
-        "gated_residual_modulate_{}_{}_{}",
+        "gated_residual_modulate_{}_{}_{}_{}",
         suffix(x.dtype())?,
         suffix(y.dtype())?,
-        suffix(gate.dtype())?
+        suffix(gate.dtype())?,
+        suffix(shift.dtype())?
     );
     let n = x.elem_count();
     let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
     let counts = [n, gate.elem_count(), shift.elem_count(), scale.elem_count()].map(|c| c as u64);
     let (ys, gs, shs, scs) = (
         storage(y)?,
-        storage(&gate)?,
+        storage(gate)?,
         storage(&shift)?,
         storage(&scale)?,
     );
