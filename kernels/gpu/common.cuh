@@ -83,6 +83,28 @@ WL_DEVICE unsigned int wl_pack_bf16(float lo, float hi) {
     return (unsigned int)wl_to_bf16(lo) | ((unsigned int)wl_to_bf16(hi) << 16);
 }
 
+// i % m, in 32 bits when both fit: a 64-bit remainder is a long software routine on GPUs, and an
+// element-wise kernel that takes one per parameter per element is bound by it, not by memory.
+WL_DEVICE wl_u64 wl_rem(wl_u64 i, wl_u64 m) {
+    return ((i | m) >> 32) ? i % m : (wl_u64)((unsigned int)i % (unsigned int)m);
+}
+
+// Elements i .. i + 3 (i a multiple of four, the buffer's start 16-byte aligned) as f32, in one
+// load; and four values stored with wl_st's rounding.
+WL_DEVICE void wl_ld4(float* v, const float* p, wl_u64 i) {
+    const float4 r = *(const float4*)(p + i);
+    v[0] = r.x, v[1] = r.y, v[2] = r.z, v[3] = r.w;
+}
+WL_DEVICE void wl_ld4(float* v, const wl_bf16* p, wl_u64 i) {
+    const uint2 r = *(const uint2*)(p + i);
+    v[0] = __uint_as_float(r.x << 16), v[1] = __uint_as_float(r.x & 0xffff0000u);
+    v[2] = __uint_as_float(r.y << 16), v[3] = __uint_as_float(r.y & 0xffff0000u);
+}
+WL_DEVICE void wl_st4(float* p, wl_u64 i, const float* v) { *(float4*)(p + i) = make_float4(v[0], v[1], v[2], v[3]); }
+WL_DEVICE void wl_st4(wl_bf16* p, wl_u64 i, const float* v) {
+    *(uint2*)(p + i) = make_uint2(wl_pack_bf16(v[0], v[1]), wl_pack_bf16(v[2], v[3]));
+}
+
 // A row's vector j (16 bytes: 8 bf16 or 4 f32 values) as f32 values.
 template <typename T>
 struct WlVec;

@@ -176,6 +176,34 @@ fn elementwise_and_norms_match_the_cpu(dev: Device) {
         check(&format!("add {dt:?}"), dev, t, &[&x, &y], |v| {
             ops::add(&v[0], &v[1])
         });
+        // Rows of 95: the one-by-one path of the kernels that run in fours.
+        let (xo, yo, ro) = (
+            rand(&mut rng, &[37, 95], dt),
+            rand(&mut rng, &[37, 95], dt),
+            rand(&mut rng, &[95], DType::F32),
+        );
+        let po = rand(&mut rng, &[37, 95], DType::F32);
+        check(
+            &format!("add {dt:?}, rows of 95"),
+            dev,
+            t,
+            &[&xo, &ro],
+            |v| ops::add(&v[0], &v[1]),
+        );
+        check(
+            &format!("gated_residual {dt:?}, rows of 95"),
+            dev,
+            t,
+            &[&xo, &yo, &ro],
+            |v| ops::gated_residual(&v[0], &v[1], &v[2]),
+        );
+        check(
+            &format!("gated_residual_modulate {dt:?}, rows of 95"),
+            dev,
+            t,
+            &[&xo, &yo, &ro, &po, &po],
+            |v| ops::gated_residual_modulate(&v[0], &v[1], &v[2], &v[3], &v[4]),
+        );
         check(&format!("add row {dt:?}"), dev, t, &[&x, &row], |v| {
             ops::add(&v[0], &v[1])
         });

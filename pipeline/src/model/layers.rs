@@ -8,13 +8,35 @@ use crate::Result;
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
+    /// The bias as a GPU GEMM's epilogue adds it: in bf16 beside bf16 or fp8 weights on a GPU
+    /// (the epilogue's type, so no cast runs before each GEMM), else `bias` itself.
+    gemm_bias: Option<Tensor>,
 }
 
 impl Linear {
     pub fn load(vb: &Vb, in_dim: usize, out_dim: usize) -> Result<Self> {
-        Ok(Linear {
-            weight: vb.get(&[out_dim, in_dim], "weight")?,
-            bias: Some(vb.get(&[out_dim], "bias")?),
+        Linear::new(
+            vb.get(&[out_dim, in_dim], "weight")?,
+            Some(vb.get(&[out_dim], "bias")?),
+        )
+    }
+
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        let mut l = Linear {
+            weight,
+            bias,
+            gemm_bias: None,
+        };
+        l.gemm_bias = l.epilogue_bias()?;
+        Ok(l)
+    }
+
+    fn epilogue_bias(&self) -> Result<Option<Tensor>> {
+        let gpu_16 = !self.weight.device().is_cpu()
+            && matches!(self.weight.dtype(), DType::BF16 | DType::F8E4M3);
+        Ok(match &self.bias {
+            Some(b) if gpu_16 => Some(b.to_dtype(DType::BF16)?),
+            other => other.clone(),
         })
     }
 
@@ -29,8 +51,8 @@ impl Linear {
 
     fn forward_act(&self, x: &Tensor, gelu: bool) -> Result<Tensor> {
         let run = |x: &Tensor| match gelu {
-            true => ops::linear_gelu(x, &self.weight, self.bias.as_ref()),
-            false => ops::linear(x, &self.weight, self.bias.as_ref()),
+            true => ops::linear_gelu(x, &self.weight, self.gemm_bias.as_ref()),
+            false => ops::linear(x, &self.weight, self.gemm_bias.as_ref()),
         };
         if self.weight.dtype() != DType::F8E4M3 {
             return Ok(run(x)?);
@@ -48,6 +70,7 @@ impl Linear {
     pub fn quantize_fp8(&mut self) -> Result<()> {
         if self.weight.dtype() != DType::F8E4M3 {
             self.weight = ops::quantize_fp8(&self.weight, ScaleKind::Rowwise)?;
+            self.gemm_bias = self.epilogue_bias()?;
         }
         Ok(())
     }

@@ -414,8 +414,8 @@ impl WanModel {
 }
 
 fn f32_linear(vb: &Vb, in_dim: usize, out_dim: usize) -> Result<Linear> {
-    Ok(Linear {
-        weight: vb.get_f32(&[out_dim, in_dim], "weight")?,
-        bias: Some(vb.get_f32(&[out_dim], "bias")?),
-    })
+    Linear::new(
+        vb.get_f32(&[out_dim, in_dim], "weight")?,
+        Some(vb.get_f32(&[out_dim], "bias")?),
+    )
 }
