@@ -209,7 +209,9 @@ impl FlashKernel {
         if arch == "sm_90a" {
             // Measured on the H200 (`bench kernels`, 4680 × 28080 × 40 heads, SDPA 615 TFLOP/s
             // in the same run): 618 (attention.cu says what else was tried; with 2 stages, so
-            // that a stage is refilled only after the next tile's P·V, 383); mma.sync 239.
+            // that a stage is refilled only after the next tile's P·V, 383); mma.sync 239. The
+            // tail split first (2026-12-02, same bench, SDPA in the same call 609 / 542): 640
+            // against 608 whole at 40 heads, 613 against 545 at 12.
             v.push(FlashKernel::Tma {
                 bc: 128,
                 stages: 3,
