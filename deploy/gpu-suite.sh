@@ -10,7 +10,10 @@
 # at the end; a part that fails or times out does not stop the others. Parts (default: all that
 # the machine can run): tests, kernels, codecs, sp (tests1 / tests2: only the one- / two-GPU
 # tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
-# its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch.
+# its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
+# chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16). `sp` needs two
+# GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
+# archive, test-logs.tgz: the device tool brings back only a few files from $OUT.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
 # under 20 s left is skipped and said so, so the summary still comes out inside one device call.
 set -uo pipefail
@@ -121,9 +124,20 @@ run() {
         summary+=("sp: skipped, $gpus GPU(s) here (needs 2)")
       fi
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, codecs, codecs-bf16, text, sp)" >&2 ;;
+    chunks)
+      for m in lingbot-14b lingbot-1.3b; do
+        for d in fp8 bf16; do
+          part "chunks-$m-$d" 200 "$dir/worker" bench sp --model "$m" --device cuda --cards 1 \
+            --dtype "$d" --chunks 3 --json "$out/chunks-$m-$d.json"
+        done
+      done
+      ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, codecs, codecs-bf16, text, sp, chunks)" >&2 ;;
     esac
   done
+  if compgen -G "$out/test-*.log" >/dev/null; then
+    (cd "$out" && tar czf test-logs.tgz test-*.log && rm -f test-*.log)
+  fi
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
 }
 
