@@ -222,8 +222,12 @@ impl Peer {
                         }
                     }
                 },
-                _ = tokio::time::sleep_until(deadline), if !connected => {
-                    break "the client did not connect in time".into();
+                _ = tokio::time::sleep_until(deadline), if !connected || channel.is_none() => {
+                    break match connected {
+                        false => "the client did not connect in time",
+                        true => "the client did not open its controls channel in time",
+                    }
+                    .into();
                 }
                 _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
                     let Some((frame, due)) = pending.take() else { continue };
@@ -262,7 +266,9 @@ impl Peer {
                         metrics.first_frame.observe(sent.as_secs_f64());
                     }
                 },
-                out = rx.recv(), if pending.is_none() && connected => match out {
+                // Frames wait for the channel too: the track can connect first, and a frame sent
+                // then would reach the client before the status that describes it, its header lost.
+                out = rx.recv(), if pending.is_none() && connected && channel.is_some() => match out {
                     Some(Out::Frame(frame)) => {
                         metrics.queue(Queue::Output).dec();
                         let due = pacer.due(frame.header.index, self.started.elapsed());
