@@ -394,19 +394,8 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 b.profile(false);
                 ran?;
                 let p = b.take_profile()?;
-                // Self- and cross-attention share a kind; their launches apart.
-                let attn: Vec<String> = p
-                    .launches
-                    .iter()
-                    .filter(|l| l.0 == "attention")
-                    .map(|l| format!("{:.3} ms", l.1.as_secs_f64() * 1e3))
-                    .collect();
-                println!(
-                    "{} block ({label}) profile: {}; attention launches {}",
-                    cfg.name,
-                    profile_line(&p),
-                    attn.join(", ")
-                );
+                println!("{} block ({label}) profile: {}", cfg.name, profile_line(&p));
+                // Each launch apart (self- and cross-attention share a kind).
                 let all: Vec<String> = p
                     .launches
                     .iter()

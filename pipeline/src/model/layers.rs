@@ -85,10 +85,8 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn load(vb: &Vb, dim: usize, eps: f32) -> Result<Self> {
-        // Kept in f32, the dtype the norm kernels read their gain in: a bf16 gain would be cast
-        // on every call.
         Ok(RmsNorm {
-            weight: vb.get_f32(&[dim], "weight")?,
+            weight: vb.get(&[dim], "weight")?,
             eps,
         })
     }
@@ -116,8 +114,7 @@ impl LayerNorm {
         let gain_scale = Tensor::from_vec(scale, &[dim])?.to_device(weight.device())?;
         Ok(LayerNorm {
             weight,
-            // f32 beside `gain_scale`, so that the fused norm casts neither.
-            bias: vb.get_f32(&[dim], "bias")?,
+            bias: vb.get(&[dim], "bias")?,
             eps,
             gain_scale,
         })
