@@ -18,7 +18,15 @@ pub const MODULES: [(&str, &str); 8] = [
     ("elementwise", include_str!("../gpu/elementwise.cu")),
     ("norm", include_str!("../gpu/norm.cu")),
     ("rope", include_str!("../gpu/rope.cu")),
-    ("attention", include_str!("../gpu/attention.cu")),
+    // The fp8 attention shares the dense kernels' softmax step, rescale and split combine.
+    (
+        "attention",
+        concat!(
+            include_str!("../gpu/attention.cu"),
+            "\n",
+            include_str!("../gpu/attention_fp8.cu")
+        ),
+    ),
     ("layout", include_str!("../gpu/layout.cu")),
     ("fp8", include_str!("../gpu/fp8.cu")),
     ("conv", include_str!("../gpu/conv.cu")),

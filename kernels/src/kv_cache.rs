@@ -1,5 +1,5 @@
 use crate::error::shape_err;
-use crate::{ops, DType, Error, Result, Tensor};
+use crate::{ops, DType, Error, Fp8Kv, Result, Tensor};
 
 /// The self-attention K/V of one layer for a streaming session: at most `window_frames` latent
 /// frames, the first `sink_frames` ever written kept for good, the rest a rolling window.
@@ -17,6 +17,8 @@ pub struct KvCache {
     frames: Vec<u64>,
     k: Tensor,
     v: Tensor,
+    /// The same keys and values quantized for the fp8 attention, where asked for.
+    fp8: Option<Fp8Kv>,
 }
 
 impl KvCache {
@@ -44,6 +46,7 @@ impl KvCache {
             frames: Vec::with_capacity(window_frames),
             k: Tensor::zeros(&shape, dtype)?,
             v: Tensor::zeros(&shape, dtype)?,
+            fp8: None,
         })
     }
 
@@ -51,7 +54,47 @@ impl KvCache {
     pub fn on_device(mut self, device: crate::Device) -> Result<Self> {
         self.k = self.k.to_device(device)?;
         self.v = self.v.to_device(device)?;
+        if self.fp8.is_some() {
+            self.fp8 = None;
+            return self.with_fp8_attention();
+        }
         Ok(self)
+    }
+
+    /// The same cache also kept in fp8 for [`crate::attention_fp8`] (head dim 128): every write
+    /// quantizes the rows it writes, and an eviction requantizes the rows it moved (per-token
+    /// scales, so nothing else changes). The bf16 (or f32) copy stays the cache's content.
+    pub fn with_fp8_attention(mut self) -> Result<Self> {
+        let (cap, heads) = (self.k.dim(0), self.k.dim(1));
+        if self.k.dim(2) != crate::fp8_attention::FP8_HEAD_DIM {
+            return Err(Error::Invalid {
+                op: "KvCache::with_fp8_attention",
+                msg: format!(
+                    "the fp8 attention takes head dim {}, this cache has {}",
+                    crate::fp8_attention::FP8_HEAD_DIM,
+                    self.k.dim(2)
+                ),
+            });
+        }
+        let mut kv = Fp8Kv::new(cap, heads, self.k.device())?;
+        let held = self.len_tokens();
+        kv.requantize(&self.k, &self.v, 0..held, held)?;
+        self.fp8 = Some(kv);
+        Ok(self)
+    }
+
+    /// The fp8 copy, when the cache keeps one.
+    pub fn fp8(&self) -> Option<&Fp8Kv> {
+        self.fp8.as_ref()
+    }
+
+    /// Quantizes rows `at .. at + n` of the cache into its fp8 copy, if it keeps one.
+    fn requantize(&mut self, at: usize, n: usize) -> Result<()> {
+        let held = self.len_tokens();
+        match &mut self.fp8 {
+            Some(kv) => kv.requantize(&self.k, &self.v, at..at + n, held),
+            None => Ok(()),
+        }
     }
 
     /// Writes the K/V of consecutive frames starting at absolute frame `first_frame`.
@@ -94,7 +137,7 @@ impl KvCache {
             }
             ops::write_rows(&mut self.k, pos * tpf, k)?;
             ops::write_rows(&mut self.v, pos * tpf, v)?;
-            return Ok(());
+            return self.requantize(pos * tpf, k.dim(0));
         }
         if let Some(&last) = self.frames.last() {
             if first_frame <= last {
@@ -121,12 +164,13 @@ impl KvCache {
             ops::move_rows(&mut self.v, from * tpf, self.sink_frames * tpf, keep * tpf)?;
             self.frames
                 .drain(self.sink_frames..self.sink_frames + evict);
+            self.requantize(self.sink_frames * tpf, keep * tpf)?;
         }
         let at = self.frames.len() * tpf;
         ops::write_rows(&mut self.k, at, k)?;
         ops::write_rows(&mut self.v, at, v)?;
         self.frames.extend((0..n as u64).map(|i| first_frame + i));
-        Ok(())
+        self.requantize(at, k.dim(0))
     }
 
     /// Absolute indices of the frames held, oldest first.

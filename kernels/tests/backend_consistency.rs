@@ -1108,3 +1108,67 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
     }
 }
 backend_test!(vsa_attention_matches_the_cpu);
+
+/// The fp8 K/V store written a chunk at a time at unaligned keys (codes and scales as the CPU's,
+/// bit for bit), then the fp8 attention against the CPU's, which dequantizes and runs an exact
+/// softmax. The kernel also rounds the softmax weights to e4m3 (3 mantissa bits): on random
+/// inputs that alone is ~3% relative L2, hence 4e-2 here (a wrong layout or scale gives order
+/// one). Against f32 attention on the unquantized inputs: printed, bounded at 8e-2. The second
+/// case has more (query block, head) items than an H200 has SMs: whole and split items run.
+fn fp8_attention_matches_the_cpu(dev: Device) {
+    let mut rng = Rng::new(31);
+    let cases: [(usize, usize, usize, &[usize]); 2] = [
+        (300, 700, 4, &[0, 213, 500, 700]),
+        (1100, 1000, 16, &[0, 640, 1000]),
+    ];
+    for (lq, kv_len, heads, cuts) in cases {
+        let d = 128;
+        let q = rand(&mut rng, &[lq, heads, d], DType::BF16);
+        let k = rand(&mut rng, &[kv_len, heads, d], DType::BF16);
+        let v = rand(&mut rng, &[kv_len, heads, d], DType::BF16);
+        let (kd, vd) = (k.to_device(dev).expect("k"), v.to_device(dev).expect("v"));
+        let mut cpu = kernels::Fp8Kv::new(kv_len + 37, heads, Device::Cpu).expect("store");
+        let mut gpu = kernels::Fp8Kv::new(kv_len + 37, heads, dev).expect("store");
+        // As a cache fills: each write requantizes the key tiles it touches.
+        for w in cuts.windows(2) {
+            cpu.requantize(&k, &v, w[0]..w[1], w[1]).expect("cpu write");
+            gpu.requantize(&kd, &vd, w[0]..w[1], w[1])
+                .expect("gpu write");
+        }
+        for (i, (g, c)) in gpu.parts().iter().zip(cpu.parts()).enumerate() {
+            let g = g.to_device(Device::Cpu).expect("download").to_vec_f32();
+            let c = c.to_vec_f32();
+            let same = g
+                .iter()
+                .zip(&c)
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count();
+            assert_eq!(
+                same,
+                c.len(),
+                "fp8 store part {i} on {dev}: {same} of {} equal",
+                c.len()
+            );
+        }
+        let qd = q.to_device(dev).expect("q");
+        if matches!(dev, Device::Rocm(_)) {
+            let e = kernels::attention_fp8(&qd, &gpu, kv_len).expect_err("no ROCm kernel");
+            assert!(e.to_string().contains("ROCm"), "{e}");
+            continue;
+        }
+        let want = kernels::attention_fp8(&q, &cpu, kv_len).expect("cpu");
+        let got = kernels::attention_fp8(&qd, &gpu, kv_len).expect("gpu");
+        let got = got.to_device(Device::Cpu).expect("download");
+        close(
+            &format!("fp8 attention {lq}x{kv_len}x{heads} on {dev}"),
+            &got,
+            &want,
+            4e-2,
+        );
+        let exact = ops::attention(&q, &k, &v, kv_len, AttnMask::None).expect("f32");
+        let e = rel_l2(&got.to_vec_f32(), &widen(&exact.to_vec_f32()));
+        println!("fp8 attention against unquantized attention: rel L2 {e:.2e}");
+        assert!(e < 0.08, "fp8 attention against unquantized: {e:.3e}");
+    }
+}
+backend_test!(fp8_attention_matches_the_cpu);

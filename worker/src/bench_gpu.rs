@@ -230,6 +230,35 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             t,
             flops::attention(lq, lk, heads * d),
         );
+        // The same attention with e4m3 operands over the cache's fp8 copy (per-token scales),
+        // and what keeping that copy costs: quantizing one chunk's keys and values into it.
+        if matches!(dev, Device::Cuda(_)) {
+            let mut kv = kernels::Fp8Kv::new(lk, heads, dev)?;
+            kv.requantize(&k, &v, 0..lk, lk)?;
+            let t8 = time(dev, repeat.min(2), || {
+                kernels::attention_fp8(&q, &kv, lk)?;
+                Ok(())
+            })?;
+            println!(
+                "attention fp8 {heads} heads: {:.3} ms = {:.2}x our bf16",
+                t8.as_secs_f64() * 1e3,
+                t.as_secs_f64() / t8.as_secs_f64()
+            );
+            push(
+                format!("attention fp8 {lq}q x {lk}k x {heads}h x {d}"),
+                t8,
+                flops::attention(lq, lk, heads * d),
+            );
+            let tw = time_queued(dev, repeat, 20, || {
+                kv.requantize(&k, &v, lk - lq..lk, lk)?;
+                Ok(())
+            })?;
+            push(
+                format!("fp8 K/V store of one chunk, {lq} tokens x {heads}h x {d}"),
+                tw,
+                0.0,
+            );
+        }
         // The blocks' text cross-attention: the same queries over the 512 text tokens.
         let text = 512;
         let t_text = time(dev, repeat.min(2), || {
@@ -361,10 +390,23 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         // `--dtype fp8` runs the engine.
         let mut fp8_block = block.clone();
         fp8_block.quantize_linears_fp8()?;
+        // And with the attention in fp8 too, over the cache's fp8 copy (CUDA's Hopper kernel).
+        let mut cache8 = cache.clone().with_fp8_attention()?;
+        let fp8_attention = matches!(dev, Device::Cuda(_));
         let blocks = [
-            ("", "bf16", &block),
-            (" fp8 linears", "fp8 linears", &fp8_block),
+            ("", "bf16", &block, false),
+            (" fp8 linears", "fp8 linears", &fp8_block, false),
+            (
+                " fp8 linears + fp8 attention",
+                "fp8 linears + fp8 attention",
+                &fp8_block,
+                true,
+            ),
         ];
+        let blocks: Vec<_> = blocks
+            .into_iter()
+            .filter(|b| fp8_attention || !b.3)
+            .collect();
         let forward = |blk: &WanBlock, cache: &mut kernels::KvCache| -> Result<()> {
             let mode = KvMode::Cache {
                 cache,
@@ -373,8 +415,9 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             blk.forward(&x, &inp, &text, Some(&cam), mode, false)?;
             Ok(())
         };
-        for (suffix, _, blk) in blocks {
-            let t = time(dev, repeat.min(2), || forward(blk, &mut cache))?;
+        for &(suffix, _, blk, a8) in &blocks {
+            let c = if a8 { &mut cache8 } else { &mut cache };
+            let t = time(dev, repeat.min(2), || forward(blk, c))?;
             push(
                 format!(
                     "{} block{suffix}, {tokens} tokens, 18-frame window",
@@ -387,10 +430,11 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         // Where each block's time goes, by kind of launch.
         if let Device::Cuda(i) = dev {
             let b = kernels::cuda::backend(i)?;
-            for (_, label, blk) in blocks {
+            for &(_, label, blk, a8) in &blocks {
+                let c = if a8 { &mut cache8 } else { &mut cache };
                 b.synchronize()?;
                 b.profile(true);
-                let ran = forward(blk, &mut cache);
+                let ran = forward(blk, c);
                 b.profile(false);
                 ran?;
                 let p = b.take_profile()?;

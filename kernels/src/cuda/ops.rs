@@ -411,25 +411,38 @@ pub fn flash_attention_with(
                 Ok(())
             })?;
             if whole < items {
-                let combine = dev.func("attention", "flash_split_combine")?;
-                let cfg = LaunchConfig {
-                    grid_dim: (((items - whole) * FLASH_BLOCK_QUERIES) as u32, 1, 1),
-                    block_dim: (FLASH_HEAD_DIM as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut b = dev.stream.launch_builder(&combine);
-                push_mut(&mut b, &mut out.data);
-                b.arg(&plan).arg(&lq32).arg(&h32);
-                dev.timed("attention", || {
-                    // SAFETY: out as above; the plan's buffers written by the launch before.
-                    unsafe { b.launch(cfg) }
-                        .map_err(|e| dev.err(format!("flash_split_combine: {e}")))?;
-                    Ok(())
-                })?;
+                flash_split_combine(dev, &mut out, &plan, items - whole, lq, heads)?;
             }
         }
     }
     cast(&wrap(out, q.shape()), q.dtype())
+}
+
+/// Merges the key ranges of the `split` items of a tail-split launch into `out`.
+fn flash_split_combine(
+    dev: &Backend,
+    out: &mut CudaStorage,
+    plan: &FlashSplit,
+    split: usize,
+    lq: usize,
+    heads: usize,
+) -> Result<()> {
+    let combine = dev.func("attention", "flash_split_combine")?;
+    let cfg = LaunchConfig {
+        grid_dim: ((split * FLASH_BLOCK_QUERIES) as u32, 1, 1),
+        block_dim: (FLASH_HEAD_DIM as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (lq32, h32) = (lq as i32, heads as i32);
+    let mut b = dev.stream.launch_builder(&combine);
+    push_mut(&mut b, &mut out.data);
+    b.arg(plan).arg(&lq32).arg(&h32);
+    dev.timed("attention", || {
+        // SAFETY: out holds [lq, heads, 128] bf16; the plan's buffers were written by the
+        // split launch before, in stream order.
+        unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("flash_split_combine: {e}")))?;
+        Ok(())
+    })
 }
 
 /// attention.cu's `fw_split`: the first `whole` (query block, head) items run whole, each of
@@ -595,6 +608,8 @@ pub(crate) use cudnn::Convs;
 #[path = "../gpu_common/vsa.rs"]
 mod vsa;
 pub use vsa::vsa_attention;
+mod fp8_attention;
+pub use fp8_attention::attention_fp8;
 
 #[cfg(test)]
 mod tests {

@@ -23,6 +23,38 @@ pub fn bf16<const R: usize>(
     strides: &[u64],
     boxes: [u32; R],
 ) -> Result<TensorMap, String> {
+    tiled(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        addr,
+        dims,
+        strides,
+        boxes,
+    )
+}
+
+/// [`bf16`] for a tensor of bytes (fp8 codes).
+pub fn u8<const R: usize>(
+    addr: u64,
+    dims: [u64; R],
+    strides: &[u64],
+    boxes: [u32; R],
+) -> Result<TensorMap, String> {
+    tiled(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        addr,
+        dims,
+        strides,
+        boxes,
+    )
+}
+
+fn tiled<const R: usize>(
+    dtype: sys::CUtensorMapDataType,
+    addr: u64,
+    dims: [u64; R],
+    strides: &[u64],
+    boxes: [u32; R],
+) -> Result<TensorMap, String> {
     if strides.len() + 1 != R {
         return Err(format!(
             "tensor map of rank {R} with {} strides",
@@ -37,7 +69,7 @@ pub fn bf16<const R: usize>(
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            dtype,
             R as u32,
             addr as *mut c_void,
             dims.as_ptr(),

@@ -1086,3 +1086,48 @@ pub fn assemble(
     }
     Ok(wrap(out, shape))
 }
+
+/// Requantizes key tiles `tiles` of an fp8 K/V store (`crate::fp8_attention::Fp8Kv`'s tensors:
+/// k codes, k tile scales, vᵀ codes, v tile scales) from `k`, `v` `[rows, heads, 128]` (f32 or
+/// bf16), whose first `valid` rows hold keys; shapes checked by the caller. A block per (tile,
+/// head).
+pub fn fp8_kv_store(
+    parts: [&mut Tensor; 4],
+    k: &Tensor,
+    v: &Tensor,
+    tiles: std::ops::Range<usize>,
+    valid: usize,
+) -> Result<()> {
+    let ks = storage(k)?;
+    let dev = ks.dev.clone();
+    let heads = k.dim(1);
+    let cap = parts[0].dim(0);
+    let v = cast(v, k.dtype())?;
+    let vs = storage(&v)?;
+    let i =
+        |x: usize| i32::try_from(x).map_err(|_| dev.err(format!("fp8_kv_store: {x} exceeds i32")));
+    let (h32, valid32, t32, cap32) = (i(heads)?, i(valid)?, i(tiles.start)?, i(cap)?);
+    let [k8, ksc, vt, vsc] = parts;
+    let (k8, ksc, vt, vsc) = (
+        storage_mut(k8)?,
+        storage_mut(ksc)?,
+        storage_mut(vt)?,
+        storage_mut(vsc)?,
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (tiles.len() as u32, heads as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let name = format!("fp8_kv_store_{}", suffix(k.dtype())?);
+    launch!(kind = "fp8"; &dev, "attention", &name, cfg, |b| {
+        push_mut(b, &mut k8.data);
+        push_mut(b, &mut ksc.data);
+        push_mut(b, &mut vt.data);
+        push_mut(b, &mut vsc.data);
+        push(b, &ks.data);
+        push(b, &vs.data);
+        b.arg(&h32).arg(&valid32).arg(&t32).arg(&cap32);
+    });
+    Ok(())
+}

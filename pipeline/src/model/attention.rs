@@ -164,6 +164,7 @@ impl SelfAttention {
             None => k,
             Some(_) => ops::rope_3d(&k, grid, t_offset, rope)?,
         };
+        let mut fp8 = None;
         let (keys, values, kv_len, mask) = match mode {
             KvMode::Full => (k, v, l, AttnMask::None),
             KvMode::BlockCausal { block_tokens } => {
@@ -180,6 +181,7 @@ impl SelfAttention {
                     let cached = cache.len_tokens().saturating_sub(l);
                     u.resend_like_stock(cache.keys(), cache.values(), cached)?;
                 }
+                fp8 = cache.fp8().cloned();
                 (
                     cache.keys().clone(),
                     cache.values().clone(),
@@ -200,7 +202,10 @@ impl SelfAttention {
             )?,
             None => return Err(crate::Error::Config("attention without queries".into())),
         };
-        let out = ops::attention(&q, &keys, &values, kv_len, mask)?;
+        let out = match &fp8 {
+            Some(kv) => kernels::attention_fp8(&q, kv, kv_len)?,
+            None => ops::attention(&q, &keys, &values, kv_len, mask)?,
+        };
         let out = match sp {
             None => out,
             Some(u) => u.gather_heads(&out)?,

@@ -1,0 +1,286 @@
+// fp8 attention over a KV cache: e4m3 operands on Hopper's wgmma, f32 accumulation. Compiled as
+// part of the attention unit (gpu_source.rs appends this file to attention.cu), so it shares
+// fw_softmax, fw_split and the split-combine kernel.
+//
+// Scaling: one scale per (tile of 128 rows, head) for q, k and v, amax / 448 over the tile. q
+// and k come out of RMSNorm (every token at the same RMS) and e4m3 is a float format, so a
+// per-tile scale keeps each value's relative precision as a per-token one would; in exchange
+// the softmax step costs what the bf16 kernel's does (no per-key multiply):
+//  - the k tile's scale folds into the tile's score scale;
+//  - P is quantized as w = 448·p (the gain in the exponent, free), and each v tile's scale
+//    folds into the rescale of the output accumulators between tiles.
+//
+// Layout of the fp8 store (`Fp8Kv` in kernels/src/fp8_attention.rs), `cap` keys (a multiple of
+// 128), per head h:
+//   k8 [cap, heads, 128] codes, as k;          ks [heads, cap / 128] tile scales;
+//   vt [heads, 128, cap] codes, V transposed;  vs [heads, cap / 128] tile scales.
+// wgmma takes fp8 operands only K-major, so P·V needs V with keys contiguous per dim (Vᵀ). And
+// within each group of 32 keys, Vᵀ holds key `fp8_vt_key(slot)` at `slot`: the order in which the
+// score accumulators of a thread already sit in the A-operand layout of an e4m3 wgmma, so P goes
+// from the S = Q·Kᵀ accumulators into P·V's registers without a shuffle.
+
+#define F8_TILE 128
+
+// The key held at `slot` of a 32-key group of Vᵀ. A thread of the m64nNk32 e4m3 A fragment holds
+// k = 4t..4t+3 and 16+4t..16+4t+3 (t = lane % 4); the f32 accumulators of S hold columns 2t, 2t+1,
+// 8+2t, 9+2t (and the same + 16).
+WL_DEVICE int fp8_vt_key(int slot) {
+    const int half = slot & 16, p = slot & 15, t = p >> 2, i = p & 3;
+    return half + 2 * t + (i & 1) + ((i >> 1) << 3);
+}
+
+// The largest |x| over rows [r0, r1) of head h of x [rows, heads, 128], by the whole block.
+template <typename T>
+WL_DEVICE float fp8_tile_amax(const T* x, int r0, int r1, int heads, int h, float* scratch) {
+    float a = 0.0f;
+    for (int e = threadIdx.x; e < (r1 - r0) * 128; e += blockDim.x)
+        a = fmaxf(a, fabsf(wl_ld(x, ((wl_u64)(r0 + e / 128) * heads + h) * 128 + e % 128)));
+    return wl_block_max(a, scratch);
+}
+
+// Codes of rows [r0, r0 + 128) of head h (zeros past r1) into codes [.., heads, 128], and the
+// tile's scale into scales[h * tiles + tile].
+template <typename T>
+WL_DEVICE void fp8_tile_rows(unsigned char* codes, float* scales, const T* x, int r0, int r1, int heads, int h,
+                             int tiles, float* scratch) {
+    const float s = fmaxf(fp8_tile_amax(x, r0, r1, heads, h, scratch) / 448.0f, 1e-12f), inv = 1.0f / s;
+    for (int e = threadIdx.x; e < F8_TILE * 128; e += blockDim.x) {
+        const int r = r0 + e / 128;
+        const wl_u64 at = ((wl_u64)r * heads + h) * 128 + e % 128;
+        codes[at] = r < r1 ? wl_to_e4m3(wl_ld(x, at) * inv) : 0;
+    }
+    if (threadIdx.x == 0) scales[h * tiles + r0 / F8_TILE] = s;
+}
+
+// Queries [lq, heads, 128] as codes and [heads, ceil(lq / 128)] tile scales: a block per
+// (tile, head). The codes buffer holds whole tiles (rows up to a multiple of 128).
+template <typename T>
+WL_DEVICE void fp8_q_tiles(unsigned char* codes, float* scales, const T* q, int lq, int heads) {
+    __shared__ float scratch[32];
+    const int r0 = blockIdx.x * F8_TILE;
+    fp8_tile_rows(codes, scales, q, r0, min(lq, r0 + F8_TILE), heads, blockIdx.y, gridDim.x, scratch);
+}
+
+// Requantizes key tiles tile0 + blockIdx.x of the store from the whole k, v [≥ valid, heads, 128]
+// (keys at or past `valid` become zeros): a block per (tile, head). V's codes are transposed
+// through shared memory so that the writes to Vᵀ go out as 128-byte rows.
+template <typename T>
+WL_DEVICE void fp8_kv_store(unsigned char* k8, float* ks, unsigned char* vt, float* vs, const T* k, const T* v,
+                            int heads, int valid, int tile0, int cap) {
+    __shared__ float scratch[32];
+    __shared__ unsigned char tile[128][F8_TILE + 4];
+    const int h = blockIdx.y, r0 = (tile0 + blockIdx.x) * F8_TILE, r1 = min(valid, r0 + F8_TILE);
+    const int tiles = cap / F8_TILE;
+    fp8_tile_rows(k8, ks, k, r0, r1, heads, h, tiles, scratch);
+    const float s = fmaxf(fp8_tile_amax(v, r0, r1, heads, h, scratch) / 448.0f, 1e-12f), inv = 1.0f / s;
+    for (int e = threadIdx.x; e < F8_TILE * 128; e += blockDim.x) {
+        const int key = e / 128, d = e % 128, r = r0 + key;
+        // Key `key` goes to the slot of its 32-group whose fp8_vt_key it is.
+        const int q = key & 15, slot = (key & ~15) | (((q & 7) >> 1) << 2) | (q & 1) | ((q >> 3) << 1);
+        tile[d][slot] = r < r1 ? wl_to_e4m3(wl_ld(v, ((wl_u64)r * heads + h) * 128 + d) * inv) : 0;
+    }
+    if (threadIdx.x == 0) vs[h * tiles + r0 / F8_TILE] = s;
+    __syncthreads();
+    for (int e = threadIdx.x; e < 128 * F8_TILE; e += blockDim.x) {
+        const int d = e / F8_TILE, slot = e % F8_TILE;
+        vt[((wl_u64)h * 128 + d) * cap + r0 + slot] = tile[d][slot];
+    }
+}
+
+#define WL_FP8_TILES(T, SUF)                                                                                       \
+    WL_KERNEL void fp8_q_tiles_##SUF(unsigned char* codes, float* scales, const T* q, int lq, int heads) {        \
+        fp8_q_tiles(codes, scales, q, lq, heads);                                                                  \
+    }                                                                                                              \
+    WL_KERNEL void fp8_kv_store_##SUF(unsigned char* k8, float* ks, unsigned char* vt, float* vs, const T* k,       \
+                                      const T* v, int heads, int valid, int tile0, int cap) {                     \
+        fp8_kv_store(k8, ks, vt, vs, k, v, heads, valid, tile0, cap);                                              \
+    }
+WL_FP8_TILES(float, f32)
+WL_FP8_TILES(wl_bf16, bf16)
+
+#if defined(WL_HAS_WGMMA)
+// The dense TMA kernel of attention.cu with e4m3 operands: the same producer / two ping-ponging
+// consumers and the same tail split, 128 keys a tile. Per tile a K tile (128 keys × 128 dims) and
+// a Vᵀ tile (128 dims × 128 keys) of 16 KiB each, so a stage is half the bf16 kernel's.
+template <int ST>
+WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
+                              const float* qscale, const float* ks, const float* vs, int lq, int kv_len, int heads,
+                              int cap, float scale, fw_split sp) {
+    constexpr int TB = F8_TILE * 128, SB = 2 * TB;
+    extern __shared__ __align__(1024) unsigned char f8_smem[];
+    unsigned char* qsm = f8_smem;
+    unsigned char* stages = f8_smem + FW_BR * 128;
+    unsigned long long* full = (unsigned long long*)(stages + ST * SB);
+    unsigned long long* empty = full + ST;
+    unsigned long long* qbar = empty + ST;
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
+    const int nqb = (lq + FW_BR - 1) / FW_BR;
+    int item = blockIdx.x, part = -1;
+    if (item >= sp.whole) part = (item - sp.whole) % sp.parts, item = sp.whole + (item - sp.whole) / sp.parts;
+    const int h = item / nqb, qb = item % nqb * FW_BR;
+    const int tiles = (kv_len + F8_TILE - 1) / F8_TILE;
+    const int j0 = part < 0 ? 0 : part * tiles / sp.parts;
+    const int n = part < 0 ? tiles : (part + 1) * tiles / sp.parts - j0;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
+        wl_mbar_init(qbar, 1);
+        wl_mbar_init_fence();
+    }
+    __syncthreads();
+    if (wg == 2) {
+        WL_SETMAXNREG_DEC(40);
+        if (t == 0) {
+            wl_mbar_expect_tx(qbar, FW_BR * 128);
+            wl_tma_load_3d(qsm, tq, 0, h, qb, qbar);
+            for (int j = 0; j < n; ++j) {
+                const int s = j % ST;
+                if (j >= ST) wl_mbar_wait(empty + s, (j / ST - 1) & 1);
+                unsigned char* st = stages + s * SB;
+                const int key = (j0 + j) * F8_TILE;
+                wl_mbar_expect_tx(full + s, SB);
+                wl_tma_load_3d(st, tk, 0, h, key, full + s);
+                wl_tma_load_3d(st + TB, tv, key, 0, h, full + s);
+            }
+        }
+        return;
+    }
+    WL_SETMAXNREG_INC(232);
+    const int row0 = qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
+    const int cq = (lane % 4) * 2;
+    const int ntiles = cap / F8_TILE;
+    const float* ksh = ks + (wl_u64)h * ntiles;
+    const float* vsh = vs + (wl_u64)h * ntiles;
+    // The score scale of the block's query tile, in log2 units; per key tile times its k scale.
+    const float qs2 = scale * 1.4426950408889634f * qscale[(wl_u64)h * nqb + qb / FW_BR];
+    // P is quantized as 448·p: e4m3's largest value for the row's largest weight.
+    const float gain = 8.807354922057604f;  // log2(448)
+    const unsigned char* qw = qsm + wg * 64 * 128;
+    auto scores = [&](float* sc, const unsigned char* kt) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wl_wgmma_64x128x32_e4m3_ss(sc, wl_wgmma_desc_sw128(qw + kk * 32), wl_wgmma_desc_sw128(kt + kk * 32), kk);
+    };
+    auto pv = [&](float* o, const unsigned int (*pa)[4], const unsigned char* vt) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x32_e4m3_rs(o, pa[kk], wl_wgmma_desc_sw128(vt + kk * 32));
+    };
+    // The weights as e4m3 in the A-fragment order of P·V (see fp8_vt_key): byte i of register
+    // r holds accumulator columns 2t, 2t+1, 8+2t, 9+2t of row e (r = e, and + 2 for the next 16).
+    auto pack = [](unsigned int (*pa)[4], const float* s) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int j = 4 * kk + (r >> 1) * 2, e = r & 1;
+                pa[kk][r] = wl_cvt_e4m3x2(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]) |
+                            (wl_cvt_e4m3x2(s[4 * j + 4 + 2 * e], s[4 * j + 4 + 2 * e + 1]) << 16);
+            }
+    };
+    float o[64];
+#pragma unroll
+    for (int j = 0; j < 64; ++j) o[j] = 0.0f;
+    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    unsigned int pa[4][4];
+    // The output accumulates in units of the last v tile's scale.
+    float vprev = vsh[j0];
+    wl_mbar_wait(qbar, 0);
+    wl_mbar_wait(full, 0);
+    if (wg == 1) wl_named_arrive(1, 256);
+    {
+        float sc[64];
+        wl_named_sync(1 + wg, 256);
+        wl_wgmma_fence();
+        scores(sc, stages);
+        wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
+        wl_wgmma_wait_all();
+        float nm[2], corr[2], sum[2];
+        fw_softmax<F8_TILE>(sc, m, nm, corr, sum, j0 * F8_TILE, row0, cq, kv_len, 0, qs2 * ksh[j0], gain);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
+        pack(pa, sc);
+    }
+    for (int j = 1; j < n; ++j) {
+        const int s = j % ST, prev = (j - 1) % ST;
+        const float kscale = ksh[j0 + j], vnow = vsh[j0 + j];
+        wl_mbar_wait(full + s, (j / ST) & 1);
+        float sc[64];
+        wl_named_sync(1 + wg, 256);
+        wl_wgmma_fence();
+        scores(sc, stages + s * SB);
+        wl_wgmma_commit();
+        pv(o, pa, stages + prev * SB + TB);
+        wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
+        wl_wgmma_wait_one();
+        float nm[2], corr[2], sum[2];
+        fw_softmax<F8_TILE>(sc, m, nm, corr, sum, (j0 + j) * F8_TILE, row0, cq, kv_len, 0, qs2 * kscale, gain);
+        wl_wgmma_wait_all();
+        if (t == 0) wl_mbar_arrive(empty + prev);
+        // o holds units of the previous v tile (its P·V just finished); this tile's P·V adds
+        // units of vnow.
+        const float ratio = vprev / vnow;
+        vprev = vnow;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            l[e] = l[e] * corr[e] + sum[e];
+            m[e] = nm[e];
+            const float c = corr[e] * ratio;
+#pragma unroll
+            for (int q = 0; q < 16; ++q) o[4 * q + 2 * e] *= c, o[4 * q + 2 * e + 1] *= c;
+        }
+        pack(pa, sc);
+    }
+    if (wg == 0) wl_named_sync(1, 256);
+    wl_wgmma_fence();
+    pv(o, pa, stages + ((n - 1) % ST) * SB + TB);
+    wl_wgmma_commit();
+    wl_wgmma_wait_all();
+    // Outputs leave in real units, so split parts merge as the bf16 kernel's do (their sums
+    // carry the same 448 as their outputs).
+    if (part >= 0) {
+        const wl_u64 slot = (wl_u64)(item - sp.whole) * sp.parts + part;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float tl = l[e];
+            tl += wl_shfl_xor(tl, 1);
+            tl += wl_shfl_xor(tl, 2);
+            const int r = row0 - qb + e * 8;
+            float* po = sp.o + (slot * FW_BR + r) * 128;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                *(float2*)(po + j * 8 + cq) = make_float2(o[4 * j + 2 * e] * vprev, o[4 * j + 2 * e + 1] * vprev);
+            if (cq == 0) *(float2*)(sp.ml + (slot * FW_BR + r) * 2) = make_float2(m[e], tl);
+        }
+        return;
+    }
+    const wl_u64 row = (wl_u64)heads * 128;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        float tl = l[e];
+        tl += wl_shfl_xor(tl, 1);
+        tl += wl_shfl_xor(tl, 2);
+        const float inv = vprev / tl;
+        const int rq = row0 + e * 8;
+        if (rq < lq) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * 128 + j * 8 + cq) =
+                    wl_cvt_bf16x2(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
+        }
+    }
+}
+
+// q as [lq, heads, 128] codes and k as [cap, heads, 128], in boxes of 128 dims × 1 head × 128
+// rows; vt as [heads, 128, cap] in boxes of 128 keys × 128 dims.
+#define WL_FLASH_FP8(ST)                                                                                        \
+    WL_KERNEL void __launch_bounds__(FT_THREADS, 1) flash_fp8_d128_s##ST(                                       \
+        wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                  \
+        const __grid_constant__ wl_tmap tv, const float* qscale, const float* ks, const float* vs, int lq,     \
+        int kv_len, int heads, int cap, float scale, fw_split sp) {                                           \
+        flash_fp8_d128<ST>(out, &tq, &tk, &tv, qscale, ks, vs, lq, kv_len, heads, cap, scale, sp);             \
+    }
+// Shared memory: 16 KiB of Q, then ST stages of 32 KiB, then the barriers.
+WL_FLASH_FP8(4)
+WL_FLASH_FP8(6)
+#endif
