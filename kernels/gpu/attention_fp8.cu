@@ -29,25 +29,37 @@ WL_DEVICE int fp8_vt_key(int slot) {
     return half + 2 * t + (i & 1) + ((i >> 1) << 3);
 }
 
-// The largest |x| over rows [r0, r1) of head h of x [rows, heads, 128], by the whole block.
+// The largest |x| over rows [r0, r1) of head h of x [rows, heads, 128], by the whole block, on
+// 16-byte vectors (a row is 128 / N of them).
 template <typename T>
 WL_DEVICE float fp8_tile_amax(const T* x, int r0, int r1, int heads, int h, float* scratch) {
+    constexpr int N = WlVec<T>::N, V = 128 / N;
     float a = 0.0f;
-    for (int e = threadIdx.x; e < (r1 - r0) * 128; e += blockDim.x)
-        a = fmaxf(a, fabsf(wl_ld(x, ((wl_u64)(r0 + e / 128) * heads + h) * 128 + e % 128)));
+    for (int u = threadIdx.x; u < (r1 - r0) * V; u += blockDim.x) {
+        float v[N];
+        WlVec<T>::load(v, x + ((wl_u64)(r0 + u / V) * heads + h) * 128, u % V);
+#pragma unroll
+        for (int c = 0; c < N; ++c) a = fmaxf(a, fabsf(v[c]));
+    }
     return wl_block_max(a, scratch);
 }
 
 // Codes of rows [r0, r0 + 128) of head h (zeros past r1) into codes [.., heads, 128], and the
-// tile's scale into scales[h * tiles + tile].
+// tile's scale into scales[h * tiles + tile]. wl_pack_e4m3_lean gives wl_to_e4m3's codes.
 template <typename T>
 WL_DEVICE void fp8_tile_rows(unsigned char* codes, float* scales, const T* x, int r0, int r1, int heads, int h,
                              int tiles, float* scratch) {
+    constexpr int N = WlVec<T>::N, V = 128 / N;
     const float s = fmaxf(fp8_tile_amax(x, r0, r1, heads, h, scratch) / 448.0f, 1e-12f), inv = 1.0f / s;
-    for (int e = threadIdx.x; e < F8_TILE * 128; e += blockDim.x) {
-        const int r = r0 + e / 128;
-        const wl_u64 at = ((wl_u64)r * heads + h) * 128 + e % 128;
-        codes[at] = r < r1 ? wl_to_e4m3(wl_ld(x, at) * inv) : 0;
+    for (int u = threadIdx.x; u < F8_TILE * V; u += blockDim.x) {
+        const int r = r0 + u / V, j = u % V;
+        const wl_u64 row = ((wl_u64)r * heads + h) * 128;
+        float v[N] = {};
+        if (r < r1) WlVec<T>::load(v, x + row, j);
+        if constexpr (N == 8)
+            ((uint2*)(codes + row))[j] = make_uint2(wl_pack_e4m3_lean(v, inv), wl_pack_e4m3_lean(v + 4, inv));
+        else
+            ((unsigned int*)(codes + row))[j] = wl_pack_e4m3_lean(v, inv);
     }
     if (threadIdx.x == 0) scales[h * tiles + r0 / F8_TILE] = s;
 }
@@ -68,22 +80,32 @@ template <typename T>
 WL_DEVICE void fp8_kv_store(unsigned char* k8, float* ks, unsigned char* vt, float* vs, const T* k, const T* v,
                             int heads, int valid, int tile0, int cap) {
     __shared__ float scratch[32];
-    __shared__ unsigned char tile[128][F8_TILE + 4];
+    // Rows 16 bytes longer than a tile's keys: 16-byte aligned for the copy out.
+    __shared__ __align__(16) unsigned char tile[128][F8_TILE + 16];
     const int h = blockIdx.y, r0 = (tile0 + blockIdx.x) * F8_TILE, r1 = min(valid, r0 + F8_TILE);
     const int tiles = cap / F8_TILE;
     fp8_tile_rows(k8, ks, k, r0, r1, heads, h, tiles, scratch);
+    constexpr int N = WlVec<T>::N, V = 128 / N;
     const float s = fmaxf(fp8_tile_amax(v, r0, r1, heads, h, scratch) / 448.0f, 1e-12f), inv = 1.0f / s;
-    for (int e = threadIdx.x; e < F8_TILE * 128; e += blockDim.x) {
-        const int key = e / 128, d = e % 128, r = r0 + key;
+    for (int u = threadIdx.x; u < F8_TILE * V; u += blockDim.x) {
+        const int key = u / V, d0 = (u % V) * N, r = r0 + key;
         // Key `key` goes to the slot of its 32-group whose fp8_vt_key it is.
         const int q = key & 15, slot = (key & ~15) | (((q & 7) >> 1) << 2) | (q & 1) | ((q >> 3) << 1);
-        tile[d][slot] = r < r1 ? wl_to_e4m3(wl_ld(v, ((wl_u64)r * heads + h) * 128 + d) * inv) : 0;
+        float x[N] = {};
+        if (r < r1) WlVec<T>::load(x, v + ((wl_u64)r * heads + h) * 128, u % V);
+#pragma unroll
+        for (int c = 0; c < N; c += 4) {
+            const unsigned int w = wl_pack_e4m3_lean(x + c, inv);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) tile[d0 + c + b][slot] = (unsigned char)(w >> (8 * b));
+        }
     }
     if (threadIdx.x == 0) vs[h * tiles + r0 / F8_TILE] = s;
     __syncthreads();
-    for (int e = threadIdx.x; e < 128 * F8_TILE; e += blockDim.x) {
-        const int d = e / F8_TILE, slot = e % F8_TILE;
-        vt[((wl_u64)h * 128 + d) * cap + r0 + slot] = tile[d][slot];
+    // 16 bytes a thread: a dim's 128 keys are 8 such pieces.
+    for (int u = threadIdx.x; u < 128 * (F8_TILE / 16); u += blockDim.x) {
+        const int d = u / (F8_TILE / 16), piece = u % (F8_TILE / 16);
+        *(uint4*)(vt + ((wl_u64)h * 128 + d) * cap + r0 + piece * 16) = *(const uint4*)(&tile[d][piece * 16]);
     }
 }
 
