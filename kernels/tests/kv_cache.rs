@@ -286,3 +286,59 @@ fn kv_cache_errors(dev: Device) -> Result<()> {
     Ok(())
 }
 test_device!(kv_cache_errors, kv_cache_errors_cpu);
+
+/// A cache that keeps an fp8 copy: after every write (appends, rewrites in place, evictions that
+/// move rows) the copy reads as a store freshly quantized from the cache's rows. Frames of 50
+/// tokens, so quantization tiles (128 keys) straddle frames and every write touches a tile that
+/// holds older keys. Compared through the fp8 attention over what the cache holds.
+fn kv_cache_fp8_copy_follows_every_write(dev: Device) -> Result<()> {
+    let s = Setup {
+        window: 6,
+        sink: 2,
+        tpf: 50,
+        heads: 2,
+        hd: 128,
+    };
+    let mut rng = Rng::new(44);
+    let mut cache =
+        KvCache::new(s.window, s.sink, s.tpf, s.heads, s.hd, DType::F32)?.with_fp8_attention()?;
+    let q = randn(dev, &mut rng, &[7, s.heads, s.hd])?;
+    // (first frame, frames): appends, a rewrite, evictions of one and of several frames.
+    for (step, (first, n)) in [
+        (0, 2),
+        (2, 3),
+        (2, 3),
+        (5, 1),
+        (6, 2),
+        (8, 3),
+        (8, 3),
+        (11, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (k, v, _, _) = s.chunk(dev, &mut rng, n)?;
+        cache.write(first, &k, &v)?;
+        let held = cache.len_tokens();
+        let copy = cache.fp8().expect("the cache keeps an fp8 copy");
+        let mut fresh = kernels::Fp8Kv::new(s.window * s.tpf, s.heads, dev)?;
+        fresh.requantize(cache.keys(), cache.values(), 0..held, held)?;
+        let a = kernels::attention_fp8(&q, copy, held)?;
+        let b = kernels::attention_fp8(&q, &fresh, held)?;
+        assert_bits_eq(
+            &format!("step {step}: fp8 attention over the cache's copy"),
+            &a.to_vec_f32(),
+            &b.to_vec_f32(),
+        );
+    }
+    assert_eq!(cache.frames(), &[0, 1, 8, 9, 10, 11]);
+    // Head dims other than 128 have no fp8 kernel.
+    assert!(KvCache::new(4, 1, 2, 2, 64, DType::F32)?
+        .with_fp8_attention()
+        .is_err());
+    Ok(())
+}
+test_device!(
+    kv_cache_fp8_copy_follows_every_write,
+    kv_cache_fp8_copy_follows_every_write_cpu
+);

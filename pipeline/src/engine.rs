@@ -204,6 +204,10 @@ impl Engine {
                 )
             })
             .map(|c| c.and_then(|c| c.on_device(model.device())))
+            .map(|c| match c {
+                Ok(c) if model.fp8_attention => c.with_fp8_attention(),
+                other => other,
+            })
             .collect::<kernels::Result<Vec<_>>>()?;
         // Until a prompt arrives the context is all padding (what an empty prompt pads to).
         let text = model.encode_text(&Tensor::zeros(&[0, mc.text_dim], DType::F32)?, None)?;

@@ -231,10 +231,12 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
     }
     // `--dtype fp8` as the worker runs it: a bf16 model with fp8 linears in its DiT blocks.
     let (dtype, fp8_linears) = crate::setup::run_dtype(&args.dtype)?;
-    let label = if fp8_linears {
-        "bf16 + fp8 linears"
-    } else {
-        dtype.name()
+    let fp8_attn = crate::setup::fp8_attention(&args.attention)?;
+    let label = match (fp8_linears, fp8_attn) {
+        (true, true) => "bf16 + fp8 linears + fp8 attention",
+        (true, false) => "bf16 + fp8 linears",
+        (false, true) => "bf16 + fp8 attention",
+        (false, false) => dtype.name(),
     };
     let elem = dtype.size_in_bytes();
     let mut counts = vec![1];
@@ -293,6 +295,9 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
         let mut m = WanModel::load(&model_cfg, &store)?;
         if fp8_linears {
             m.quantize_linears_fp8()?;
+        }
+        if fp8_attn {
+            m.use_fp8_attention()?;
         }
         info!(device = %dev, seconds = format!("{:.1}", started.elapsed().as_secs_f64()), "model ready");
         Ok(m)

@@ -48,6 +48,12 @@ pub struct ModelArgs {
     /// activations per token, quantized by the norm that writes them).
     #[arg(long, default_value = "f32", global = true)]
     pub dtype: String,
+
+    /// Self-attention over the KV cache: bf16, or fp8 (e4m3 q, k, v and softmax weights, one
+    /// scale per 128-row tile and head, over an fp8 copy of the cache; CUDA on Hopper, or the CPU
+    /// reference; not on ROCm).
+    #[arg(long, default_value = "bf16", global = true)]
+    pub attention: String,
 }
 
 /// Where the DiT's weights came from: for logs and `/status`.
@@ -348,6 +354,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         }
     }
     let (dtype, fp8_linears) = run_dtype(&args.dtype)?;
+    let fp8_attn = fp8_attention(&args.attention)?;
     let source = weights_source(args, &cfg);
     let world = match source {
         WeightsSource::Embedded => world::assets::embedded(),
@@ -398,6 +405,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             if fp8_linears {
                 model.quantize_linears_fp8()?;
             }
+            if fp8_attn {
+                model.use_fp8_attention()?;
+            }
             info!(
                 model = %model_cfg.name,
                 weights = %store.describe(),
@@ -437,10 +447,14 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             .quantize_linears_fp8()
             .context("--dtype fp8: quantizing the DiT's linears")?;
     }
+    if fp8_attn {
+        model.use_fp8_attention().context("--attention fp8")?;
+    }
     info!(
         model = %cfg.name,
         weights = %store.describe(),
         dtype = if fp8_linears { "bf16 + fp8 linears" } else { dtype.name() },
+        attention = %args.attention,
         device = %device,
         seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
         "model ready"
@@ -454,6 +468,15 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         cards: args.cards,
         gpu_group: None,
     })
+}
+
+/// `--attention`: whether self-attention runs in fp8.
+pub fn fp8_attention(arg: &str) -> Result<bool> {
+    match arg {
+        "bf16" => Ok(false),
+        "fp8" => Ok(true),
+        other => bail!("--attention {other}: bf16 or fp8"),
+    }
 }
 
 /// `--dtype`: the weights' run dtype, and whether the DiT blocks' linears run in fp8.

@@ -28,4 +28,28 @@ impl WanModel {
             .iter_mut()
             .try_for_each(|b| b.quantize_linears_fp8())
     }
+
+    /// Runs self-attention over the KV cache with e4m3 operands (`kernels::attention_fp8`: q,
+    /// k and v with one scale per 128-row tile and head, the softmax weights rounded to e4m3):
+    /// CUDA's Hopper kernel, or the CPU's reference. Head dim 128 only; the ROCm backend has no
+    /// such kernel, so the model refuses there rather than fail at the first chunk.
+    pub fn use_fp8_attention(&mut self) -> Result<()> {
+        let hd = self.cfg.head_dim();
+        if hd != kernels::fp8_attention::FP8_HEAD_DIM {
+            return Err(Error::Config(format!(
+                "fp8 attention takes head dim {}, {} has {hd}",
+                kernels::fp8_attention::FP8_HEAD_DIM,
+                self.cfg.name
+            )));
+        }
+        if let kernels::Device::Rocm(_) = self.device() {
+            return Err(Error::Config(
+                "fp8 attention has no ROCm kernel yet (Hopper's wgmma kernel, or the CPU's \
+                 reference): run attention in bf16 on ROCm"
+                    .into(),
+            ));
+        }
+        self.fp8_attention = true;
+        Ok(())
+    }
 }

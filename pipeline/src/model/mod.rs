@@ -109,6 +109,9 @@ pub struct WanModel {
     pub head: Head,
     pub camera: Option<CameraEmbedding>,
     pub rope: RopeTable,
+    /// Self-attention over the KV cache in fp8 (`use_fp8_attention`); the engine's caches then
+    /// keep an fp8 copy.
+    pub fp8_attention: bool,
 }
 
 /// Wan's timestep embedding: `cat(cos(t·f), sin(t·f))`, `f_i = 10000^(-i/half)`, in f64.
@@ -180,6 +183,7 @@ impl WanModel {
             camera,
             rope: RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 10000.0)?,
             cfg: cfg.clone(),
+            fp8_attention: false,
         })
     }
 

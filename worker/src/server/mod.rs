@@ -124,6 +124,10 @@ struct Info {
     versions: serde_json::Value,
     text_encoder: serde_json::Value,
     cards: usize,
+    /// Precision of the DiT's weights/linears (`--dtype`) and of its self-attention
+    /// (`--attention`).
+    dtype: String,
+    attention: String,
 }
 
 /// Where sessions get their chunk engine.
@@ -293,6 +297,8 @@ impl Server {
             }),
             text_encoder: prompts.json(),
             cards,
+            dtype: model.dtype.clone(),
+            attention: model.attention.clone(),
         };
         let metrics = metrics::Metrics::new().context("creating the metrics")?;
         // "random", "loaded" or "embedded", as /status says.
