@@ -657,9 +657,11 @@ WL_KERNEL void __launch_bounds__(128)
 // place, and returns each row's new max, rescale factor and partial sum (this lane's share).
 // Keys kb + column at or past a row's limit are masked by a select, not a branch: the dense
 // kernel runs this while a wgmma is in flight, and ptxas serialises wgmmas around branches.
+// The probabilities come out times 2^log2_gain (the fp8 kernel's scaling of P into e4m3's range).
 template <int BC>
 WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, int kb, int row0, int cq,
-                          int kv_len, int block_tokens, float scale2) {
+                          int kv_len, int block_tokens, float scale2,
+                          float log2_gain = 0.0f) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const int rq = row0 + e * 8;
@@ -681,12 +683,13 @@ WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, f
         // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not be NaN.
         const float base = n == -WL_INF ? 0.0f : n;
         corr[e] = wl_exp2_approx(m[e] - base);
+        const float shift = log2_gain - base;
         float t = 0.0f;
 #pragma unroll
         for (int j = 0; j < BC / 8; ++j) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                const float p = wl_exp2_approx(fmaf(s[4 * j + 2 * e + c], scale2, -base));
+                const float p = wl_exp2_approx(fmaf(s[4 * j + 2 * e + c], scale2, shift));
                 s[4 * j + 2 * e + c] = p;
                 t += p;
             }

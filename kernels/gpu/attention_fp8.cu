@@ -1,6 +1,6 @@
 // fp8 attention over a KV cache: e4m3 operands on Hopper's wgmma, f32 accumulation. Compiled as
 // part of the attention unit (gpu_source.rs appends this file to attention.cu), so it shares
-// fw_rescale's layout, fw_split and the split-combine kernel.
+// fw_softmax, fw_split and the split-combine kernel.
 //
 // Scaling: one scale per (tile of 128 rows, head) for q, k and v, amax / 448 over the tile. q
 // and k come out of RMSNorm (every token at the same RMS) and e4m3 is a float format, so a
@@ -186,47 +186,16 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x32_e4m3_rs(o, pa[kk], wl_wgmma_desc_sw128(vt + kk * 32));
     };
-    // fw_softmax's step with the exponentials in packed f16 (P goes to e4m3, 3 mantissa bits, so
-    // f16's 10 are plenty; the MUFU, which bounds this kernel's softmax, does two a cycle-slot):
-    // masks keys at or past kv_len, returns each row's new max, rescale factor and partial sum,
-    // and leaves the weights 448·p as f16 pairs ph[j][e] (columns j·8 + cq, + 1 of row e).
-    auto softmax = [&](const float* s, const float* m, unsigned int (*ph)[2], float* n_out, float* corr,
-                       float* sum, int kb, float scale2) {
-        const int visible = kv_len - kb - cq;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float mx = -WL_INF;
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) mx = fmaxf(mx, j * 8 + c < visible ? s[4 * j + 2 * e + c] : -WL_INF);
-            mx = fmaxf(mx, wl_shfl_xor(mx, 1));
-            mx = fmaxf(mx, wl_shfl_xor(mx, 2));
-            const float n = fmaxf(m[e], mx * scale2);
-            const float base = n == -WL_INF ? 0.0f : n;
-            corr[e] = wl_exp2_approx(m[e] - base);
-            const float shift = gain - base;
-            unsigned int acc = 0;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const float x0 = j * 8 < visible ? fmaf(s[4 * j + 2 * e], scale2, shift) : -WL_INF;
-                const float x1 = j * 8 + 1 < visible ? fmaf(s[4 * j + 2 * e + 1], scale2, shift) : -WL_INF;
-                ph[j][e] = wl_exp2_f16x2(wl_cvt_f16x2(x0, x1));
-                acc = wl_add_f16x2(acc, ph[j][e]);
-            }
-            sum[e] = wl_f16x2_sum(acc);
-            n_out[e] = n;
-        }
-    };
     // The weights as e4m3 in the A-fragment order of P·V (see fp8_vt_key): byte i of register
     // r holds accumulator columns 2t, 2t+1, 8+2t, 9+2t of row e (r = e, and + 2 for the next 16).
-    auto pack = [](unsigned int (*pa)[4], const unsigned int (*ph)[2]) {
+    auto pack = [](unsigned int (*pa)[4], const float* s) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const int j = 4 * kk + (r >> 1) * 2, e = r & 1;
-                pa[kk][r] = wl_cvt_e4m3x2_f16x2(ph[j][e]) | (wl_cvt_e4m3x2_f16x2(ph[j + 1][e]) << 16);
+                pa[kk][r] = wl_cvt_e4m3x2(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]) |
+                            (wl_cvt_e4m3x2(s[4 * j + 4 + 2 * e], s[4 * j + 4 + 2 * e + 1]) << 16);
             }
     };
     float o[64];
@@ -248,11 +217,10 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
         float nm[2], corr[2], sum[2];
-        unsigned int ph[16][2];
-        softmax(sc, m, ph, nm, corr, sum, j0 * F8_TILE, qs2 * ksh[j0]);
+        fw_softmax<F8_TILE>(sc, m, nm, corr, sum, j0 * F8_TILE, row0, cq, kv_len, 0, qs2 * ksh[j0], gain);
 #pragma unroll
         for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
-        pack(pa, ph);
+        pack(pa, sc);
     }
     for (int j = 1; j < n; ++j) {
         const int s = j % ST, prev = (j - 1) % ST;
@@ -268,8 +236,7 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
         float nm[2], corr[2], sum[2];
-        unsigned int ph[16][2];
-        softmax(sc, m, ph, nm, corr, sum, (j0 + j) * F8_TILE, qs2 * kscale);
+        fw_softmax<F8_TILE>(sc, m, nm, corr, sum, (j0 + j) * F8_TILE, row0, cq, kv_len, 0, qs2 * kscale, gain);
         wl_wgmma_wait_all();
         if (t == 0) wl_mbar_arrive(empty + prev);
         // o holds units of the previous v tile (its P·V just finished); this tile's P·V adds
@@ -284,7 +251,7 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
 #pragma unroll
             for (int q = 0; q < 16; ++q) o[4 * q + 2 * e] *= c, o[4 * q + 2 * e + 1] *= c;
         }
-        pack(pa, ph);
+        pack(pa, sc);
     }
     if (wg == 0) wl_named_sync(1, 256);
     wl_wgmma_fence();

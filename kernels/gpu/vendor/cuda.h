@@ -23,36 +23,6 @@ WL_DEVICE unsigned int wl_cvt_e4m3x2(float lo, float hi) {
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
 }
-// Packed f16 pairs (`lo` in the low half), for softmax weights that end up in e4m3 anyway: two
-// exponentials per MUFU operation, their partial sums, and both to e4m3 codes in one instruction.
-WL_DEVICE unsigned int wl_cvt_f16x2(float lo, float hi) {
-    unsigned int r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-WL_DEVICE unsigned int wl_exp2_f16x2(unsigned int x) {
-    unsigned int r;
-    asm("ex2.approx.f16x2 %0, %1;\n" : "=r"(r) : "r"(x));
-    return r;
-}
-WL_DEVICE unsigned int wl_add_f16x2(unsigned int a, unsigned int b) {
-    unsigned int r;
-    asm("add.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-// The two halves' sum in f32.
-WL_DEVICE float wl_f16x2_sum(unsigned int x) {
-    float lo, hi;
-    asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
-        : "=f"(lo), "=f"(hi)
-        : "r"(x));
-    return lo + hi;
-}
-WL_DEVICE unsigned int wl_cvt_e4m3x2_f16x2(unsigned int x) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;\n" : "=h"(r) : "r"(x));
-    return r;
-}
 #endif
 
 // ---- tile level (tensor cores): the only place vendor matrix instructions appear.
