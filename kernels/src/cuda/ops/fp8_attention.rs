@@ -158,9 +158,5 @@ pub fn attention_fp8(q: &Tensor, kv: &Fp8Kv, kv_len: usize) -> Result<Tensor> {
     if whole < items {
         super::flash_split_combine(dev, &mut out, &plan, items - whole, lq, heads)?;
     }
-    cast_back(wrap(out, q.shape()), q.dtype())
-}
-
-fn cast_back(out: Tensor, dtype: DType) -> Result<Tensor> {
-    super::cast(&out, dtype)
+    super::cast(&wrap(out, q.shape()), q.dtype())
 }
