@@ -740,6 +740,44 @@ struct fw_split {
     float* ml;  // [split items · parts, 128 rows, 2]: the row's max (log2 units), sum
 };
 
+// A consumer's finished rows (this thread's row0 and row0 + 8): a split item's part leaves its
+// output (times `oscale`) unnormalised, with the rows' (max, sum), for flash_split_combine; a
+// whole item writes oscale · o / sum as bf16.
+WL_DEVICE void fw_finish(const float* o, const float* m, const float* l, float oscale, wl_bf16* out,
+                         const fw_split& sp, int item, int part, int qb, int row0, int cq, int lq, int heads, int h) {
+    if (part >= 0) {
+        const wl_u64 slot = (wl_u64)(item - sp.whole) * sp.parts + part;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float tl = l[e];
+            tl += wl_shfl_xor(tl, 1);
+            tl += wl_shfl_xor(tl, 2);
+            const int r = row0 - qb + e * 8;
+            float* po = sp.o + (slot * FW_BR + r) * 128;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                *(float2*)(po + j * 8 + cq) = make_float2(o[4 * j + 2 * e] * oscale, o[4 * j + 2 * e + 1] * oscale);
+            if (cq == 0) *(float2*)(sp.ml + (slot * FW_BR + r) * 2) = make_float2(m[e], tl);
+        }
+        return;
+    }
+    const wl_u64 row = (wl_u64)heads * 128;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        float tl = l[e];
+        tl += wl_shfl_xor(tl, 1);
+        tl += wl_shfl_xor(tl, 2);
+        const float inv = oscale / tl;
+        const int rq = row0 + e * 8;
+        if (rq < lq) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * 128 + j * 8 + cq) =
+                    wl_cvt_bf16x2(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
+        }
+    }
+}
+
 template <int BC, int ST>
 WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv, int lq,
                               int kv_len, int heads, int block_tokens, float scale, fw_split sp) {
@@ -755,7 +793,6 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     int item = blockIdx.x, part = -1;
     if (item >= sp.whole) part = (item - sp.whole) % sp.parts, item = sp.whole + (item - sp.whole) / sp.parts;
     const int h = item / nqb, qb = item % nqb * FW_BR;
-    const wl_u64 row = (wl_u64)heads * 128;
     int block_end = kv_len;
     if (block_tokens > 0) block_end = min(kv_len, (min(lq - 1, qb + FW_BR - 1) / block_tokens + 1) * block_tokens);
     // Key tiles j0 + [0, n) (the host makes every part at least one tile).
@@ -863,35 +900,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     pv(o, pa, stages + ((n - 1) % ST) * SB + KB);
     wl_wgmma_commit();
     wl_wgmma_wait_all();
-    if (part >= 0) {
-        const wl_u64 slot = (wl_u64)(item - sp.whole) * sp.parts + part;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float tl = l[e];
-            tl += wl_shfl_xor(tl, 1);
-            tl += wl_shfl_xor(tl, 2);
-            const int r = row0 - qb + e * 8;
-            float* po = sp.o + (slot * FW_BR + r) * 128;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) *(float2*)(po + j * 8 + cq) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
-            if (cq == 0) *(float2*)(sp.ml + (slot * FW_BR + r) * 2) = make_float2(m[e], tl);
-        }
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        float tl = l[e];
-        tl += wl_shfl_xor(tl, 1);
-        tl += wl_shfl_xor(tl, 2);
-        const float inv = 1.0f / tl;
-        const int rq = row0 + e * 8;
-        if (rq < lq) {
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-                *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * 128 + j * 8 + cq) =
-                    wl_cvt_bf16x2(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
-        }
-    }
+    fw_finish(o, m, l, 1.0f, out, sp, item, part, qb, row0, cq, lq, heads, h);
 }
 
 // ---- The fine branch of VSA fed by TMA, as the dense kernel: a producer warpgroup and two

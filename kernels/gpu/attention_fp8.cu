@@ -258,39 +258,9 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     pv(o, pa, stages + ((n - 1) % ST) * SB + TB);
     wl_wgmma_commit();
     wl_wgmma_wait_all();
-    // Outputs leave in real units, so split parts merge as the bf16 kernel's do (their sums
-    // carry the same 448 as their outputs).
-    if (part >= 0) {
-        const wl_u64 slot = (wl_u64)(item - sp.whole) * sp.parts + part;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float tl = l[e];
-            tl += wl_shfl_xor(tl, 1);
-            tl += wl_shfl_xor(tl, 2);
-            const int r = row0 - qb + e * 8;
-            float* po = sp.o + (slot * FW_BR + r) * 128;
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-                *(float2*)(po + j * 8 + cq) = make_float2(o[4 * j + 2 * e] * vprev, o[4 * j + 2 * e + 1] * vprev);
-            if (cq == 0) *(float2*)(sp.ml + (slot * FW_BR + r) * 2) = make_float2(m[e], tl);
-        }
-        return;
-    }
-    const wl_u64 row = (wl_u64)heads * 128;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        float tl = l[e];
-        tl += wl_shfl_xor(tl, 1);
-        tl += wl_shfl_xor(tl, 2);
-        const float inv = vprev / tl;
-        const int rq = row0 + e * 8;
-        if (rq < lq) {
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-                *(unsigned int*)(out + (wl_u64)rq * row + (wl_u64)h * 128 + j * 8 + cq) =
-                    wl_cvt_bf16x2(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
-        }
-    }
+    // Outputs leave in real units (the last v tile's scale), so split parts merge as the bf16
+    // kernel's do (their sums carry the same 448 as their outputs).
+    fw_finish(o, m, l, vprev, out, sp, item, part, qb, row0, cq, lq, heads, h);
 }
 
 // q as [lq, heads, 128] codes and k as [cap, heads, 128], in boxes of 128 dims × 1 head × 128

@@ -370,16 +370,7 @@ pub fn flash_attention_with(
                 (true, 0) => tail_split(items, dev.sms, kv_len.div_ceil(bc)),
                 _ => (items, 1),
             };
-            let split_rows = (items - whole) * parts * FLASH_BLOCK_QUERIES;
-            // SAFETY: the split blocks write every row of their part (rows past lq included)
-            // before the combine reads them.
-            let (po, pml) = unsafe {
-                (
-                    st.alloc::<f32>((split_rows * FLASH_HEAD_DIM).max(1)),
-                    st.alloc::<f32>((split_rows * 2).max(1)),
-                )
-            };
-            let (mut po, mut pml) = (po.map_err(|e| dev.err(e))?, pml.map_err(|e| dev.err(e))?);
+            let (mut po, mut pml) = split_buffers(dev, (items - whole) * parts)?;
             let (po_p, _g4) = po.device_ptr_mut(st);
             let (pml_p, _g5) = pml.device_ptr_mut(st);
             let plan = FlashSplit {
@@ -406,7 +397,7 @@ pub fn flash_attention_with(
                 // SAFETY: the tensor maps describe the live bf16 buffers q [lq, heads, 128] and
                 // k, v [kv_len.., heads, 128], held until the launch is enqueued (the stream
                 // orders any reuse); then the sizes and the split plan, whose buffers hold
-                // `split_rows` rows.
+                // the split's ranges.
                 unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
                 Ok(())
             })?;
@@ -416,6 +407,23 @@ pub fn flash_attention_with(
         }
     }
     cast(&wrap(out, q.shape()), q.dtype())
+}
+
+/// The partial outputs of a tail split's `ranges` key ranges: 128 rows × 128 dims each, and
+/// each row's (max, sum).
+fn split_buffers(dev: &Backend, ranges: usize) -> Result<(DeviceBuf<f32>, DeviceBuf<f32>)> {
+    let rows = ranges * FLASH_BLOCK_QUERIES;
+    let e = |e| dev.err(e);
+    // SAFETY: the split blocks write every row of their part (rows past lq included) before the
+    // combine reads them.
+    unsafe {
+        Ok((
+            dev.stream
+                .alloc::<f32>((rows * FLASH_HEAD_DIM).max(1))
+                .map_err(e)?,
+            dev.stream.alloc::<f32>((rows * 2).max(1)).map_err(e)?,
+        ))
+    }
 }
 
 /// Merges the key ranges of the `split` items of a tail-split launch into `out`.

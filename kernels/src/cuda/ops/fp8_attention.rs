@@ -5,8 +5,8 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::{
-    push, push_mut, storage, suffix, tail_split, wrap, FlashSplit, FLASH_BLOCK_QUERIES,
-    FLASH_TMA_THREADS,
+    push, push_mut, split_buffers, storage, suffix, tail_split, wrap, FlashSplit,
+    FLASH_BLOCK_QUERIES, FLASH_TMA_THREADS,
 };
 use crate::cuda::{CudaData, CudaStorage};
 use crate::fp8_attention::{Fp8Kv, FP8_HEAD_DIM, FP8_TILE};
@@ -110,15 +110,7 @@ pub fn attention_fp8(q: &Tensor, kv: &Fp8Kv, kv_len: usize) -> Result<Tensor> {
     dev.allow_dynamic_smem(&func, smem)?;
     let items = lq.div_ceil(FLASH_BLOCK_QUERIES) * heads;
     let (whole, parts) = tail_split(items, dev.sms, kv_len.div_ceil(FP8_TILE));
-    let split_rows = (items - whole) * parts * FLASH_BLOCK_QUERIES;
-    // SAFETY: the split blocks write every row of their part before the combine reads them.
-    let (po, pml) = unsafe {
-        (
-            st.alloc::<f32>((split_rows * FP8_HEAD_DIM).max(1)),
-            st.alloc::<f32>((split_rows * 2).max(1)),
-        )
-    };
-    let (mut po, mut pml) = (po.map_err(|e| dev.err(e))?, pml.map_err(|e| dev.err(e))?);
+    let (mut po, mut pml) = split_buffers(dev, (items - whole) * parts)?;
     let (po_p, _g4) = po.device_ptr_mut(st);
     let (pml_p, _g5) = pml.device_ptr_mut(st);
     let plan = FlashSplit {
@@ -151,7 +143,7 @@ pub fn attention_fp8(q: &Tensor, kv: &Fp8Kv, kv_len: usize) -> Result<Tensor> {
         // SAFETY: the maps describe the live code buffers (q [128·q_tiles, heads, 128], k [cap,
         // heads, 128], vᵀ [heads, 128, cap]), held until the launch is enqueued; q's scales hold
         // heads × q_tiles floats, the k and v scales heads × cap / 128; the split buffers hold
-        // `split_rows` rows.
+        // the split's ranges.
         unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
         Ok(())
     })?;
