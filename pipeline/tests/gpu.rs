@@ -75,6 +75,16 @@ fn tiny_stream_matches_the_cpu() {
     }
 }
 
+/// A CPU tensor of normal samples times `s`, from `seed`.
+fn rnd(seed: u64, shape: &[usize], s: f32) -> Tensor {
+    let v = NormalRng::new(seed)
+        .normals(shape.iter().product())
+        .into_iter()
+        .map(|x| x * s)
+        .collect();
+    Tensor::from_vec(v, shape).expect("t")
+}
+
 #[test]
 fn lingbot_1_3b_block_matches_the_cpu() {
     for dev in gpus() {
@@ -82,14 +92,6 @@ fn lingbot_1_3b_block_matches_the_cpu() {
         let grid = [1, 30, 52];
         let tokens: usize = grid.iter().product();
         let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4).expect("rope");
-        let rnd = |seed, shape: &[usize], s: f32| {
-            let v = NormalRng::new(seed)
-                .normals(shape.iter().product())
-                .into_iter()
-                .map(|x| x * s)
-                .collect();
-            Tensor::from_vec(v, shape).expect("t")
-        };
         let (x, e0, text, cond) = (
             rnd(1, &[tokens, cfg.dim], 1.0),
             rnd(2, &[6, cfg.dim], 0.1),
@@ -140,14 +142,6 @@ fn lingbot_1_3b_block_with_fp8_attention_matches_the_cpu() {
         let grid = [1, 30, 52];
         let tokens: usize = grid.iter().product();
         let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4).expect("rope");
-        let rnd = |seed, shape: &[usize], s: f32| {
-            let v = NormalRng::new(seed)
-                .normals(shape.iter().product())
-                .into_iter()
-                .map(|x| x * s)
-                .collect();
-            Tensor::from_vec(v, shape).expect("t")
-        };
         let (x, e0, text, held) = (
             rnd(1, &[tokens, cfg.dim], 1.0),
             rnd(2, &[6, cfg.dim], 0.1),
