@@ -108,3 +108,31 @@ fn fp8_stream_on_a_gpu_matches_the_cpu() {
         }
     }
 }
+
+/// `tiny` with one head of 128 (the fp8 attention's head dim), its self-attention over the
+/// caches' fp8 copies (the CPU reference) through three chunks of the engine (appends, the
+/// denoising steps' rewrites, the clean refresh): near the same model attending in bf16, not
+/// the same stream. Tiny's own head dim (32) is refused.
+#[test]
+fn a_stream_with_fp8_attention_stays_near_the_bf16_stream() {
+    let cfg = ModelConfig {
+        num_heads: 1,
+        ..ModelConfig::tiny()
+    };
+    assert_eq!(cfg.head_dim(), 128);
+    let load = || WanModel::load(&cfg, &WeightStore::random(5, DType::BF16)).expect("model");
+    let want = stream(load());
+    let mut m = load();
+    m.use_fp8_attention().expect("fp8 attention");
+    let got = stream(m);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let e = rel_l2(g, w);
+        println!("chunk {i}: fp8 attention vs bf16 rel L2 {e:.3e}");
+        assert!(e > 1e-5 && e < 0.1, "chunk {i}: rel L2 {e:e}");
+        assert!(g.iter().all(|v| v.is_finite()), "chunk {i}: non-finite");
+    }
+    let e = model(Device::Cpu, false)
+        .use_fp8_attention()
+        .expect_err("head dim 32");
+    assert!(e.to_string().contains("head dim"), "{e}");
+}
