@@ -80,8 +80,10 @@ template <typename T>
 WL_DEVICE void fp8_kv_store(unsigned char* k8, float* ks, unsigned char* vt, float* vs, const T* k, const T* v,
                             int heads, int valid, int tile0, int cap) {
     __shared__ float scratch[32];
-    // Rows 16 bytes longer than a tile's keys: 16-byte aligned for the copy out.
-    __shared__ __align__(16) unsigned char tile[128][F8_TILE + 16];
+    // Rows 16 bytes longer than a tile's keys, 16-byte aligned (declared as uint4) for the copy
+    // out.
+    __shared__ uint4 tile_words[128][(F8_TILE + 16) / 16];
+    unsigned char (*tile)[F8_TILE + 16] = (unsigned char (*)[F8_TILE + 16])tile_words;
     const int h = blockIdx.y, r0 = (tile0 + blockIdx.x) * F8_TILE, r1 = min(valid, r0 + F8_TILE);
     const int tiles = cap / F8_TILE;
     fp8_tile_rows(k8, ks, k, r0, r1, heads, h, tiles, scratch);

@@ -305,3 +305,46 @@ fn vsa_fine_runs_on_the_matrix_cores() {
         |t| kernels::vsa::attention(&t[0], &t[1], &t[2], Some(&t[3]), qg, kg, 3),
     );
 }
+
+/// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as
+/// the CPU writes it, code for code; the attention itself has no ROCm kernel and says so.
+#[test]
+fn the_fp8_kv_store_matches_the_cpu_on_the_emulated_gpu() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    let (k, v) = (
+        input(41, &[300, 2, 128], DType::BF16),
+        input(42, &[300, 2, 128], DType::BF16),
+    );
+    let (kd, vd) = (k.to_device(dev).expect("k"), v.to_device(dev).expect("v"));
+    let mut cpu = kernels::Fp8Kv::new(300, 2, kernels::Device::Cpu).expect("store");
+    let mut gpu = kernels::Fp8Kv::new(300, 2, dev).expect("store");
+    for (a, b) in [(0, 100), (100, 300)] {
+        cpu.requantize(&k, &v, a..b, b).expect("cpu");
+        gpu.requantize(&kd, &vd, a..b, b).expect("emulated gpu");
+    }
+    for (i, (g, c)) in gpu.parts().iter().zip(cpu.parts()).enumerate() {
+        let g = g
+            .to_device(kernels::Device::Cpu)
+            .expect("download")
+            .to_vec_f32();
+        let same = g
+            .iter()
+            .zip(c.to_vec_f32())
+            .filter(|(a, b)| a.to_bits() == b.to_bits())
+            .count();
+        assert_eq!(
+            same,
+            g.len(),
+            "fp8 store part {i}: {same} of {} equal",
+            g.len()
+        );
+    }
+    let q = input(43, &[10, 2, 128], DType::BF16)
+        .to_device(dev)
+        .expect("q");
+    let e = kernels::attention_fp8(&q, &gpu, 300).expect_err("no ROCm kernel");
+    assert!(e.to_string().contains("ROCm"), "{e}");
+}
