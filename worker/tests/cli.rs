@@ -79,9 +79,12 @@ fn fp8_linears_run_and_say_so() {
 
 #[test]
 fn bad_flags_fail_with_a_reason() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 14] = [
         (&["--model", "giant"], "unknown model 'giant'"),
         (&["--dtype", "f16"], "the weights run in f32, bf16 or fp8"),
+        (&["--attention", "fp16"], "--attention fp16: bf16 or fp8"),
+        // tiny's heads are 32 wide; the fp8 attention takes 128.
+        (&["--attention", "fp8"], "fp8 attention takes head dim 128"),
         (&["--cards", "3"], "do not split over 3 cards"),
         (
             &["--device", "cuda", "--cards", "3"],

@@ -253,6 +253,7 @@ async fn status_says_the_default_is_the_embedded_world_model() {
     assert_eq!(status["weights"]["state"], "embedded", "{status}");
     assert_eq!(status["decoder"], "tiny/world", "{status}");
     assert_eq!(status["decoder_weights"]["state"], "embedded", "{status}");
+    assert_eq!(status["attention"], "bf16", "{status}");
     // Trained with the null prompt: a prompt is answered honestly and changes nothing.
     assert_eq!(
         status["text_encoder"]["state"], "not_conditioned",
