@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{gpus, rel_l2};
+use common::{gpus, random_times as rnd, rel_l2};
 
 use std::sync::Arc;
 
@@ -73,16 +73,6 @@ fn tiny_stream_matches_the_cpu() {
             }
         }
     }
-}
-
-/// A CPU tensor of normal samples times `s`, from `seed`.
-fn rnd(seed: u64, shape: &[usize], s: f32) -> Tensor {
-    let v = NormalRng::new(seed)
-        .normals(shape.iter().product())
-        .into_iter()
-        .map(|x| x * s)
-        .collect();
-    Tensor::from_vec(v, shape).expect("t")
 }
 
 #[test]

@@ -4,6 +4,9 @@
 //! Prints max abs difference, relative L2 and whether the results are bit-identical; skipped,
 //! with the reason printed, unless NCCL and two CUDA devices are present.
 
+mod common;
+
+use common::random_times as rnd;
 use std::sync::{Arc, Once};
 use std::time::Instant;
 
@@ -164,14 +167,6 @@ fn lingbot_1_3b_block_on_two_gpus_matches_one() {
     let grid = [3, 30, 52];
     let frame_tokens = grid[1] * grid[2];
     let tokens: usize = grid.iter().product();
-    let rnd = |seed, shape: &[usize], s: f32| {
-        let v = NormalRng::new(seed)
-            .normals(shape.iter().product())
-            .into_iter()
-            .map(|x| x * s)
-            .collect();
-        Tensor::from_vec(v, shape).expect("t")
-    };
     let (x, e0, text, cond) = (
         rnd(1, &[tokens, cfg.dim], 1.0),
         rnd(2, &[6, cfg.dim], 0.1),

@@ -42,8 +42,18 @@ impl Drop for CaseDir {
 }
 
 pub fn random(seed: u64, shape: &[usize]) -> Tensor {
+    random_times(seed, shape, 1.0)
+}
+
+/// [`random`]'s samples times `s`.
+pub fn random_times(seed: u64, shape: &[usize], s: f32) -> Tensor {
     let n = shape.iter().product();
-    Tensor::from_vec(NormalRng::new(seed).normals(n), shape).expect("tensor")
+    let v = NormalRng::new(seed)
+        .normals(n)
+        .into_iter()
+        .map(|x| x * s)
+        .collect();
+    Tensor::from_vec(v, shape).expect("tensor")
 }
 
 /// Runs `tests/ref/<script>` with `args`, failing with the interpreter's stderr.
