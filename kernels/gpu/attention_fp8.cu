@@ -224,7 +224,7 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
         pack(pa, sc);
     }
-    for (int j = 1; j < n; ++j) {
+    auto step = [&](int j, bool mask) {
         const int s = j % ST, prev = (j - 1) % ST;
         const float kscale = ksh[j0 + j], vnow = vsh[j0 + j];
         wl_mbar_wait(full + s, (j / ST) & 1);
@@ -238,12 +238,15 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
         float nm[2], corr[2], sum[2];
-        fw_softmax<F8_TILE>(sc, m, nm, corr, sum, (j0 + j) * F8_TILE, row0, cq, kv_len, 0, qs2 * kscale, gain);
+        const int kb = (j0 + j) * F8_TILE;
+        if (mask) fw_softmax<F8_TILE, true>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, 0, qs2 * kscale, gain);
+        else fw_softmax<F8_TILE, false>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, 0, qs2 * kscale, gain);
         wl_wgmma_wait_all();
         if (t == 0) wl_mbar_arrive(empty + prev);
         // o holds units of the previous v tile (its P·V just finished); this tile's P·V adds
-        // units of vnow.
-        const float ratio = vprev / vnow;
+        // units of vnow. The fast division (2 ulp) spares an IEEE one's range check and slow path
+        // per tile; the ratios' errors compound to ~1e-5 over a 28080-key window, far below e4m3's.
+        const float ratio = __fdividef(vprev, vnow);
         vprev = vnow;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -254,7 +257,10 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
             for (int q = 0; q < 16; ++q) o[4 * q + 2 * e] *= c, o[4 * q + 2 * e + 1] *= c;
         }
         pack(pa, sc);
-    }
+    };
+    const int jm = max(1, min(n, fw_first_masked(qb, kv_len, 0, F8_TILE) - j0));
+    for (int j = 1; j < jm; ++j) step(j, false);
+    for (int j = jm; j < n; ++j) step(j, true);
     if (wg == 0) wl_named_sync(1, 256);
     wl_wgmma_fence();
     pv(o, pa, stages + ((n - 1) % ST) * SB + TB);
