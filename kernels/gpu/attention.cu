@@ -705,17 +705,23 @@ WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, f
 
 // Applies a tile's softmax step to the running state: row sums and maxima, and the output
 // accumulators (64 × 128, wgmma layout) rescaled to the new maxima.
+// Once the rows have seen a few tiles their maxima rarely move (corr = 1), so a warp skips the
+// 64 multiplies unless one of its rows' maxima did. The branch is safe here: the callers have
+// waited for every wgmma before.
 WL_DEVICE void fw_rescale(float* o, float* m, float* l, const float* n, const float* corr, const float* sum) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         l[e] = l[e] * corr[e] + sum[e];
         m[e] = n[e];
+    }
+    if (!wl_any(corr[0] != 1.0f || corr[1] != 1.0f)) return;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             o[4 * j + 2 * e] *= corr[e];
             o[4 * j + 2 * e + 1] *= corr[e];
         }
-    }
 }
 
 // Key tiles of BC keys from this index on may reach past the limit of some row of the 128-query
@@ -842,21 +848,26 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     const int row0 = qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
-    const unsigned char* qw = qs + wg * 64 * 128;  // this warpgroup's rows in each half
-    auto scores = [&](float* sc, const unsigned char* ks) {
+    // Descriptors of this warpgroup's Q rows (in each half) and of stage 0's K and V; the
+    // others are fixed offsets from these.
+    const unsigned long long dq = wl_wgmma_desc_sw128(qs + wg * 64 * 128);
+    const unsigned long long dk0 = wl_wgmma_desc_sw128(stages);
+    const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + KB, BC * 128);
+    auto scores = [&](float* sc, int s) {
+        const unsigned long long dk = wl_desc_plus(dk0, s * SB);
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
             const int half = kk / 4, step = (kk % 4) * 32;
-            const unsigned long long da = wl_wgmma_desc_sw128(qw + half * FW_BR * 128 + step);
-            const unsigned long long db = wl_wgmma_desc_sw128(ks + half * BC * 128 + step);
+            const unsigned long long da = wl_desc_plus(dq, half * FW_BR * 128 + step);
+            const unsigned long long db = wl_desc_plus(dk, half * BC * 128 + step);
             if constexpr (BC == 64) wl_wgmma_64x64x16_ss(sc, da, db, kk);
             else wl_wgmma_64x128x16_ss(sc, da, db, kk);
         }
     };
-    auto pv = [&](float* o, const unsigned int (*pa)[4], const unsigned char* vs) {
+    auto pv = [&](float* o, const unsigned int (*pa)[4], int s) {
+        const unsigned long long dv = wl_desc_plus(dv0, s * SB);
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk)
-            wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_wgmma_desc_sw128_mn(vs + kk * 2048, BC * 128));
+        for (int kk = 0; kk < BC / 16; ++kk) wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_desc_plus(dv, kk * 2048));
     };
     auto pack = [](unsigned int (*pa)[4], const float* sc) {
 #pragma unroll
@@ -877,7 +888,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         float sc[BC / 2];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
-        scores(sc, stages);
+        scores(sc, 0);
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
@@ -893,9 +904,9 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         float sc[BC / 2];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
-        scores(sc, stages + s * SB);
+        scores(sc, s);
         wl_wgmma_commit();
-        pv(o, pa, stages + prev * SB + KB);
+        pv(o, pa, prev);
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
@@ -915,7 +926,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     // Warpgroup 1 arrived on barrier 1 once more than warpgroup 0 waited there.
     if (wg == 0) wl_named_sync(1, 256);
     wl_wgmma_fence();
-    pv(o, pa, stages + ((n - 1) % ST) * SB + KB);
+    pv(o, pa, (n - 1) % ST);
     wl_wgmma_commit();
     wl_wgmma_wait_all();
     fw_finish(o, m, l, 1.0f, out, sp, item, part, qb, row0, cq, lq, heads, h);

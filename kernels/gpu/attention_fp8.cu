@@ -178,15 +178,20 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     const float qs2 = scale * 1.4426950408889634f * qscale[(wl_u64)h * nqb + qb / FW_BR];
     // P is quantized as 448·p: e4m3's largest value for the row's largest weight.
     const float gain = 8.807354922057604f;  // log2(448)
-    const unsigned char* qw = qsm + wg * 64 * 128;
-    auto scores = [&](float* sc, const unsigned char* kt) {
+    // Descriptors of this warpgroup's Q rows and of stage 0's K and Vᵀ; the others are fixed
+    // offsets from these.
+    const unsigned long long dq = wl_wgmma_desc_sw128(qsm + wg * 64 * 128);
+    const unsigned long long dk0 = wl_wgmma_desc_sw128(stages), dv0 = wl_wgmma_desc_sw128(stages + TB);
+    auto scores = [&](float* sc, int s) {
+        const unsigned long long dk = wl_desc_plus(dk0, s * SB);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            wl_wgmma_64x128x32_e4m3_ss(sc, wl_wgmma_desc_sw128(qw + kk * 32), wl_wgmma_desc_sw128(kt + kk * 32), kk);
+            wl_wgmma_64x128x32_e4m3_ss(sc, wl_desc_plus(dq, kk * 32), wl_desc_plus(dk, kk * 32), kk);
     };
-    auto pv = [&](float* o, const unsigned int (*pa)[4], const unsigned char* vt) {
+    auto pv = [&](float* o, const unsigned int (*pa)[4], int s) {
+        const unsigned long long dv = wl_desc_plus(dv0, s * SB);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x32_e4m3_rs(o, pa[kk], wl_wgmma_desc_sw128(vt + kk * 32));
+        for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x32_e4m3_rs(o, pa[kk], wl_desc_plus(dv, kk * 32));
     };
     // The weights as e4m3 in the A-fragment order of P·V (see fp8_vt_key): byte i of register
     // r holds accumulator columns 2t, 2t+1, 8+2t, 9+2t of row e (r = e, and + 2 for the next 16).
@@ -214,7 +219,7 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         float sc[64];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
-        scores(sc, stages);
+        scores(sc, 0);
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
@@ -231,9 +236,9 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         float sc[64];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
-        scores(sc, stages + s * SB);
+        scores(sc, s);
         wl_wgmma_commit();
-        pv(o, pa, stages + prev * SB + TB);
+        pv(o, pa, prev);
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
@@ -263,7 +268,7 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     for (int j = jm; j < n; ++j) step(j, true);
     if (wg == 0) wl_named_sync(1, 256);
     wl_wgmma_fence();
-    pv(o, pa, stages + ((n - 1) % ST) * SB + TB);
+    pv(o, pa, (n - 1) % ST);
     wl_wgmma_commit();
     wl_wgmma_wait_all();
     // Outputs leave in real units (the last v tile's scale), so split parts merge as the bf16

@@ -8,6 +8,8 @@
 
 WL_DEVICE float wl_shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 WL_DEVICE double wl_shfl_xor(double v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
+// Whether any lane of the warp (wave) has p set: the same answer in every lane.
+WL_DEVICE bool wl_any(bool p) { return __any_sync(0xffffffffu, p); }
 
 typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
@@ -177,6 +179,14 @@ WL_DEVICE unsigned long long wl_wgmma_desc_sw128(const void* smem) {
 // `panel` bytes on. A 16-row step along K is +2048 bytes.
 WL_DEVICE unsigned long long wl_wgmma_desc_sw128_mn(const void* smem, unsigned int panel) {
     return wl_wgmma_desc(smem, panel, 1024) | (1ull << 62);
+}
+// The descriptor `bytes` further on. Only the start address moves (bits 0-13, 16-byte units),
+// and a block's shared memory (under 256 KiB) never carries out of that field, so one 32-bit
+// add is exact: building each of a tile's wgmma descriptors from its pointer took ~14
+// instructions, a sixth of the attention loops.
+WL_DEVICE unsigned long long wl_desc_plus(unsigned long long d, unsigned int bytes) {
+    const unsigned int lo = (unsigned int)d + (bytes >> 4), hi = (unsigned int)(d >> 32);
+    return ((unsigned long long)hi << 32) | lo;
 }
 // D[64×64] (+)= A[64×16] · B[16×64], both operands K-major in shared memory.
 WL_DEVICE void wl_wgmma_64x64x16_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {

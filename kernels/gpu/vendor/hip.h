@@ -8,6 +8,8 @@
 
 WL_DEVICE float wl_shfl_xor(float v, int lane_mask) { return __shfl_xor(v, lane_mask); }
 WL_DEVICE double wl_shfl_xor(double v, int lane_mask) { return __shfl_xor(v, lane_mask); }
+// Whether any lane of the warp (wave) has p set: the same answer in every lane.
+WL_DEVICE bool wl_any(bool p) { return __any(p); }
 
 typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl(v, src_lane); }
