@@ -11,7 +11,7 @@
 use crate::cpu::attention::{attention as cpu_attention, AttnDims};
 use crate::error::shape_err;
 use crate::tensor::CpuStorage;
-use crate::{cuda, fp8, DType, Device, Error, Fp8Scale, Result, Storage, Tensor};
+use crate::{cuda, fp8, DType, Device, Error, Result, Storage, Tensor};
 
 /// Head dim the fp8 attention takes (Wan's).
 pub const FP8_HEAD_DIM: usize = 128;
@@ -50,27 +50,19 @@ pub struct Fp8Kv {
     v_scale: Tensor,
 }
 
-fn codes(n: usize, shape: &[usize], device: Device) -> Result<Tensor> {
-    let st = CpuStorage::F8E4M3 {
-        codes: vec![0; n],
-        scale: Fp8Scale::Tensor(1.0),
-    };
-    Tensor::from_cpu_storage(st, shape)?.to_device(device)
-}
-
 impl Fp8Kv {
     /// An empty store for at least `keys` keys on `device` (zeros: keys never written are finite
     /// and masked).
     pub fn new(keys: usize, heads: usize, device: Device) -> Result<Self> {
         let capacity = keys.div_ceil(FP8_TILE).max(1) * FP8_TILE;
-        let n = capacity * heads * FP8_HEAD_DIM;
-        let scales = || Tensor::zeros(&[heads, capacity / FP8_TILE], DType::F32)?.to_device(device);
+        let scales = || Tensor::zeros_on(&[heads, capacity / FP8_TILE], DType::F32, device);
+        let codes = |shape: &[usize]| Tensor::zeros_on(shape, DType::F8E4M3, device);
         Ok(Fp8Kv {
             heads,
             capacity,
-            k: codes(n, &[capacity, heads, FP8_HEAD_DIM], device)?,
+            k: codes(&[capacity, heads, FP8_HEAD_DIM])?,
             k_scale: scales()?,
-            vt: codes(n, &[heads, FP8_HEAD_DIM, capacity], device)?,
+            vt: codes(&[heads, FP8_HEAD_DIM, capacity])?,
             v_scale: scales()?,
         })
     }

@@ -52,8 +52,14 @@ impl KvCache {
 
     /// The same (empty or not) cache with its storage on `device`.
     pub fn on_device(mut self, device: crate::Device) -> Result<Self> {
-        self.k = self.k.to_device(device)?;
-        self.v = self.v.to_device(device)?;
+        if self.frames.is_empty() {
+            // Nothing to copy: zeros made on the device spare the upload.
+            self.k = Tensor::zeros_on(self.k.shape(), self.k.dtype(), device)?;
+            self.v = Tensor::zeros_on(self.v.shape(), self.v.dtype(), device)?;
+        } else {
+            self.k = self.k.to_device(device)?;
+            self.v = self.v.to_device(device)?;
+        }
         if self.fp8.is_some() {
             self.fp8 = None;
             return self.with_fp8_attention();
@@ -62,8 +68,8 @@ impl KvCache {
     }
 
     /// The same cache also kept in fp8 for [`crate::attention_fp8`] (head dim 128): every write
-    /// quantizes the rows it writes, and an eviction requantizes the rows it moved (per-token
-    /// scales, so nothing else changes). The bf16 (or f32) copy stays the cache's content.
+    /// requantizes the 128-key tiles it touches (one scale per tile and head), and an eviction
+    /// requantizes the rows it moved. The bf16 (or f32) copy stays the cache's content.
     pub fn with_fp8_attention(mut self) -> Result<Self> {
         let (cap, heads) = (self.k.dim(0), self.k.dim(1));
         if self.k.dim(2) != crate::fp8_attention::FP8_HEAD_DIM {

@@ -171,6 +171,30 @@ impl Tensor {
         Self::from_f32(vec![0.0; numel(shape)], shape, dtype)
     }
 
+    /// Zeros made where they will live: on a GPU the memory is set there, with no host buffer
+    /// and no upload. e4m3 zeros carry one tensorwise scale of 1.
+    pub fn zeros_on(shape: &[usize], dtype: DType, device: Device) -> Result<Self> {
+        let n = numel(shape);
+        let storage = match device {
+            Device::Cpu if dtype == DType::F8E4M3 => Storage::Cpu(CpuStorage::F8E4M3 {
+                codes: vec![0; n],
+                scale: crate::Fp8Scale::Tensor(1.0),
+            }),
+            Device::Cpu => return Self::zeros(shape, dtype),
+            Device::Cuda(i) => Storage::Cuda(crate::cuda::CudaStorage::zeros(
+                &crate::cuda::backend(i)?,
+                dtype,
+                n,
+            )?),
+            Device::Rocm(i) => Storage::Rocm(crate::rocm::RocmStorage::zeros(
+                &crate::rocm::backend(i)?,
+                dtype,
+                n,
+            )?),
+        };
+        Ok(Self::from_storage(storage, shape.to_vec()))
+    }
+
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }

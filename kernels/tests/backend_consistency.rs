@@ -1172,3 +1172,28 @@ fn fp8_attention_matches_the_cpu(dev: Device) {
     }
 }
 backend_test!(fp8_attention_matches_the_cpu);
+
+/// `Tensor::zeros_on` sets its memory on the device (the KV caches and the fp8 store start so):
+/// a freed buffer of random values of the same size comes first, so memory the pool hands back
+/// unset would show.
+fn zeros_made_on_the_device_are_zeros(dev: Device) {
+    let mut rng = Rng::new(47);
+    let shape = [333, 7, 16];
+    for dtype in [DType::F32, DType::BF16, DType::F8E4M3] {
+        let junk = rand(&mut rng, &shape, DType::F32)
+            .to_device(dev)
+            .expect("upload");
+        drop(junk);
+        let z = Tensor::zeros_on(&shape, dtype, dev).expect("zeros");
+        assert_eq!((z.device(), z.dtype(), z.shape()), (dev, dtype, &shape[..]));
+        let v = z.to_vec_f32();
+        let bad = v.iter().filter(|x| **x != 0.0).count();
+        assert_eq!(
+            bad,
+            0,
+            "{dtype:?} zeros on {dev}: {bad} of {} not zero",
+            v.len()
+        );
+    }
+}
+backend_test!(zeros_made_on_the_device_are_zeros);

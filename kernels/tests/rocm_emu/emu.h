@@ -54,6 +54,15 @@ inline T __shfl(T v, int src, int = 64) {
     return wl_emu_shuffle(v, src % 64);
 }
 
+// Whether any lane of the caller's wavefront has p set (every lane must call it, as on the GPU).
+inline int __any(int p) {
+    int all[64];
+    wl_emu_ctx->gather(wl_emu_ctx->team, threadIdx.x, &p, all, (int)sizeof(int));
+    for (int i = 0; i < 64; ++i)
+        if (all[i]) return 1;
+    return 0;
+}
+
 inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);
