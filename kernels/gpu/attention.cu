@@ -1013,18 +1013,21 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 (tile slots)
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
-    auto scores = [&](float* sc, const unsigned char* ks) {
+    // Descriptors of the query tile and of stage 0's K and V (the others are offsets).
+    const unsigned long long dq = wl_wgmma_desc_sw128(qs), dk0 = wl_wgmma_desc_sw128(stages);
+    const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
+    auto scores = [&](float* sc, int s) {
+        const unsigned long long dk = wl_desc_plus(dk0, s * 2 * TB);
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
-            const int half = kk / 4, step = (kk % 4) * 32;
-            wl_wgmma_64x64x16_ss(sc, wl_wgmma_desc_sw128(qs + half * (TB / 2) + step),
-                                 wl_wgmma_desc_sw128(ks + half * (TB / 2) + step), kk);
+            const int at = kk / 4 * (TB / 2) + (kk % 4) * 32;
+            wl_wgmma_64x64x16_ss(sc, wl_desc_plus(dq, at), wl_desc_plus(dk, at), kk);
         }
     };
-    auto pv = [&](float* o, const unsigned int (*pa)[4], const unsigned char* vs) {
+    auto pv = [&](float* o, const unsigned int (*pa)[4], int s) {
+        const unsigned long long dv = wl_desc_plus(dv0, s * 2 * TB);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_wgmma_desc_sw128_mn(vs + kk * 2048, TB / 2));
+        for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_desc_plus(dv, kk * 2048));
     };
     // Masks slots of key tile j outside the key grid (select, not branch: a wgmma is in flight),
     // then the softmax step.
@@ -1061,7 +1064,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         float sc[32];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
-        scores(sc, stages);
+        scores(sc, 0);
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
@@ -1077,9 +1080,9 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         float sc[32];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
-        scores(sc, stages + s * 2 * TB);
+        scores(sc, s);
         wl_wgmma_commit();
-        pv(o, pa, stages + prev * 2 * TB + TB);
+        pv(o, pa, prev);
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
@@ -1092,7 +1095,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     }
     if (wg == 0) wl_named_sync(1, 256);
     wl_wgmma_fence();
-    pv(o, pa, stages + ((top_k - 1) % VT_STAGES) * 2 * TB + TB);
+    pv(o, pa, (top_k - 1) % VT_STAGES);
     wl_wgmma_commit();
     wl_wgmma_wait_all();
     if (!mine) return;
