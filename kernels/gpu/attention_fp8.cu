@@ -7,8 +7,9 @@
 // per-tile scale keeps each value's relative precision as a per-token one would; in exchange
 // the softmax step costs what the bf16 kernel's does (no per-key multiply):
 //  - the k tile's scale folds into the tile's score scale;
-//  - P is quantized as w = 448·p (the gain in the exponent, free), and each v tile's scale
-//    folds into the rescale of the output accumulators between tiles.
+//  - P is quantized as w = 448·p·(vs_j / vmax) (the gain in the exponent, free): each v tile's
+//    scale relative to the largest of the item's tiles, so the output accumulates in one unit
+//    and is rescaled only when a row's maximum moves.
 //
 // Layout of the fp8 store (`Fp8Kv` in kernels/src/fp8_attention.rs), `cap` keys (a multiple of
 // 128), per head h:
@@ -205,13 +206,20 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
                             (wl_cvt_e4m3x2(s[4 * j + 4 + 2 * e], s[4 * j + 4 + 2 * e + 1]) << 16);
             }
     };
+    // Each tile's P·V adds P_j · codes(V_j) with P_j = 448·p·r_j, r_j = vs_j / vmax ≤ 1 (vmax the
+    // largest v scale of this item's tiles): the output accumulates in units of vmax / 448 for
+    // every tile, so it is rescaled only when a row's maximum moves, as in the bf16 kernel. r_j
+    // enters the exponent with the 448; the row sums take 1 / r_j back out, so they count p.
+    float vmax = 0.0f;
+    for (int u = lane; u < n; u += 32) vmax = fmaxf(vmax, vsh[j0 + u]);
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) vmax = fmaxf(vmax, wl_shfl_xor(vmax, x));
+    const float gain_v = gain - __log2f(vmax);  // log2(448 / vmax): add log2(vs_j) per tile
     float o[64];
 #pragma unroll
     for (int j = 0; j < 64; ++j) o[j] = 0.0f;
     float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
     unsigned int pa[4][4];
-    // The output accumulates in units of the last v tile's scale.
-    float vprev = vsh[j0];
     wl_mbar_wait(qbar, 0);
     wl_mbar_wait(full, 0);
     if (wg == 1) wl_named_arrive(1, 256);
@@ -224,14 +232,17 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
         float nm[2], corr[2], sum[2];
-        fw_softmax<F8_TILE>(sc, m, nm, corr, sum, j0 * F8_TILE, row0, cq, kv_len, 0, qs2 * ksh[j0], gain);
+        const float v = vsh[j0];
+        fw_softmax<F8_TILE>(sc, m, nm, corr, sum, j0 * F8_TILE, row0, cq, kv_len, 0, qs2 * ksh[j0],
+                            gain_v + __log2f(v));
+        const float unr = __fdividef(vmax, v);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
+        for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e] * unr;
         pack(pa, sc);
     }
     auto step = [&](int j, bool mask) {
         const int s = j % ST, prev = (j - 1) % ST;
-        const float kscale = ksh[j0 + j], vnow = vsh[j0 + j];
+        const float kscale = ksh[j0 + j], v = vsh[j0 + j];
         wl_mbar_wait(full + s, (j / ST) & 1);
         float sc[64];
         wl_named_sync(1 + wg, 256);
@@ -244,23 +255,15 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_wgmma_wait_one();
         float nm[2], corr[2], sum[2];
         const int kb = (j0 + j) * F8_TILE;
-        if (mask) fw_softmax<F8_TILE, true>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, 0, qs2 * kscale, gain);
-        else fw_softmax<F8_TILE, false>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, 0, qs2 * kscale, gain);
+        const float g = gain_v + __log2f(v);
+        if (mask) fw_softmax<F8_TILE, true>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, 0, qs2 * kscale, g);
+        else fw_softmax<F8_TILE, false>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, 0, qs2 * kscale, g);
         wl_wgmma_wait_all();
         if (t == 0) wl_mbar_arrive(empty + prev);
-        // o holds units of the previous v tile (its P·V just finished); this tile's P·V adds
-        // units of vnow. The fast division (2 ulp) spares an IEEE one's range check and slow path
-        // per tile; the ratios' errors compound to ~1e-5 over a 28080-key window, far below e4m3's.
-        const float ratio = __fdividef(vprev, vnow);
-        vprev = vnow;
+        const float unr = __fdividef(vmax, v);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            l[e] = l[e] * corr[e] + sum[e];
-            m[e] = nm[e];
-            const float c = corr[e] * ratio;
-#pragma unroll
-            for (int q = 0; q < 16; ++q) o[4 * q + 2 * e] *= c, o[4 * q + 2 * e + 1] *= c;
-        }
+        for (int e = 0; e < 2; ++e) sum[e] *= unr;
+        fw_rescale(o, m, l, nm, corr, sum);
         pack(pa, sc);
     };
     const int jm = max(1, min(n, fw_first_masked(qb, kv_len, 0, F8_TILE) - j0));
@@ -271,9 +274,9 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     pv(o, pa, (n - 1) % ST);
     wl_wgmma_commit();
     wl_wgmma_wait_all();
-    // Outputs leave in real units (the last v tile's scale), so split parts merge as the bf16
-    // kernel's do (their sums carry the same 448 as their outputs).
-    fw_finish(o, m, l, vprev, out, sp, item, part, qb, row0, cq, lq, heads, h);
+    // Outputs leave in real units (times vmax), so split parts merge as the bf16 kernel's do
+    // (their sums carry the same 448 as their outputs).
+    fw_finish(o, m, l, vmax, out, sp, item, part, qb, row0, cq, lq, heads, h);
 }
 
 // q as [lq, heads, 128] codes and k as [cap, heads, 128], in boxes of 128 dims × 1 head × 128
