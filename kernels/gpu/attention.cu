@@ -660,15 +660,6 @@ WL_KERNEL void __launch_bounds__(128)
 // MASK = false leaves the masking out (a compare and a select per score, a seventh of the fp8
 // kernel's instructions) for tiles that lie wholly below every limit of the block's rows.
 // The probabilities come out times 2^log2_gain (the fp8 kernel's scaling of P into e4m3's range).
-// a[0] = max(a[0 .. 2W)), in log2(2W) levels (a template, so that every index is a constant and
-// the array stays in registers).
-template <int W>
-WL_DEVICE void fw_tree_max(float* a) {
-#pragma unroll
-    for (int j = 0; j < W; ++j) a[j] = fmaxf(a[j], a[j + W]);
-    if constexpr (W > 1) fw_tree_max<W / 2>(a);
-}
-
 template <int BC, bool MASK = true>
 WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, int kb, int row0, int cq,
                           int kv_len, int block_tokens, float scale2,
@@ -687,14 +678,9 @@ WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, f
                     x = j * 8 + c < visible ? x : -WL_INF;
                 }
         }
-        // The row's max as a tree and its sum in four running parts: with two consumer warps a
-        // scheduler, the softmax's dependent chains (a max or an add per score, in order) were a
-        // third of the kernel's stalls.
-        float a[BC / 8];
+        float mx = -WL_INF;
 #pragma unroll
-        for (int j = 0; j < BC / 8; ++j) a[j] = fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]);
-        fw_tree_max<BC / 16>(a);
-        float mx = a[0];
+        for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
         mx = fmaxf(mx, wl_shfl_xor(mx, 1));
         mx = fmaxf(mx, wl_shfl_xor(mx, 2));
         const float n = fmaxf(m[e], mx * scale2);
@@ -702,17 +688,16 @@ WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, f
         const float base = n == -WL_INF ? 0.0f : n;
         corr[e] = wl_exp2_approx(m[e] - base);
         const float shift = log2_gain - base;
-        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float t = 0.0f;
 #pragma unroll
         for (int j = 0; j < BC / 8; ++j) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const float p = wl_exp2_approx(fmaf(s[4 * j + 2 * e + c], scale2, shift));
                 s[4 * j + 2 * e + c] = p;
-                part[(2 * j + c) % 4] += p;
+                t += p;
             }
         }
-        const float t = (part[0] + part[1]) + (part[2] + part[3]);
         sum[e] = t;
         n_out[e] = n;
     }
