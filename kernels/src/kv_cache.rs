@@ -22,6 +22,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// An empty cache on the CPU.
     pub fn new(
         window_frames: usize,
         sink_frames: usize,
@@ -29,6 +30,29 @@ impl KvCache {
         heads: usize,
         head_dim: usize,
         dtype: DType,
+    ) -> Result<Self> {
+        let cpu = crate::Device::Cpu;
+        Self::new_on(
+            window_frames,
+            sink_frames,
+            tokens_per_frame,
+            heads,
+            head_dim,
+            dtype,
+            cpu,
+        )
+    }
+
+    /// An empty cache whose zeros are made on `device` (no host buffer, no upload: a 14B
+    /// engine's caches are ~23 GB).
+    pub fn new_on(
+        window_frames: usize,
+        sink_frames: usize,
+        tokens_per_frame: usize,
+        heads: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: crate::Device,
     ) -> Result<Self> {
         if window_frames == 0 || sink_frames >= window_frames || tokens_per_frame == 0 {
             return Err(Error::Invalid {
@@ -44,22 +68,16 @@ impl KvCache {
             window_frames,
             sink_frames,
             frames: Vec::with_capacity(window_frames),
-            k: Tensor::zeros(&shape, dtype)?,
-            v: Tensor::zeros(&shape, dtype)?,
+            k: Tensor::zeros_on(&shape, dtype, device)?,
+            v: Tensor::zeros_on(&shape, dtype, device)?,
             fp8: None,
         })
     }
 
     /// The same (empty or not) cache with its storage on `device`.
     pub fn on_device(mut self, device: crate::Device) -> Result<Self> {
-        if self.frames.is_empty() {
-            // Nothing to copy: zeros made on the device spare the upload.
-            self.k = Tensor::zeros_on(self.k.shape(), self.k.dtype(), device)?;
-            self.v = Tensor::zeros_on(self.v.shape(), self.v.dtype(), device)?;
-        } else {
-            self.k = self.k.to_device(device)?;
-            self.v = self.v.to_device(device)?;
-        }
+        self.k = self.k.to_device(device)?;
+        self.v = self.v.to_device(device)?;
         if self.fp8.is_some() {
             self.fp8 = None;
             return self.with_fp8_attention();

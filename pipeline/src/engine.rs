@@ -194,16 +194,16 @@ impl Engine {
         let heads = sp::heads_per_card(mc.num_heads, cards)?;
         let caches = (0..mc.num_layers)
             .map(|_| {
-                KvCache::new(
+                KvCache::new_on(
                     cfg.window_frames,
                     cfg.sink_frames,
                     tokens_per_frame,
                     heads,
                     mc.head_dim(),
                     cache_dtype,
+                    model.device(),
                 )
             })
-            .map(|c| c.and_then(|c| c.on_device(model.device())))
             .map(|c| match c {
                 Ok(c) if model.fp8_attention => c.with_fp8_attention(),
                 other => other,
