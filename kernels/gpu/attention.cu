@@ -660,7 +660,15 @@ WL_KERNEL void __launch_bounds__(128)
 // MASK = false leaves the masking out (a compare and a select per score, a seventh of the fp8
 // kernel's instructions) for tiles that lie wholly below every limit of the block's rows.
 // The probabilities come out times 2^log2_gain (the fp8 kernel's scaling of P into e4m3's range).
-template <int BC, bool MASK = true>
+// LAZY > 0 keeps a row's running max until a tile's max passes it by more than LAZY (log2
+// units): the weights then reach up to 2^LAZY, which bf16's P and the f32 sums hold with the
+// same relative rounding, and the output is rescaled only on the rare tile that moves a max that
+// far (FlashAttention-4's conditional rescaling). With the exact max every new maximum of any of
+// a warp's 16 rows costs the warp the 64-multiply rescale, and keys that rise toward the query's
+// own position (RoPE, recency) move it on tile after tile. fp8's P must stay under 448, so that
+// kernel keeps the exact max (LAZY = 0).
+#define FW_LAZY 8
+template <int BC, bool MASK = true, int LAZY = 0>
 WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, int kb, int row0, int cq,
                           int kv_len, int block_tokens, float scale2,
                           float log2_gain = 0.0f) {
@@ -683,7 +691,8 @@ WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, f
         for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
         mx = fmaxf(mx, wl_shfl_xor(mx, 1));
         mx = fmaxf(mx, wl_shfl_xor(mx, 2));
-        const float n = fmaxf(m[e], mx * scale2);
+        const float cand = mx * scale2;
+        const float n = LAZY > 0 ? (cand > m[e] + (float)LAZY ? cand : m[e]) : fmaxf(m[e], cand);
         // A row with nothing visible yet keeps m = -inf; exp of (-inf) - (-inf) must not be NaN.
         const float base = n == -WL_INF ? 0.0f : n;
         corr[e] = wl_exp2_approx(m[e] - base);
@@ -803,9 +812,11 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     extern __shared__ __align__(1024) unsigned char ft_smem[];
     unsigned char* qs = ft_smem;                      // dims 0-63 | 64-127, 128 rows each
     unsigned char* stages = ft_smem + FW_BR * 256;    // ST × (K | V), each as two 64-dim halves
-    unsigned long long* full = (unsigned long long*)(stages + ST * SB);
-    unsigned long long* empty = full + ST;
-    unsigned long long* qbar = empty + ST;
+    // K and V have barriers of their own: a K tile is free once its scores are computed, a V
+    // tile only after the next tile's P·V, so K can be refilled a step before V is.
+    unsigned long long* full = (unsigned long long*)(stages + ST * SB);  // K: [0, ST), V: [ST, 2·ST)
+    unsigned long long* empty = full + 2 * ST;
+    unsigned long long* qbar = empty + 2 * ST;
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
     const int nqb = (lq + FW_BR - 1) / FW_BR;
     int item = blockIdx.x, part = -1;
@@ -818,7 +829,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     const int j0 = part < 0 ? 0 : part * tiles / sp.parts;
     const int n = part < 0 ? tiles : (part + 1) * tiles / sp.parts - j0;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
+        for (int s = 0; s < 2 * ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
         wl_mbar_init(qbar, 1);
         wl_mbar_init_fence();
     }
@@ -831,15 +842,16 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
             wl_tma_load_3d(qs, tq, 0, h, qb, qbar);
             wl_tma_load_3d(qs + FW_BR * 128, tq, 64, h, qb, qbar);
             for (int j = 0; j < n; ++j) {
-                const int s = j % ST;
-                if (j >= ST) wl_mbar_wait(empty + s, (j / ST - 1) & 1);
+                const int s = j % ST, key = (j0 + j) * BC;
                 unsigned char* ks = stages + s * SB;
-                wl_mbar_expect_tx(full + s, SB);
-                const int key = (j0 + j) * BC;
+                if (j >= ST) wl_mbar_wait(empty + s, (j / ST - 1) & 1);
+                wl_mbar_expect_tx(full + s, KB);
                 wl_tma_load_3d(ks, tk, 0, h, key, full + s);
                 wl_tma_load_3d(ks + BC * 128, tk, 64, h, key, full + s);
-                wl_tma_load_3d(ks + KB, tv, 0, h, key, full + s);
-                wl_tma_load_3d(ks + KB + BC * 128, tv, 64, h, key, full + s);
+                if (j >= ST) wl_mbar_wait(empty + ST + s, (j / ST - 1) & 1);
+                wl_mbar_expect_tx(full + ST + s, KB);
+                wl_tma_load_3d(ks + KB, tv, 0, h, key, full + ST + s);
+                wl_tma_load_3d(ks + KB + BC * 128, tv, 64, h, key, full + ST + s);
             }
         }
         return;
@@ -861,6 +873,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
             const unsigned long long da = wl_desc_plus(dq, half * FW_BR * 128 + step);
             const unsigned long long db = wl_desc_plus(dk, half * BC * 128 + step);
             if constexpr (BC == 64) wl_wgmma_64x64x16_ss(sc, da, db, kk);
+            else if constexpr (BC == 176) wl_wgmma_64x176x16_ss(sc, da, db, kk);
             else wl_wgmma_64x128x16_ss(sc, da, db, kk);
         }
     };
@@ -892,8 +905,9 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
+        if (t == 0) wl_mbar_arrive(empty);
         float nm[2], corr[2], sum[2];
-        fw_softmax<BC>(sc, m, nm, corr, sum, j0 * BC, row0, cq, kv_len, block_tokens, scale2);
+        fw_softmax<BC, true, FW_LAZY>(sc, m, nm, corr, sum, j0 * BC, row0, cq, kv_len, block_tokens, scale2);
 #pragma unroll
         for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
         pack(pa, sc);
@@ -901,6 +915,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     auto step = [&](int j, bool mask) {
         const int s = j % ST, prev = (j - 1) % ST;
         wl_mbar_wait(full + s, (j / ST) & 1);
+        wl_mbar_wait(full + ST + prev, ((j - 1) / ST) & 1);
         float sc[BC / 2];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
@@ -910,13 +925,14 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
+        if (t == 0) wl_mbar_arrive(empty + s);
         float nm[2], corr[2], sum[2];
         // A constant once the body is inlined into its two loops: no branch is left here.
         const int kb = (j0 + j) * BC;
-        if (mask) fw_softmax<BC, true>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
-        else fw_softmax<BC, false>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
+        if (mask) fw_softmax<BC, true, FW_LAZY>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
+        else fw_softmax<BC, false, FW_LAZY>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
         wl_wgmma_wait_all();
-        if (t == 0) wl_mbar_arrive(empty + prev);
+        if (t == 0) wl_mbar_arrive(empty + ST + prev);
         fw_rescale(o, m, l, nm, corr, sum);
         pack(pa, sc);
     };
@@ -925,6 +941,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     for (int j = jm; j < n; ++j) step(j, true);
     // Warpgroup 1 arrived on barrier 1 once more than warpgroup 0 waited there.
     if (wg == 0) wl_named_sync(1, 256);
+    wl_mbar_wait(full + ST + (n - 1) % ST, ((n - 1) / ST) & 1);
     wl_wgmma_fence();
     pv(o, pa, (n - 1) % ST);
     wl_wgmma_commit();
@@ -1044,7 +1061,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 #pragma unroll
                 for (int e = 0; e < 2; ++e) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
             }
-        fw_softmax<64>(sc, m, nm, corr, sum, 0, r0, cq, 64, 0, scale2);
+        fw_softmax<64, true, FW_LAZY>(sc, m, nm, corr, sum, 0, r0, cq, 64, 0, scale2);
     };
     auto pack = [](unsigned int (*pa)[4], const float* sc) {
 #pragma unroll
@@ -1145,6 +1162,7 @@ WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
     }
 // Shared memory: 32 KiB of Q, then ST stages of 2·BC·256 bytes (the H200 gives a block 227 KiB).
 WL_FLASH_TMA(128, 3)
+WL_FLASH_TMA(176, 2)
 
 // Merges the key ranges of the split items (see fw_split): a block per (split item, row), a
 // thread per dim; out as the whole kernel writes it.

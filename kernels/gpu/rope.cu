@@ -77,18 +77,20 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* a
     constexpr int N = WlVec<T>::N, K = N / 2;
     __shared__ double scratch[32];
     __shared__ double cc[WL_ROPE_MAX_HALF], ss[WL_ROPE_MAX_HALF];
-    const wl_u64 n = blockIdx.x;
-    const T* xr = x + n * cols;
+    // Index math in 32 bits (a block per token, so n < 2^31; a 64-bit division or remainder is
+    // a long software routine, and one per vector bound this kernel, not its memory traffic).
+    const unsigned int n = blockIdx.x;
+    const T* xr = x + (wl_u64)n * cols;
     const int half = d / 2;
     const bool vec = cols % N == 0 && half % K == 0;
     const int stride = half / K;
     auto slot = [&](int j) { return vec ? (j % K) * stride + j / K : j; };
     // The table reads go out before the reduction waits (whose barriers also publish them).
-    const wl_u64 nt = (wl_u64)gt * pairs_t, nh = (wl_u64)gh * pairs_h;
+    const unsigned int nt = (unsigned int)gt * pairs_t, nh = (unsigned int)gh * pairs_h;
     for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        wl_u64 e;
+        unsigned int e;
         if (j < pairs_t)
-            e = (n / ((wl_u64)gh * gw)) * pairs_t + j;
+            e = (n / ((unsigned int)gh * gw)) * pairs_t + j;
         else if (j < pairs_t + pairs_h)
             e = nt + ((n / gw) % gh) * pairs_h + (j - pairs_t);
         else
@@ -97,18 +99,20 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* a
         ss[slot(j)] = angles[2 * e + 1];
     }
     const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, cols, scratch) / (double)cols + (double)eps));
-    T* o = out + n * cols;
+    T* o = out + (wl_u64)n * cols;
     if (vec) {
-        for (unsigned int j = threadIdx.x; j < (unsigned int)(cols / N); j += blockDim.x) {
+        const unsigned int nv = (unsigned int)(cols / N);
+        for (unsigned int j = threadIdx.x; j < nv; j += blockDim.x) {
             float v[N], g[N], r[N];
             WlVec<T>::load(v, xr, j);
             wl_ld_f32s<N>(g, w, j);
-            const int first = (int)(((wl_u64)j * K) % (wl_u64)half);  // the vector's first pair in its head
+            // The vector's first pair in its head is j·K mod half, i.e. K·(j mod stride).
+            const int first = (int)(j % (unsigned int)stride);
 #pragma unroll
             for (int k = 0; k < K; ++k) {
                 const double a = wl_as_stored<T>((v[2 * k] * inv) * g[2 * k]);
                 const double b = wl_as_stored<T>((v[2 * k + 1] * inv) * g[2 * k + 1]);
-                const int at = k * stride + first / K;
+                const int at = k * stride + first;
                 const double c = cc[at], sn = ss[at];
                 r[2 * k] = (float)(a * c - b * sn);
                 r[2 * k + 1] = (float)(a * sn + b * c);

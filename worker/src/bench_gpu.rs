@@ -230,6 +230,25 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             t,
             flops::attention(lq, lk, heads * d),
         );
+        // The other tensor-core variants on the same inputs (`WORLDLINE_FLASH` picks one).
+        if let Device::Cuda(i) = dev {
+            use kernels::cuda::ops::{flash_attention_with, FlashKernel};
+            let all = FlashKernel::available(&kernels::cuda::backend(i)?.arch);
+            for kernel in all.into_iter().filter(|k| matches!(k, FlashKernel::Tma { .. })) {
+                let tk = time(dev, repeat.min(2), || {
+                    flash_attention_with(&q, &k, &v, lk, 0, kernel)?;
+                    Ok(())
+                })?;
+                push(
+                    format!(
+                        "attention bf16 {lq}q x {lk}k x {heads}h x {d}, {}",
+                        kernel.tag()
+                    ),
+                    tk,
+                    flops::attention(lq, lk, heads * d),
+                );
+            }
+        }
         // The same attention with e4m3 operands over the cache's fp8 copy (per-token scales),
         // and what keeping that copy costs: quantizing one chunk's keys and values into it.
         if matches!(dev, Device::Cuda(_)) {

@@ -193,7 +193,7 @@ pub enum FlashKernel {
     /// mma.sync (sm_80 and later): 4 warps × 32 queries, `bc` (32 or 64) keys per tile.
     Mma { bc: usize },
     /// wgmma fed by TMA (sm_90a only): a producer warpgroup and 2 consumer warpgroups × 64
-    /// queries, `bc` (128) keys per tile, `stages` (3) tiles in flight; with `split`, the
+    /// queries, `bc` (128 or 176) keys per tile, `stages` (3 or 2) tiles in flight; with `split`, the
     /// blocks of the last, partial wave cut into key ranges (attention.cu's `fw_split`).
     Tma {
         bc: usize,
@@ -222,6 +222,13 @@ impl FlashKernel {
                 stages: 3,
                 split: false,
             });
+            // FlashAttention-3's tile for head dim 128: 176 keys, two stages (K is refilled
+            // as soon as its scores are done, V after the next tile's P·V).
+            v.push(FlashKernel::Tma {
+                bc: 176,
+                stages: 2,
+                split: true,
+            });
         }
         v.extend([FlashKernel::Mma { bc: 64 }, FlashKernel::Mma { bc: 32 }]);
         v
@@ -235,6 +242,9 @@ impl FlashKernel {
             FlashKernel::Tma {
                 bc: 128, stages: 3, ..
             } => Ok("flash_tma_bf16_d128_bc128_s3".into()),
+            FlashKernel::Tma {
+                bc: 176, stages: 2, ..
+            } => Ok("flash_tma_bf16_d128_bc176_s2".into()),
             other => Err(Error::Shape {
                 op: "attention",
                 msg: format!("no flash kernel {other:?}"),
@@ -244,12 +254,12 @@ impl FlashKernel {
 
     /// Dynamic shared memory: the Q tile, then the stages of K and V tiles (mma.sync rows are
     /// padded to 136 elements; TMA tiles are dense), then the TMA kernel's barriers: full and
-    /// empty per stage, one for Q.
+    /// empty per stage for K and for V, one for Q.
     fn smem_bytes(self) -> u32 {
         let bytes = match self {
             FlashKernel::Mma { bc } => (FLASH_BLOCK_QUERIES * 136 + 2 * 2 * bc * 136) * 2,
             FlashKernel::Tma { bc, stages, .. } => {
-                FLASH_BLOCK_QUERIES * 256 + stages * 2 * bc * 256 + (2 * stages + 1) * 8
+                FLASH_BLOCK_QUERIES * 256 + stages * 2 * bc * 256 + (4 * stages + 1) * 8
             }
         };
         bytes as u32
