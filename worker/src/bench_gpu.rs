@@ -234,7 +234,10 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         if let Device::Cuda(i) = dev {
             use kernels::cuda::ops::{flash_attention_with, FlashKernel};
             let all = FlashKernel::available(&kernels::cuda::backend(i)?.arch);
-            for kernel in all.into_iter().filter(|k| matches!(k, FlashKernel::Tma { .. })) {
+            for kernel in all
+                .into_iter()
+                .filter(|k| matches!(k, FlashKernel::Tma { .. }))
+            {
                 let tk = time(dev, repeat.min(2), || {
                     flash_attention_with(&q, &k, &v, lk, 0, kernel)?;
                     Ok(())
