@@ -571,9 +571,10 @@ WL_NORM_LEAN(wl_bf16, bf16, wl_bf16, bf16)
 //   of lean's y, far below bf16's or e4m3's rounding).
 // FULL: every thread holds all WL_VEC_VALUES of its columns (a 5120-wide f32 or bf16 row, the
 // 14B model's), so no vector is predicated; the compiler then keeps fewer registers live.
-template <typename T, typename P, bool FULL>
-WL_DEVICE void wl_fast_row(float* v, const T* xr, wl_u64 cols, float eps, const P* sh, const P* sc) {
-    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
+// `load(v, j)` puts the row's vector j (N values) at v, `k` is the row's first value.
+template <int N, typename P, bool FULL, typename Load>
+WL_DEVICE void wl_fast_row_by(float* v, Load load, double k, wl_u64 cols, float eps, const P* sh, const P* sc) {
+    constexpr int NV = WL_VEC_VALUES / N;
     __shared__ double scratch[2][WL_VEC_THREADS / WL_WARP_SIZE];
     const unsigned int nv = (unsigned int)(cols / N);
     auto here = [&](int i) { return FULL || threadIdx.x + i * WL_VEC_THREADS < nv; };
@@ -582,7 +583,7 @@ WL_DEVICE void wl_fast_row(float* v, const T* xr, wl_u64 cols, float eps, const 
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
         if (here(i)) {
-            WlVec<T>::load(v + i * N, xr, threadIdx.x + i * WL_VEC_THREADS);
+            load(v + i * N, threadIdx.x + i * WL_VEC_THREADS);
             cnt += N;
 #pragma unroll
             for (int c = 0; c < N; ++c) s += v[i * N + c];
@@ -599,7 +600,7 @@ WL_DEVICE void wl_fast_row(float* v, const T* xr, wl_u64 cols, float eps, const 
                 a += d;
                 q = fmaf(d, d, q);
             }
-    const double k = (double)wl_ld(xr, 0), dt = (double)t - k, n = (double)cnt;
+    const double dt = (double)t - k, n = (double)cnt;
     double s1 = fma(n, dt, (double)a);
     double s2 = fma(n * dt, dt, fma(2.0 * dt, (double)a, (double)q));
     wl_block_sum2_f64(&s1, &s2, scratch[0], scratch[1]);
@@ -622,15 +623,16 @@ WL_DEVICE void wl_fast_row(float* v, const T* xr, wl_u64 cols, float eps, const 
 }
 
 template <typename T, typename P, bool FULL>
-WL_DEVICE void norm_modulate_fast_rows(wl_bf16* out, const T* x, const P* shift, const P* scale, wl_u64 cols,
-                                       wl_u64 shift_n, wl_u64 scale_n, float eps) {
-    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
-    const wl_u64 row = blockIdx.x;
-    float v[WL_VEC_VALUES];
-    wl_fast_row<T, P, FULL>(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n,
-                            scale + (row * cols) % scale_n);
-    const unsigned int nv = (unsigned int)(cols / N);
-    wl_bf16* o = out + row * cols;
+WL_DEVICE void wl_fast_row(float* v, const T* xr, wl_u64 cols, float eps, const P* sh, const P* sc) {
+    auto load = [&](float* d, unsigned int j) { WlVec<T>::load(d, xr, j); };
+    wl_fast_row_by<WlVec<T>::N, P, FULL>(v, load, (double)wl_ld(xr, 0), cols, eps, sh, sc);
+}
+
+// A normalised row held as wl_fast_row leaves it, stored as bf16, or as e4m3 codes with the
+// row's scale (amax/448).
+template <int N, bool FULL>
+WL_DEVICE void wl_fast_put_bf16(wl_bf16* o, const float* v, unsigned int nv) {
+    constexpr int NV = WL_VEC_VALUES / N;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
         const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
@@ -644,18 +646,10 @@ WL_DEVICE void norm_modulate_fast_rows(wl_bf16* out, const T* x, const P* shift,
         }
     }
 }
-
-template <typename T, typename P, bool FULL>
-WL_DEVICE void norm_modulate_fast_rows_fp8(unsigned char* codes, float* scales, const T* x, const P* shift,
-                                           const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,
-                                           float eps) {
-    constexpr int N = WlVec<T>::N, NV = WL_VEC_VALUES / N;
+template <int N, bool FULL>
+WL_DEVICE void wl_fast_put_fp8(unsigned char* cr, float* scale_out, const float* v, unsigned int nv) {
+    constexpr int NV = WL_VEC_VALUES / N;
     __shared__ float scratch[WL_VEC_THREADS / WL_WARP_SIZE];
-    const wl_u64 row = blockIdx.x;
-    float v[WL_VEC_VALUES];
-    wl_fast_row<T, P, FULL>(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n,
-                            scale + (row * cols) % scale_n);
-    const unsigned int nv = (unsigned int)(cols / N);
     float a = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i)
@@ -664,7 +658,6 @@ WL_DEVICE void norm_modulate_fast_rows_fp8(unsigned char* codes, float* scales, 
             for (int c = 0; c < N; ++c) a = fmaxf(a, fabsf(v[i * N + c]));
     const float s = fmaxf(wl_block_max_once(a, scratch) / 448.0f, 1e-12f);
     const float r = 1.0f / s;
-    unsigned char* cr = codes + row * cols;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
         const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
@@ -675,7 +668,30 @@ WL_DEVICE void norm_modulate_fast_rows_fp8(unsigned char* codes, float* scales, 
                 ((unsigned int*)cr)[j] = wl_pack_e4m3_lean(v + i * N, r);
         }
     }
-    if (threadIdx.x == 0) scales[row] = s;
+    if (threadIdx.x == 0) *scale_out = s;
+}
+
+template <typename T, typename P, bool FULL>
+WL_DEVICE void norm_modulate_fast_rows(wl_bf16* out, const T* x, const P* shift, const P* scale, wl_u64 cols,
+                                       wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    constexpr int N = WlVec<T>::N;
+    const wl_u64 row = blockIdx.x;
+    float v[WL_VEC_VALUES];
+    wl_fast_row<T, P, FULL>(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n,
+                            scale + (row * cols) % scale_n);
+    wl_fast_put_bf16<N, FULL>(out + row * cols, v, (unsigned int)(cols / N));
+}
+
+template <typename T, typename P, bool FULL>
+WL_DEVICE void norm_modulate_fast_rows_fp8(unsigned char* codes, float* scales, const T* x, const P* shift,
+                                           const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,
+                                           float eps) {
+    constexpr int N = WlVec<T>::N;
+    const wl_u64 row = blockIdx.x;
+    float v[WL_VEC_VALUES];
+    wl_fast_row<T, P, FULL>(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n,
+                            scale + (row * cols) % scale_n);
+    wl_fast_put_fp8<N, FULL>(codes + row * cols, scales + row, v, (unsigned int)(cols / N));
 }
 
 // The whole-row case as its own code path (the branch is uniform over the grid).
@@ -717,3 +733,93 @@ WL_NORM_FAST(float, f32, float, f32)
 WL_NORM_FAST(float, f32, wl_bf16, bf16)
 WL_NORM_FAST(wl_bf16, bf16, float, f32)
 WL_NORM_FAST(wl_bf16, bf16, wl_bf16, bf16)
+
+// ---- The residual stream's update and the norm after it, in one pass: r = x + y·gate (no gate:
+// x + y), with a FiLM then r·(1 + fscale) + fshift, stored as the new stream, and "fast"'s norm +
+// modulate of r from the registers it was computed in. The arithmetic of gated_residual(_modulate)
+// or add, then norm_modulate_fast: the same bits as those kernels apart, with one read of the
+// stream instead of two. The DiT's types: x, r f32; y and the FiLM bf16; gate, shift, scale f32.
+// flags: 1 = gate, 2 = FiLM (an absent one's pointer is never read).
+struct wl_residual {
+    const float* x;
+    const wl_bf16* y;
+    const float* gate;
+    const wl_bf16* fshift;
+    const wl_bf16* fscale;
+    float* r;
+    wl_u64 gate_n, film_n;
+    int flags;
+};
+
+// This row's residual values: each pointer at the row (a [cols] parameter wraps to its start).
+struct wl_residual_row {
+    const float *x, *gate;
+    const wl_bf16 *y, *fsh, *fsc;
+    float* r;
+    int flags;
+    WL_DEVICE float at(unsigned int c) const {
+        float v = fmaf(wl_ld(y, c), (flags & 1) ? gate[c] : 1.0f, x[c]);
+        return (flags & 2) ? fmaf(v, 1.0f + wl_ld(fsc, c), wl_ld(fsh, c)) : v;
+    }
+    WL_DEVICE void vec(float* d, unsigned int j) const {
+        const wl_u64 i = (wl_u64)j * 4;
+        float yv[4], g[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        wl_ld4(d, x, i), wl_ld4(yv, y, i);
+        if (flags & 1) wl_ld4(g, gate, i);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) d[c] = fmaf(yv[c], g[c], d[c]);
+        if (flags & 2) {
+            float a[4], b[4];
+            wl_ld4(a, fsc, i), wl_ld4(b, fsh, i);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) d[c] = fmaf(d[c], 1.0f + a[c], b[c]);
+        }
+        wl_st4(r, i, d);
+    }
+};
+
+template <bool FULL, bool FP8>
+WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residual& in, const float* shift,
+                                       const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    const wl_u64 row = blockIdx.x, at = row * cols;
+    const wl_residual_row rr{in.x + at,
+                             in.gate + at % in.gate_n,
+                             in.y + at,
+                             in.fshift + at % in.film_n,
+                             in.fscale + at % in.film_n,
+                             in.r + at,
+                             in.flags};
+    float v[WL_VEC_VALUES];
+    auto load = [&](float* d, unsigned int j) { rr.vec(d, j); };
+    wl_fast_row_by<4, float, FULL>(v, load, (double)rr.at(0), cols, eps, shift + at % shift_n, scale + at % scale_n);
+    const unsigned int nv = (unsigned int)(cols / 4);
+    if constexpr (FP8)
+        wl_fast_put_fp8<4, FULL>((unsigned char*)out + at, scales + row, v, nv);
+    else
+        wl_fast_put_bf16<4, FULL>((wl_bf16*)out + at, v, nv);
+}
+
+template <bool FP8>
+WL_DEVICE void residual_norm_fast(void* out, float* scales, const wl_residual& in, const float* shift,
+                                  const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    if (cols == (wl_u64)WL_VEC_VALUES * WL_VEC_THREADS)
+        residual_norm_fast_rows<true, FP8>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
+    else
+        residual_norm_fast_rows<false, FP8>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
+}
+
+// The operands as plain parameters (both vendors' launchers pass them so), gathered here.
+#define WL_RESIDUAL_PARAMS                                                                                 \
+    const float *x, const wl_bf16 *y, const float *gate, const wl_bf16 *fshift, const wl_bf16 *fscale,   \
+        float *r, wl_u64 gate_n, wl_u64 film_n, int flags
+#define WL_RESIDUAL_IN wl_residual{x, y, gate, fshift, fscale, r, gate_n, film_n, flags}
+WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5)
+    residual_norm_fast_bf16(wl_bf16* out, WL_RESIDUAL_PARAMS, const float* shift, const float* scale, wl_u64 cols,
+                            wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    residual_norm_fast<false>(out, nullptr, WL_RESIDUAL_IN, shift, scale, cols, shift_n, scale_n, eps);
+}
+WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5)
+    residual_norm_fast_fp8(unsigned char* codes, float* scales, WL_RESIDUAL_PARAMS, const float* shift,
+                           const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
+    residual_norm_fast<true>(codes, scales, WL_RESIDUAL_IN, shift, scale, cols, shift_n, scale_n, eps);
+}

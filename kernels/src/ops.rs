@@ -321,6 +321,57 @@ pub fn gated_residual_modulate(
     }
 }
 
+/// The residual stream's update and the norm that reads it next: `r = x + y·gate` (`x + y`
+/// without a gate), then with `film = (shift, scale)` `r·(1 + scale) + shift` per token; returns
+/// `r` and `norm_modulate(r, shift, scale, eps, out)`. On CUDA one kernel does both where its
+/// fast norm takes the row (the same bits as the ops apart, with one read of the stream instead of
+/// two); elsewhere, and for other dtypes, the ops run apart.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_norm_modulate(
+    x: &Tensor,
+    y: &Tensor,
+    gate: Option<&Tensor>,
+    film: Option<(&Tensor, &Tensor)>,
+    shift: &Tensor,
+    scale: &Tensor,
+    eps: f32,
+    out: NormOut,
+) -> Result<(Tensor, Tensor)> {
+    if x.shape() != y.shape() {
+        return Err(shape_err(
+            "residual_norm_modulate",
+            format!("{:?} + {:?}", x.shape(), y.shape()),
+        ));
+    }
+    same_device("residual_norm_modulate", x, y)?;
+    for p in gate
+        .into_iter()
+        .chain(film.into_iter().flat_map(|(a, b)| [a, b]))
+    {
+        no_fp8("residual_norm_modulate", p)?;
+        check_rowparam("residual_norm_modulate", x, p)?;
+    }
+    if let Storage::Cuda(_) = x.storage() {
+        no_fp8("residual_norm_modulate", x)?;
+        no_fp8("residual_norm_modulate", y)?;
+        check_rowparam("residual_norm_modulate", x, shift)?;
+        check_rowparam("residual_norm_modulate", x, scale)?;
+        if let Some(both) =
+            cuda::ops::residual_norm_modulate(x, y, gate, film, shift, scale, eps, out)?
+        {
+            return Ok(both);
+        }
+    }
+    let r = match (gate, film) {
+        (Some(g), Some((fs, fc))) => gated_residual_modulate(x, y, g, fs, fc)?,
+        (Some(g), None) => gated_residual(x, y, g)?,
+        (None, Some((fs, fc))) => modulate(&add(x, y)?, fs, fc)?,
+        (None, None) => add(x, y)?,
+    };
+    let h = norm_modulate(&r, shift, scale, eps, out)?;
+    Ok((r, h))
+}
+
 /// `a + b`, same shape, or `b` a row broadcast over `a`'s rows.
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     no_fp8("add", a)?;

@@ -352,6 +352,93 @@ fn fused_norm_modulate_cases(dev: Device, variant: &str) {
     }
 }
 
+/// The residual update fused into the norm after it (`ops::residual_norm_modulate`): on CUDA one
+/// kernel, which must give the ops apart (gated residual, FiLM or add, then the fast norm) bit for
+/// bit, and the CPU within the norm's tolerances. Rows of 96, 1536 and 5120 (the whole-row path)
+/// columns; with gate and FiLM, gate only, neither; into bf16 and fp8.
+fn residual_norm_matches_the_ops_apart(dev: Device) {
+    let mut rng = Rng::new(11);
+    for (rows, cols) in [(37, 96), (7, 1536), (9, 5120), (600, 96)] {
+        let x = rand(&mut rng, &[rows, cols], DType::F32);
+        let y = rand(&mut rng, &[rows, cols], DType::BF16);
+        let gate = rand(&mut rng, &[cols], DType::F32);
+        let fshift = rand(&mut rng, &[rows, cols], DType::BF16);
+        let fscale = rand(&mut rng, &[rows, cols], DType::BF16);
+        let shift = rand(&mut rng, &[cols], DType::F32);
+        let scale = rand(&mut rng, &[rows, cols], DType::F32);
+        let up = |t: &Tensor| t.to_device(dev).expect("up");
+        let (ux, uy, ug, ufs, ufc, ush, usc) = (
+            up(&x),
+            up(&y),
+            up(&gate),
+            up(&fshift),
+            up(&fscale),
+            up(&shift),
+            up(&scale),
+        );
+        for (has_gate, has_film) in [(true, true), (true, false), (false, false)] {
+            for out in [NormOut::Dtype(DType::BF16), NormOut::Fp8Rowwise] {
+                let what = format!(
+                    "residual_norm_modulate {rows}×{cols} gate {has_gate} film {has_film} → {out:?} on {dev}"
+                );
+                let run = |x: &Tensor, y, g: &Tensor, fs, fc, sh, sc| {
+                    ops::residual_norm_modulate(
+                        x,
+                        y,
+                        has_gate.then_some(g),
+                        has_film.then_some((fs, fc)),
+                        sh,
+                        sc,
+                        1e-6,
+                        out,
+                    )
+                    .expect("residual_norm_modulate")
+                };
+                let (r, h) = run(&ux, &uy, &ug, &ufs, &ufc, &ush, &usc);
+                if let Device::Cuda(_) = dev {
+                    let fused = kernels::cuda::ops::residual_norm_modulate(
+                        &ux,
+                        &uy,
+                        has_gate.then_some(&ug),
+                        has_film.then_some((&ufs, &ufc)),
+                        &ush,
+                        &usc,
+                        1e-6,
+                        out,
+                    )
+                    .expect("fused");
+                    assert!(fused.is_some(), "{what}: the fused kernel declined");
+                }
+                // The ops apart on the same device.
+                let r2 = match (has_gate, has_film) {
+                    (true, true) => ops::gated_residual_modulate(&ux, &uy, &ug, &ufs, &ufc),
+                    (true, false) => ops::gated_residual(&ux, &uy, &ug),
+                    _ => ops::add(&ux, &uy),
+                }
+                .expect("residual");
+                let h2 = ops::norm_modulate(&r2, &ush, &usc, 1e-6, out).expect("norm");
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    t.to_vec_f32().iter().map(|v| v.to_bits()).collect()
+                };
+                assert_eq!(bits(&r), bits(&r2), "{what}: residual not the ops' bits");
+                assert_eq!(bits(&h), bits(&h2), "{what}: norm not the ops' bits");
+                // And the CPU reference.
+                let (rc, hc) = run(&x, &y, &gate, &fshift, &fscale, &shift, &scale);
+                close(
+                    &format!("{what}, residual"),
+                    &r.to_device(Device::Cpu).expect("down"),
+                    &rc,
+                    1e-5,
+                );
+                let e = rel_l2(&h.to_vec_f32(), &widen(&hc.to_vec_f32()));
+                println!("{what}, normed: rel L2 {e:.2e}");
+                assert!(e < 1e-2, "{what}: normed rel L2 {e:e}");
+            }
+        }
+    }
+}
+backend_test!(residual_norm_matches_the_ops_apart);
+
 fn linear_matches_the_cpu(dev: Device) {
     // With our bias and GELU kernels, then with cuBLASLt's epilogues (`WORLDLINE_GEMM_EPILOGUE`).
     for epilogue in ["0", "1"] {

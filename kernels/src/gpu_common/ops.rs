@@ -509,6 +509,116 @@ pub fn norm_modulate_with(
     }
 }
 
+/// [`crate::ops::residual_norm_modulate`] as one kernel (norm.cu's `residual_norm_fast`), where it
+/// takes the operands: the stream `x` f32, `y` bf16 of its shape, `gate` an f32 row, the FiLM bf16
+/// per token, `shift`/`scale` f32, and the norm that `norm_modulate` would pick is `Fast` into
+/// bf16 or fp8. `None` otherwise: the caller runs the ops apart.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_norm_modulate(
+    x: &Tensor,
+    y: &Tensor,
+    gate: Option<&Tensor>,
+    film: Option<(&Tensor, &Tensor)>,
+    shift: &Tensor,
+    scale: &Tensor,
+    eps: f32,
+    out: crate::NormOut,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let f32s = |ts: &[Option<&Tensor>]| ts.iter().flatten().all(|t| t.dtype() == DType::F32);
+    let takes = x.dtype() == DType::F32
+        && y.dtype() == DType::BF16
+        && f32s(&[gate, Some(shift), Some(scale)])
+        && film.is_none_or(|(a, b)| a.dtype() == DType::BF16 && b.dtype() == DType::BF16)
+        && norm_kernel(x, out) == NormKernel::Fast;
+    if !takes {
+        return Ok(None);
+    }
+    let s = storage(x)?;
+    let dev = &s.dev;
+    let cols = x.cols();
+    let rows = x.elem_count() / cols;
+    let n = x.elem_count();
+    let mut r = GpuStorage::alloc(dev, DType::F32, n)?;
+    let ys = storage(y)?;
+    let gs = gate.map(storage).transpose()?;
+    let fs = film
+        .map(|(a, b)| Ok::<_, Error>((storage(a)?, storage(b)?)))
+        .transpose()?;
+    let addr = |g: &GpuStorage| g.device_ptr();
+    let xp = addr(s)?;
+    // norm.cu's WL_RESIDUAL_PARAMS by device address: x, y, gate, FiLM shift and scale, r, then
+    // the gate's and the FiLM's element counts and the flags. An absent operand's address is
+    // never read (its flag is off): x's stands in.
+    let ptrs = [
+        xp,
+        addr(ys)?,
+        gs.map(addr).transpose()?.unwrap_or(xp),
+        fs.map(|f| addr(f.0)).transpose()?.unwrap_or(xp),
+        fs.map(|f| addr(f.1)).transpose()?.unwrap_or(xp),
+        r.device_ptr_mut()?,
+    ];
+    let counts = [
+        gate.map_or(1, |g| g.elem_count()) as u64,
+        film.map_or(1, |f| f.0.elem_count()) as u64,
+    ];
+    let flags = i32::from(gate.is_some()) | (i32::from(film.is_some()) << 1);
+    fn args<'a>(b: &mut LaunchArgs<'a>, ptrs: &'a [u64; 6], counts: &'a [u64; 2], flags: &'a i32) {
+        for p in ptrs {
+            b.arg(p);
+        }
+        b.arg(&counts[0]).arg(&counts[1]).arg(flags);
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (rows.max(1) as u32, 1, 1),
+        block_dim: (VEC_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (c64, sn, cn) = (
+        cols as u64,
+        shift.elem_count() as u64,
+        scale.elem_count() as u64,
+    );
+    let (sh, sc) = (storage(shift)?, storage(scale)?);
+    let normed = match out {
+        crate::NormOut::Dtype(d) => {
+            let mut o = GpuStorage::alloc(dev, d, n)?;
+            launch!(dev, "norm", "residual_norm_fast_bf16", cfg, |b| {
+                push_mut(b, &mut o.data);
+                args(b, &ptrs, &counts, &flags);
+                push(b, &sh.data);
+                push(b, &sc.data);
+                b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
+            });
+            wrap(o, x.shape())
+        }
+        crate::NormOut::Fp8Rowwise => {
+            let e = |e| dev.err(e);
+            // SAFETY: the kernel writes every code and every row's scale.
+            let mut codes = unsafe { dev.stream.alloc::<u8>(n) }.map_err(e)?;
+            let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
+            launch!(dev, "norm", "residual_norm_fast_fp8", cfg, |b| {
+                b.arg(&mut codes).arg(&mut scales);
+                args(b, &ptrs, &counts, &flags);
+                push(b, &sh.data);
+                push(b, &sc.data);
+                b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
+            });
+            wrap(
+                GpuStorage {
+                    dev: dev.clone(),
+                    data: GpuData::F8 {
+                        codes,
+                        scales,
+                        rowwise: true,
+                    },
+                },
+                x.shape(),
+            )
+        }
+    };
+    Ok(Some((wrap(r, x.shape()), normed)))
+}
+
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     let s = storage(x)?;
     let cols = x.cols();

@@ -148,17 +148,26 @@ impl WanBlock {
         else {
             return Ok(None);
         };
-        let x = match camera {
-            Some(c) => ops::gated_residual_modulate(x, &y, &e(2)?, &c.shift, &c.scale)?,
-            None => ops::gated_residual(x, &y, &e(2)?)?,
-        };
-        // The text cross-attention's input as its q linear takes it (bf16, or fp8 per token),
-        // written by the norm itself: its q linear would round an f32 input anyway, and the q
-        // norm, the attention and the o linear after it would each cast and cast back.
-        let n3 = self.norm3.forward_as(&x, self.projection_input())?;
+        // The residual (with the camera's FiLM) and the norm after it in one pass where the
+        // backend fuses them. The text cross-attention's input comes out as its q linear takes
+        // it (bf16, or fp8 per token), written by the norm itself: its q linear would round an
+        // f32 input anyway, and the q norm, the attention and the o linear after it would each
+        // cast and cast back.
+        let film = camera.map(|c| (&c.shift, &c.scale));
+        let (x, n3) = self
+            .norm3
+            .after_residual(x, &y, &e(2)?, film, self.projection_input())?;
         let y = self.cross_attn.forward(&n3, text)?;
-        let x = ops::add(&x, &y)?;
-        let h = ops::norm_modulate(&x, &e(3)?, &e(4)?, self.eps, self.projection_input())?;
+        let (x, h) = ops::residual_norm_modulate(
+            &x,
+            &y,
+            None,
+            None,
+            &e(3)?,
+            &e(4)?,
+            self.eps,
+            self.projection_input(),
+        )?;
         let y = self.ffn.forward(&h)?;
         Ok(Some(ops::gated_residual(&x, &y, &e(5)?)?))
     }

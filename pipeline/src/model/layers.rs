@@ -134,6 +134,29 @@ impl LayerNorm {
         )?)
     }
 
+    /// `r = x + y·gate`, with `film = (shift, scale)` then `r·(1 + scale) + shift`, and
+    /// [`forward_as`](Self::forward_as) of `r`: both, in one pass over the stream where the
+    /// backend fuses them (`ops::residual_norm_modulate`).
+    pub fn after_residual(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        gate: &Tensor,
+        film: Option<(&Tensor, &Tensor)>,
+        out: NormOut,
+    ) -> Result<(Tensor, Tensor)> {
+        Ok(ops::residual_norm_modulate(
+            x,
+            y,
+            Some(gate),
+            film,
+            &self.bias,
+            &self.gain_scale,
+            self.eps,
+            out,
+        )?)
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(ops::layer_norm(
             x,
