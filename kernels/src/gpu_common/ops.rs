@@ -524,6 +524,9 @@ pub fn residual_norm_modulate(
     eps: f32,
     out: crate::NormOut,
 ) -> Result<Option<(Tensor, Tensor)>> {
+    // As norm_modulate takes them: in one dtype, f32 where they differ.
+    let (shift, scale) = params_alike(shift, scale)?;
+    let (shift, scale) = (&shift, &scale);
     let f32s = |ts: &[Option<&Tensor>]| ts.iter().flatten().all(|t| t.dtype() == DType::F32);
     let takes = x.dtype() == DType::F32
         && y.dtype() == DType::BF16

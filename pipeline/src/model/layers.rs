@@ -105,6 +105,9 @@ pub struct LayerNorm {
     /// `weight − 1`, the gain as the fused norm's scale (see [`forward_as`](Self::forward_as)),
     /// made at load from `weight`.
     gain_scale: Tensor,
+    /// `bias` in f32, the fused norm's shift beside the f32 `gain_scale` (a bf16 bias would be
+    /// cast to match on every call).
+    gain_shift: Tensor,
 }
 
 impl LayerNorm {
@@ -112,11 +115,14 @@ impl LayerNorm {
         let weight = vb.get(&[dim], "weight")?;
         let scale: Vec<f32> = weight.to_vec_f32().iter().map(|w| w - 1.0).collect();
         let gain_scale = Tensor::from_vec(scale, &[dim])?.to_device(weight.device())?;
+        let bias = vb.get(&[dim], "bias")?;
+        let gain_shift = bias.to_dtype(DType::F32)?;
         Ok(LayerNorm {
             weight,
-            bias: vb.get(&[dim], "bias")?,
+            bias,
             eps,
             gain_scale,
+            gain_shift,
         })
     }
 
@@ -127,7 +133,7 @@ impl LayerNorm {
     pub fn forward_as(&self, x: &Tensor, out: NormOut) -> Result<Tensor> {
         Ok(ops::norm_modulate(
             x,
-            &self.bias,
+            &self.gain_shift,
             &self.gain_scale,
             self.eps,
             out,
@@ -150,7 +156,7 @@ impl LayerNorm {
             y,
             Some(gate),
             film,
-            &self.bias,
+            &self.gain_shift,
             &self.gain_scale,
             self.eps,
             out,
