@@ -738,23 +738,26 @@ WL_NORM_FAST(wl_bf16, bf16, wl_bf16, bf16)
 // x + y), with a FiLM then r·(1 + fscale) + fshift, stored as the new stream, and "fast"'s norm +
 // modulate of r from the registers it was computed in. The arithmetic of gated_residual(_modulate)
 // or add, then norm_modulate_fast: the same bits as those kernels apart, with one read of the
-// stream instead of two. The DiT's types: x, r f32; y and the FiLM bf16; gate, shift, scale f32.
-// flags: 1 = gate, 2 = FiLM (an absent one's pointer is never read).
+// stream instead of two. The DiT's types: x, r f32; y bf16; gate, shift, scale f32; the FiLM (C)
+// f32 or bf16. flags: 1 = gate, 2 = FiLM (an absent one's pointer is never read).
+template <typename C>
 struct wl_residual {
     const float* x;
     const wl_bf16* y;
     const float* gate;
-    const wl_bf16* fshift;
-    const wl_bf16* fscale;
+    const C* fshift;
+    const C* fscale;
     float* r;
     wl_u64 gate_n, film_n;
     int flags;
 };
 
 // This row's residual values: each pointer at the row (a [cols] parameter wraps to its start).
+template <typename C>
 struct wl_residual_row {
     const float *x, *gate;
-    const wl_bf16 *y, *fsh, *fsc;
+    const wl_bf16* y;
+    const C *fsh, *fsc;
     float* r;
     int flags;
     WL_DEVICE float at(unsigned int c) const {
@@ -778,11 +781,11 @@ struct wl_residual_row {
     }
 };
 
-template <bool FULL, bool FP8>
-WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residual& in, const float* shift,
+template <bool FULL, bool FP8, typename C>
+WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residual<C>& in, const float* shift,
                                        const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
     const wl_u64 row = blockIdx.x, at = row * cols;
-    const wl_residual_row rr{in.x + at,
+    const wl_residual_row<C> rr{in.x + at,
                              in.gate + at % in.gate_n,
                              in.y + at,
                              in.fshift + at % in.film_n,
@@ -799,27 +802,31 @@ WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residu
         wl_fast_put_bf16<4, FULL>((wl_bf16*)out + at, v, nv);
 }
 
-template <bool FP8>
-WL_DEVICE void residual_norm_fast(void* out, float* scales, const wl_residual& in, const float* shift,
+template <bool FP8, typename C>
+WL_DEVICE void residual_norm_fast(void* out, float* scales, const wl_residual<C>& in, const float* shift,
                                   const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
     if (cols == (wl_u64)WL_VEC_VALUES * WL_VEC_THREADS)
-        residual_norm_fast_rows<true, FP8>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
+        residual_norm_fast_rows<true, FP8, C>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
     else
-        residual_norm_fast_rows<false, FP8>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
+        residual_norm_fast_rows<false, FP8, C>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
 }
 
-// The operands as plain parameters (both vendors' launchers pass them so), gathered here.
-#define WL_RESIDUAL_PARAMS                                                                                 \
-    const float *x, const wl_bf16 *y, const float *gate, const wl_bf16 *fshift, const wl_bf16 *fscale,   \
-        float *r, wl_u64 gate_n, wl_u64 film_n, int flags
-#define WL_RESIDUAL_IN wl_residual{x, y, gate, fshift, fscale, r, gate_n, film_n, flags}
-WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5)
-    residual_norm_fast_bf16(wl_bf16* out, WL_RESIDUAL_PARAMS, const float* shift, const float* scale, wl_u64 cols,
-                            wl_u64 shift_n, wl_u64 scale_n, float eps) {
-    residual_norm_fast<false>(out, nullptr, WL_RESIDUAL_IN, shift, scale, cols, shift_n, scale_n, eps);
-}
-WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5)
-    residual_norm_fast_fp8(unsigned char* codes, float* scales, WL_RESIDUAL_PARAMS, const float* shift,
-                           const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
-    residual_norm_fast<true>(codes, scales, WL_RESIDUAL_IN, shift, scale, cols, shift_n, scale_n, eps);
-}
+// The operands as plain parameters (both vendors' launchers pass them so), gathered here; one
+// kernel per FiLM type (C, suffix cn) and output.
+#define WL_RESIDUAL_NORM(C, cn)                                                                            \
+    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5) residual_norm_fast_##cn##_bf16(                    \
+        wl_bf16* out, const float* x, const wl_bf16* y, const float* gate, const C* fshift, const C* fscale, \
+        float* r, wl_u64 gate_n, wl_u64 film_n, int flags, const float* shift, const float* scale, wl_u64 cols, \
+        wl_u64 shift_n, wl_u64 scale_n, float eps) {                                                        \
+        const wl_residual<C> in{x, y, gate, fshift, fscale, r, gate_n, film_n, flags};                     \
+        residual_norm_fast<false>(out, nullptr, in, shift, scale, cols, shift_n, scale_n, eps);             \
+    }                                                                                                       \
+    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5) residual_norm_fast_##cn##_fp8(                     \
+        unsigned char* codes, float* scales, const float* x, const wl_bf16* y, const float* gate,          \
+        const C* fshift, const C* fscale, float* r, wl_u64 gate_n, wl_u64 film_n, int flags,               \
+        const float* shift, const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {  \
+        const wl_residual<C> in{x, y, gate, fshift, fscale, r, gate_n, film_n, flags};                     \
+        residual_norm_fast<true>(codes, scales, in, shift, scale, cols, shift_n, scale_n, eps);             \
+    }
+WL_RESIDUAL_NORM(float, f32)
+WL_RESIDUAL_NORM(wl_bf16, bf16)

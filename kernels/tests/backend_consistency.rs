@@ -376,10 +376,28 @@ fn residual_norm_matches_the_ops_apart(dev: Device) {
             up(&shift),
             up(&scale),
         );
-        for (has_gate, has_film) in [(true, true), (true, false), (false, false)] {
+        // The FiLM in f32 too (the camera layers' output for an f32 condition).
+        let (ufs32, ufc32) = (
+            up(&fshift.to_dtype(DType::F32).expect("f32")),
+            up(&fscale.to_dtype(DType::F32).expect("f32")),
+        );
+        let (fs32, fc32) = (
+            fshift.to_dtype(DType::F32).expect("f32"),
+            fscale.to_dtype(DType::F32).expect("f32"),
+        );
+        for (has_gate, has_film, film32) in [
+            (true, true, false),
+            (true, true, true),
+            (true, false, false),
+            (false, false, false),
+        ] {
+            let (ufs, ufc, fshift, fscale) = match film32 {
+                true => (&ufs32, &ufc32, &fs32, &fc32),
+                false => (&ufs, &ufc, &fshift, &fscale),
+            };
             for out in [NormOut::Dtype(DType::BF16), NormOut::Fp8Rowwise] {
                 let what = format!(
-                    "residual_norm_modulate {rows}×{cols} gate {has_gate} film {has_film} → {out:?} on {dev}"
+                    "residual_norm_modulate {rows}×{cols} gate {has_gate} film {has_film} (f32 {film32}) → {out:?} on {dev}"
                 );
                 let run = |x: &Tensor, y, g: &Tensor, fs, fc, sh, sc| {
                     ops::residual_norm_modulate(

@@ -510,9 +510,9 @@ pub fn norm_modulate_with(
 }
 
 /// [`crate::ops::residual_norm_modulate`] as one kernel (norm.cu's `residual_norm_fast`), where it
-/// takes the operands: the stream `x` f32, `y` bf16 of its shape, `gate` an f32 row, the FiLM bf16
-/// per token, `shift`/`scale` f32, and the norm that `norm_modulate` would pick is `Fast` into
-/// bf16 or fp8. `None` otherwise: the caller runs the ops apart.
+/// takes the operands: the stream `x` f32, `y` bf16 of its shape, `gate` an f32 row, the FiLM f32
+/// or bf16 per token, `shift`/`scale` f32, and the norm that `norm_modulate` would pick is `Fast`
+/// into bf16 or fp8. `None` otherwise: the caller runs the ops apart.
 #[allow(clippy::too_many_arguments)]
 pub fn residual_norm_modulate(
     x: &Tensor,
@@ -531,7 +531,9 @@ pub fn residual_norm_modulate(
     let takes = x.dtype() == DType::F32
         && y.dtype() == DType::BF16
         && f32s(&[gate, Some(shift), Some(scale)])
-        && film.is_none_or(|(a, b)| a.dtype() == DType::BF16 && b.dtype() == DType::BF16)
+        && film.is_none_or(|(a, b)| {
+            a.dtype() == b.dtype() && matches!(a.dtype(), DType::F32 | DType::BF16)
+        })
         && norm_kernel(x, out) == NormKernel::Fast;
     if !takes {
         return Ok(None);
@@ -582,10 +584,14 @@ pub fn residual_norm_modulate(
         scale.elem_count() as u64,
     );
     let (sh, sc) = (storage(shift)?, storage(scale)?);
+    let name = format!(
+        "residual_norm_fast_{}",
+        suffix(film.map_or(DType::BF16, |f| f.0.dtype()))?
+    );
     let normed = match out {
         crate::NormOut::Dtype(d) => {
             let mut o = GpuStorage::alloc(dev, d, n)?;
-            launch!(dev, "norm", "residual_norm_fast_bf16", cfg, |b| {
+            launch!(dev, "norm", &format!("{name}_bf16"), cfg, |b| {
                 push_mut(b, &mut o.data);
                 args(b, &ptrs, &counts, &flags);
                 push(b, &sh.data);
@@ -599,7 +605,7 @@ pub fn residual_norm_modulate(
             // SAFETY: the kernel writes every code and every row's scale.
             let mut codes = unsafe { dev.stream.alloc::<u8>(n) }.map_err(e)?;
             let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
-            launch!(dev, "norm", "residual_norm_fast_fp8", cfg, |b| {
+            launch!(dev, "norm", &format!("{name}_fp8"), cfg, |b| {
                 b.arg(&mut codes).arg(&mut scales);
                 args(b, &ptrs, &counts, &flags);
                 push(b, &sh.data);
