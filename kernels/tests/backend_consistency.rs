@@ -412,13 +412,13 @@ fn residual_norm_matches_the_ops_apart(dev: Device) {
                     )
                     .expect("residual_norm_modulate")
                 };
-                let (r, h) = run(&ux, &uy, &ug, &ufs, &ufc, &ush, &usc);
+                let (r, h) = run(&ux, &uy, &ug, ufs, ufc, &ush, &usc);
                 if let Device::Cuda(_) = dev {
                     let fused = kernels::cuda::ops::residual_norm_modulate(
                         &ux,
                         &uy,
                         has_gate.then_some(&ug),
-                        has_film.then_some((&ufs, &ufc)),
+                        has_film.then_some((ufs, ufc)),
                         &ush,
                         &usc,
                         1e-6,
@@ -429,7 +429,7 @@ fn residual_norm_matches_the_ops_apart(dev: Device) {
                 }
                 // The ops apart on the same device.
                 let r2 = match (has_gate, has_film) {
-                    (true, true) => ops::gated_residual_modulate(&ux, &uy, &ug, &ufs, &ufc),
+                    (true, true) => ops::gated_residual_modulate(&ux, &uy, &ug, ufs, ufc),
                     (true, false) => ops::gated_residual(&ux, &uy, &ug),
                     _ => ops::add(&ux, &uy),
                 }
@@ -441,7 +441,7 @@ fn residual_norm_matches_the_ops_apart(dev: Device) {
                 assert_eq!(bits(&r), bits(&r2), "{what}: residual not the ops' bits");
                 assert_eq!(bits(&h), bits(&h2), "{what}: norm not the ops' bits");
                 // And the CPU reference.
-                let (rc, hc) = run(&x, &y, &gate, &fshift, &fscale, &shift, &scale);
+                let (rc, hc) = run(&x, &y, &gate, fshift, fscale, &shift, &scale);
                 close(
                     &format!("{what}, residual"),
                     &r.to_device(Device::Cpu).expect("down"),
