@@ -323,9 +323,9 @@ pub fn gated_residual_modulate(
 
 /// The residual stream's update and the norm that reads it next: `r = x + y·gate` (`x + y`
 /// without a gate), then with `film = (shift, scale)` `r·(1 + scale) + shift` per token; returns
-/// `r` and `norm_modulate(r, shift, scale, eps, out)`. On CUDA one kernel does both where its
+/// `r` and `norm_modulate(r, shift, scale, eps, out)`. On a GPU one kernel does both where its
 /// fast norm takes the row (the same bits as the ops apart, with one read of the stream instead of
-/// two); elsewhere, and for other dtypes, the ops run apart.
+/// two); on the CPU, and for other dtypes, the ops run apart.
 #[allow(clippy::too_many_arguments)]
 pub fn residual_norm_modulate(
     x: &Tensor,
@@ -351,14 +351,18 @@ pub fn residual_norm_modulate(
         no_fp8("residual_norm_modulate", p)?;
         check_rowparam("residual_norm_modulate", x, p)?;
     }
-    if let Storage::Cuda(_) = x.storage() {
+    if !matches!(x.storage(), Storage::Cpu(_)) {
         no_fp8("residual_norm_modulate", x)?;
         no_fp8("residual_norm_modulate", y)?;
         check_rowparam("residual_norm_modulate", x, shift)?;
         check_rowparam("residual_norm_modulate", x, scale)?;
-        if let Some(both) =
-            cuda::ops::residual_norm_modulate(x, y, gate, film, shift, scale, eps, out)?
-        {
+        let fused = match x.storage() {
+            Storage::Cuda(_) => {
+                cuda::ops::residual_norm_modulate(x, y, gate, film, shift, scale, eps, out)?
+            }
+            _ => rocm::ops::residual_norm_modulate(x, y, gate, film, shift, scale, eps, out)?,
+        };
+        if let Some(both) = fused {
             return Ok(both);
         }
     }

@@ -88,6 +88,67 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         }
     }
     std::env::remove_var("WORLDLINE_NORM");
+    // The residual update fused into the fast norm after it (the DiT block's two uses: gate +
+    // FiLM, and a plain add), both outputs against the CPU; the fused kernel must take these.
+    let (x, y) = (
+        input(40, &[9, 384], DType::F32),
+        input(41, &[9, 384], DType::BF16),
+    );
+    let (g, fs, fc) = (
+        input(42, &[384], DType::F32),
+        input(43, &[9, 384], DType::BF16),
+        input(44, &[9, 384], DType::BF16),
+    );
+    let (sh, sc) = (
+        input(45, &[384], DType::F32),
+        input(46, &[9, 384], DType::F32),
+    );
+    for (film, out) in [
+        (true, NormOut::Fp8Rowwise),
+        (true, NormOut::Dtype(DType::BF16)),
+        (false, NormOut::Fp8Rowwise),
+    ] {
+        let up: Vec<Tensor> = [&x, &y, &g, &fs, &fc, &sh, &sc]
+            .iter()
+            .map(|t| t.to_device(dev).expect("up"))
+            .collect();
+        let fused = kernels::rocm::ops::residual_norm_modulate(
+            &up[0],
+            &up[1],
+            film.then_some(&up[2]),
+            film.then_some((&up[3], &up[4])),
+            &up[5],
+            &up[6],
+            1e-6,
+            out,
+        )
+        .expect("fused");
+        assert!(
+            fused.is_some(),
+            "residual_norm_modulate: the fused kernel declined"
+        );
+        for (part, tol) in [(0, 1e-5), (1, 2e-2)] {
+            check(
+                &format!("residual_norm_modulate film {film} → {out:?}, output {part}"),
+                dev,
+                tol,
+                &[&x, &y, &g, &fs, &fc, &sh, &sc],
+                |v| {
+                    let both = ops::residual_norm_modulate(
+                        &v[0],
+                        &v[1],
+                        film.then_some(&v[2]),
+                        film.then_some((&v[3], &v[4])),
+                        &v[5],
+                        &v[6],
+                        1e-6,
+                        out,
+                    )?;
+                    [both.0, both.1][part].to_dtype(DType::F32)
+                },
+            );
+        }
+    }
     // RMSNorm over each token's heads fused with the 3-D RoPE (q and k of the DiT).
     let table = kernels::RopeTable::new(16, 64, 1e4).expect("table");
     for (dt, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {

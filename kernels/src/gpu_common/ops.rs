@@ -482,31 +482,43 @@ pub fn norm_modulate_with(
             });
             Ok(wrap(o, x.shape()))
         }
-        crate::NormOut::Fp8Rowwise => {
-            let e = |e| dev.err(e);
-            // SAFETY: the kernel writes every code and every row's scale.
-            let mut codes = unsafe { dev.stream.alloc::<u8>(x.elem_count()) }.map_err(e)?;
-            let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
+        crate::NormOut::Fp8Rowwise => fp8_rowwise_out(dev, x.shape(), rows, |codes, scales| {
             launch!(dev, "norm", &format!("{base}_fp8"), cfg, |b| {
-                b.arg(&mut codes).arg(&mut scales);
+                b.arg(codes).arg(scales);
                 push(b, &s.data);
                 push(b, &sh.data);
                 push(b, &sc.data);
                 b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
             });
-            Ok(wrap(
-                GpuStorage {
-                    dev: dev.clone(),
-                    data: GpuData::F8 {
-                        codes,
-                        scales,
-                        rowwise: true,
-                    },
-                },
-                x.shape(),
-            ))
-        }
+            Ok(())
+        }),
     }
+}
+
+/// An fp8 tensor of `shape` with one scale per row (`rows`), its codes and scales written by
+/// `fill`: a kernel that writes every code and every row's scale.
+fn fp8_rowwise_out(
+    dev: &std::sync::Arc<Backend>,
+    shape: &[usize],
+    rows: usize,
+    fill: impl FnOnce(&mut DeviceBuf<u8>, &mut DeviceBuf<f32>) -> Result<()>,
+) -> Result<Tensor> {
+    let e = |e| dev.err(e);
+    // SAFETY: `fill` writes every code and every row's scale before anything reads them.
+    let mut codes = unsafe { dev.stream.alloc::<u8>(shape.iter().product()) }.map_err(e)?;
+    let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
+    fill(&mut codes, &mut scales)?;
+    Ok(wrap(
+        GpuStorage {
+            dev: dev.clone(),
+            data: GpuData::F8 {
+                codes,
+                scales,
+                rowwise: true,
+            },
+        },
+        shape,
+    ))
 }
 
 /// [`crate::ops::residual_norm_modulate`] as one kernel (norm.cu's `residual_norm_fast`), where it
@@ -600,30 +612,16 @@ pub fn residual_norm_modulate(
             });
             wrap(o, x.shape())
         }
-        crate::NormOut::Fp8Rowwise => {
-            let e = |e| dev.err(e);
-            // SAFETY: the kernel writes every code and every row's scale.
-            let mut codes = unsafe { dev.stream.alloc::<u8>(n) }.map_err(e)?;
-            let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
+        crate::NormOut::Fp8Rowwise => fp8_rowwise_out(dev, x.shape(), rows, |codes, scales| {
             launch!(dev, "norm", &format!("{name}_fp8"), cfg, |b| {
-                b.arg(&mut codes).arg(&mut scales);
+                b.arg(codes).arg(scales);
                 args(b, &ptrs, &counts, &flags);
                 push(b, &sh.data);
                 push(b, &sc.data);
                 b.arg(&c64).arg(&sn).arg(&cn).arg(&eps);
             });
-            wrap(
-                GpuStorage {
-                    dev: dev.clone(),
-                    data: GpuData::F8 {
-                        codes,
-                        scales,
-                        rowwise: true,
-                    },
-                },
-                x.shape(),
-            )
-        }
+            Ok(())
+        })?,
     };
     Ok(Some((wrap(r, x.shape()), normed)))
 }
