@@ -365,6 +365,15 @@ pub enum NormKernel {
 const VEC_THREADS: usize = 128;
 const VEC_VALUES: usize = 40;
 
+/// A `Vec`-layout block per row.
+fn vec_rows_cfg(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.max(1) as u32, 1, 1),
+        block_dim: (VEC_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 impl NormKernel {
     /// Whether this kernel takes `x` into `out`.
     pub fn takes(self, x: &Tensor, out: crate::NormOut) -> bool {
@@ -457,11 +466,7 @@ pub fn norm_modulate_with(
                 suffix(x.dtype())?,
                 suffix(shift.dtype())?
             ),
-            LaunchConfig {
-                grid_dim: (rows.max(1) as u32, 1, 1),
-                block_dim: (VEC_THREADS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            },
+            vec_rows_cfg(rows),
         ),
     };
     let (c64, sn, cn) = (
@@ -585,11 +590,7 @@ pub fn residual_norm_modulate(
         }
         b.arg(&counts[0]).arg(&counts[1]).arg(flags);
     }
-    let cfg = LaunchConfig {
-        grid_dim: (rows.max(1) as u32, 1, 1),
-        block_dim: (VEC_THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = vec_rows_cfg(rows);
     let (c64, sn, cn) = (
         cols as u64,
         shift.elem_count() as u64,
