@@ -706,16 +706,37 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
     }
     // Several key tiles, partial query and key tiles, chunks that straddle a warp's rows
     // and tiles, and a cache filled only up to `kv_len`; both key-tile sizes of the kernel.
-    for (lq, lk, kv_len, heads, bt) in [
-        (200, 333, 333, 3, 0),
-        (250, 250, 250, 2, 70),
-        (64, 1000, 1000, 1, 0),
-        (300, 400, 363, 2, 0),
-        (291, 300, 291, 1, 45),
+    // `rising`: keys scaled up with their index and larger queries, so that each key tile's
+    // scores pass the rows' running max by far more than the kernels' lazy threshold (2^8) and
+    // the output rescale runs (random unit scores never move the max that far).
+    for (lq, lk, kv_len, heads, bt, rising) in [
+        (200, 333, 333, 3, 0, false),
+        (250, 250, 250, 2, 70, false),
+        (64, 1000, 1000, 1, 0, false),
+        (300, 400, 363, 2, 0, false),
+        (291, 300, 291, 1, 45, false),
+        (64, 1000, 1000, 1, 0, true),
+        (250, 400, 363, 2, 70, true),
     ] {
-        let q = rand(&mut rng, &[lq, heads, 128], DType::BF16);
-        let k = rand(&mut rng, &[lk, heads, 128], DType::BF16);
+        let mut q = rand(&mut rng, &[lq, heads, 128], DType::BF16);
+        let mut k = rand(&mut rng, &[lk, heads, 128], DType::BF16);
         let v = rand(&mut rng, &[lk, heads, 128], DType::BF16);
+        if rising {
+            let row = heads * 128;
+            let kf: Vec<f32> = k
+                .to_vec_f32()
+                .iter()
+                .enumerate()
+                .map(|(i, x)| x * (1.0 + (i / row) as f32 / 48.0))
+                .collect();
+            let qf: Vec<f32> = q.to_vec_f32().iter().map(|x| x * 3.0).collect();
+            k = Tensor::from_vec(kf, k.shape())
+                .and_then(|t| t.to_dtype(DType::BF16))
+                .expect("keys");
+            q = Tensor::from_vec(qf, q.shape())
+                .and_then(|t| t.to_dtype(DType::BF16))
+                .expect("queries");
+        }
         let mask = if bt == 0 {
             AttnMask::None
         } else {
@@ -730,7 +751,9 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
         let mut ran = 0;
         for kernel in variants {
             check(
-                &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} {kernel:?}"),
+                &format!(
+                    "flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} rising {rising} {kernel:?}"
+                ),
                 dev,
                 1e-2,
                 &[&q, &k, &v],
@@ -745,7 +768,9 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
         }
         if ran == 0 {
             check(
-                &format!("flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt}"),
+                &format!(
+                    "flash attention {lq}q {kv_len}/{lk}k {heads}h block {bt} rising {rising}"
+                ),
                 dev,
                 1e-2,
                 &[&q, &k, &v],
