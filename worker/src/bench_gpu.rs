@@ -71,6 +71,11 @@ fn time_queued(
     Ok(best)
 }
 
+/// Rounds of the attention and block rows: at least as many as the PyTorch peer takes
+/// (`worker/bench/peer.py`'s `bench`, best of 5), so that our best is never drawn from fewer runs
+/// than its (until 2026-12-04 ours were best of 2).
+const PEER_REPEAT: usize = 5;
+
 /// "span S ms = kind T ms ×N, …, idle I ms": a profiled stretch by kind of launch.
 fn profile_line(p: &kernels::cuda::Profile) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -106,6 +111,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         "bench kernels needs a GPU: pass --device cuda"
     );
     dev.ensure_available()?;
+    let heavy = repeat.max(PEER_REPEAT);
     let mut rows = Vec::new();
     let mut push = |what: String, t: Duration, flop: f64| {
         let ms = t.as_secs_f64() * 1e3;
@@ -221,7 +227,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
         let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
         let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
-        let t = time(dev, repeat.min(2), || {
+        let t = time(dev, heavy, || {
             ops::attention(&q, &k, &v, lk, AttnMask::None)?;
             Ok(())
         })?;
@@ -238,7 +244,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 .into_iter()
                 .filter(|k| matches!(k, FlashKernel::Tma { .. }))
             {
-                let tk = time(dev, repeat.min(2), || {
+                let tk = time(dev, heavy, || {
                     flash_attention_with(&q, &k, &v, lk, 0, kernel)?;
                     Ok(())
                 })?;
@@ -257,7 +263,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         if matches!(dev, Device::Cuda(_)) {
             let mut kv = kernels::Fp8Kv::new(lk, heads, dev)?;
             kv.requantize(&k, &v, 0..lk, lk)?;
-            let t8 = time(dev, repeat.min(2), || {
+            let t8 = time(dev, heavy, || {
                 kernels::attention_fp8(&q, &kv, lk)?;
                 Ok(())
             })?;
@@ -283,7 +289,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         }
         // The blocks' text cross-attention: the same queries over the 512 text tokens.
         let text = 512;
-        let t_text = time(dev, repeat.min(2), || {
+        let t_text = time(dev, heavy, || {
             ops::attention(&q, &k, &v, text, AttnMask::None)?;
             Ok(())
         })?;
@@ -297,7 +303,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         let (q_grid, k_grid) = ([3, 30, 52], [18, 30, 52]);
         let tiles = kernels::vsa::Tiling::new(k_grid, kernels::vsa::TILE).tiles();
         let top_k = kernels::vsa::top_k(0.9, tiles);
-        let t_vsa = time(dev, repeat.min(2), || {
+        let t_vsa = time(dev, heavy, || {
             kernels::vsa::attention(&q, &k, &v, None, q_grid, k_grid, top_k)?;
             Ok(())
         })?;
@@ -330,7 +336,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         if let Device::Cuda(i) = dev {
             let arch = kernels::cuda::backend(i)?.arch.clone();
             for kernel in kernels::cuda::ops::FlashKernel::available(&arch) {
-                let t = time(dev, repeat.min(2), || {
+                let t = time(dev, heavy, || {
                     kernels::cuda::ops::flash_attention_with(&q, &k, &v, lk, 0, kernel)?;
                     Ok(())
                 })?;
@@ -345,7 +351,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         // softmax), so that a first run on an AMD card says what the kernel gained.
         if let Device::Rocm(_) = dev {
             std::env::set_var("WORLDLINE_ROCM_ATTENTION", "gemm");
-            let t = time(dev, repeat.min(2), || {
+            let t = time(dev, heavy, || {
                 ops::attention(&q, &k, &v, lk, AttnMask::None)?;
                 Ok(())
             });
@@ -439,7 +445,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         };
         for &(suffix, _, blk, a8) in &blocks {
             let c = if a8 { &mut cache8 } else { &mut cache };
-            let t = time(dev, repeat.min(2), || forward(blk, c))?;
+            let t = time(dev, heavy, || forward(blk, c))?;
             push(
                 format!(
                     "{} block{suffix}, {tokens} tokens, 18-frame window",
