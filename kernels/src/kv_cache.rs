@@ -123,31 +123,67 @@ impl KvCache {
 
     /// Writes the K/V of consecutive frames starting at absolute frame `first_frame`.
     pub fn write(&mut self, first_frame: u64, k: &Tensor, v: &Tensor) -> Result<()> {
-        let tpf = self.tokens_per_frame;
-        // Everything `write_rows` would refuse is checked here, before eviction moves any row.
-        if k.shape() != v.shape()
-            || k.rank() != 3
-            || k.shape()[1..] != self.k.shape()[1..]
-            || !k.dim(0).is_multiple_of(tpf)
-            || k.dim(0) == 0
-        {
+        if k.shape() != v.shape() || k.dtype() != v.dtype() {
             return Err(shape_err(
                 "KvCache::write",
                 format!(
-                    "k {:?} v {:?} with {tpf} tokens per frame",
+                    "k {:?} {} and v {:?} {} differ",
                     k.shape(),
-                    v.shape()
+                    k.dtype().name(),
+                    v.shape(),
+                    v.dtype().name()
                 ),
             ));
         }
-        if k.dtype() != self.k.dtype() || v.dtype() != self.v.dtype() {
+        self.write_keys_with(first_frame, v, |keys, row| ops::write_rows(keys, row, k))
+    }
+
+    /// [`write`](Self::write) with the keys made in place: `keys(storage, row)` must fill rows
+    /// `[row, row + v.dim(0))` of the key storage it is given (as `ops::rms_norm_rope_into`
+    /// does), so a chunk's keys are never stored apart and copied over. If it fails, the
+    /// frames it was to hold are not held (an eviction it followed stays done).
+    pub fn write_keys_with(
+        &mut self,
+        first_frame: u64,
+        v: &Tensor,
+        keys: impl FnOnce(&mut Tensor, usize) -> Result<()>,
+    ) -> Result<()> {
+        let tpf = self.tokens_per_frame;
+        // Everything `write_rows` would refuse is checked here, before eviction moves any row.
+        if v.rank() != 3
+            || v.shape()[1..] != self.v.shape()[1..]
+            || !v.dim(0).is_multiple_of(tpf)
+            || v.dim(0) == 0
+        {
+            return Err(shape_err(
+                "KvCache::write",
+                format!("k/v {:?} with {tpf} tokens per frame", v.shape()),
+            ));
+        }
+        if v.dtype() != self.v.dtype() {
             return Err(Error::DType {
                 op: "KvCache::write",
-                got: k.dtype(),
+                got: v.dtype(),
                 msg: "k and v must have the cache's dtype",
             });
         }
-        let n = k.dim(0) / tpf;
+        let n = v.dim(0) / tpf;
+        let (at, new) = self.slot(first_frame, n)?;
+        if let Err(e) = keys(&mut self.k, at).and_then(|()| ops::write_rows(&mut self.v, at, v)) {
+            // Rewritten frames hold half-written rows now: drop them and what follows.
+            self.frames.truncate(at / tpf);
+            return Err(e);
+        }
+        if new {
+            self.frames.extend((0..n as u64).map(|i| first_frame + i));
+        }
+        self.requantize(at, v.dim(0))
+    }
+
+    /// The first row of `n` frames from `first_frame`, and whether they are new: rows they
+    /// already hold, or rows after the held ones once the eviction that makes room is done.
+    fn slot(&mut self, first_frame: u64, n: usize) -> Result<(usize, bool)> {
+        let tpf = self.tokens_per_frame;
         if let Some(pos) = self.frames.iter().position(|&f| f == first_frame) {
             let held = &self.frames[pos..];
             if held.len() < n || (0..n).any(|i| held[i] != first_frame + i as u64) {
@@ -159,9 +195,7 @@ impl KvCache {
                     ),
                 });
             }
-            ops::write_rows(&mut self.k, pos * tpf, k)?;
-            ops::write_rows(&mut self.v, pos * tpf, v)?;
-            return self.requantize(pos * tpf, k.dim(0));
+            return Ok((pos * tpf, false));
         }
         if let Some(&last) = self.frames.last() {
             if first_frame <= last {
@@ -190,11 +224,7 @@ impl KvCache {
                 .drain(self.sink_frames..self.sink_frames + evict);
             self.requantize(self.sink_frames * tpf, keep * tpf)?;
         }
-        let at = self.frames.len() * tpf;
-        ops::write_rows(&mut self.k, at, k)?;
-        ops::write_rows(&mut self.v, at, v)?;
-        self.frames.extend((0..n as u64).map(|i| first_frame + i));
-        self.requantize(at, k.dim(0))
+        Ok((self.frames.len() * tpf, true))
     }
 
     /// Absolute indices of the frames held, oldest first.

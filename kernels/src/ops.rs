@@ -560,6 +560,50 @@ pub fn rms_norm_rope(
     }
 }
 
+/// [`rms_norm_rope`] stored into rows `[row, row + x.dim(0))` of `dst` (a KV cache's keys: the
+/// rows the chunk takes there), so the keys are not written apart and copied over after. A GPU
+/// writes them there in the same launch; the CPU, or a `dst` of another dtype (the result is
+/// then rounded to it), goes through [`write_rows`].
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_rope_into(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    grid: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+    dst: &mut Tensor,
+    row: usize,
+) -> Result<()> {
+    if dst.rank() != 3 || dst.shape()[1..] != x.shape()[1..] || row + x.dim(0) > dst.dim(0) {
+        return Err(shape_err(
+            "rms_norm_rope_into",
+            format!("{:?} at row {row} of {:?}", x.shape(), dst.shape()),
+        ));
+    }
+    same_device("rms_norm_rope_into", x, dst)?;
+    rope_checks("rms_norm_rope_into", x, grid, t_offset, table)?;
+    if w.elem_count() != x.dim(1) * x.dim(2) {
+        return Err(shape_err(
+            "rms_norm_rope_into",
+            format!("weight {:?} for rows of {:?}", w.shape(), &x.shape()[1..]),
+        ));
+    }
+    let same = dst.dtype() == x.dtype();
+    match x.storage() {
+        Storage::Cuda(_) if same => {
+            cuda::ops::rms_norm_rope_into(x, w, eps, grid, t_offset, table, dst, row)
+        }
+        Storage::Rocm(_) if same => {
+            rocm::ops::rms_norm_rope_into(x, w, eps, grid, t_offset, table, dst, row)
+        }
+        _ => {
+            let out = rms_norm_rope(x, w, eps, grid, t_offset, table)?.to_dtype(dst.dtype())?;
+            write_rows(dst, row, &out)
+        }
+    }
+}
+
 fn rope_checks(
     op: &'static str,
     x: &Tensor,

@@ -625,6 +625,26 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
                 bits(&two),
                 "rms_norm_rope {dt:?} d{d} on {dev}: not the two kernels' result bit for bit"
             );
+            // Stored into rows 5.. of a cache-like tensor (its own dtype, or f32): those rows
+            // are the op's result bit for bit (rounded to f32 there), the rows around them as
+            // they were.
+            for dst_dt in [dt, DType::F32] {
+                let mut dst = rand(&mut rng, &[l + 9, heads, d], dst_dt)
+                    .to_device(dev)
+                    .expect("up");
+                let before = bits(&dst);
+                ops::rms_norm_rope_into(&xd, &gd, 1e-6, grid, 7, &table, &mut dst, 5)
+                    .expect("into");
+                let (after, row) = (bits(&dst), heads * d);
+                let what = format!("rms_norm_rope_into {dt:?} -> {dst_dt:?} d{d} on {dev}");
+                assert_eq!(after[..5 * row], before[..5 * row], "{what}: rows before");
+                assert_eq!(
+                    after[(5 + l) * row..],
+                    before[(5 + l) * row..],
+                    "{what}: rows after"
+                );
+                assert_eq!(after[5 * row..(5 + l) * row], bits(&fused), "{what}");
+            }
             // Head dim 128 takes the tensor-core kernel, which attends in bf16 whatever the
             // input dtype.
             let att_tol = if d == 128 { 1e-2 } else { tol(dt) };
@@ -716,7 +736,8 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
         (300, 400, 363, 2, 0, false),
         (291, 300, 291, 1, 45, false),
         (64, 1000, 1000, 1, 0, true),
-        (250, 400, 363, 2, 70, true),
+        // Block-causal takes as many queries as keys (the CPU refuses anything else).
+        (300, 400, 300, 2, 70, true),
     ] {
         let mut q = rand(&mut rng, &[lq, heads, 128], DType::BF16);
         let mut k = rand(&mut rng, &[lk, heads, 128], DType::BF16);

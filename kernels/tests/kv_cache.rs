@@ -3,7 +3,7 @@
 mod common;
 
 use common::{assert_bits_eq, randn, tensor, Rng};
-use kernels::{ops, AttnMask, DType, Device, KvCache, Result, Tensor};
+use kernels::{ops, AttnMask, DType, Device, KvCache, Result, RopeTable, Tensor};
 
 /// The cache's contract without the row arithmetic: held frames with their K/V rows, oldest
 /// first; the first `sink` frames ever written stay, the oldest others go when full.
@@ -286,6 +286,59 @@ fn kv_cache_errors(dev: Device) -> Result<()> {
     Ok(())
 }
 test_device!(kv_cache_errors, kv_cache_errors_cpu);
+
+/// `write_keys_with`: keys made in place by `ops::rms_norm_rope_into` land where `write` puts
+/// the op's result, and keys that fail leave the frames they were to hold unheld.
+fn kv_cache_keys_made_in_place(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(44);
+    let (grid, table) = ([1, 1, 2], RopeTable::new(8, 64, 1e4)?);
+    let mut cache = KvCache::new(3, 1, 2, 2, 8, DType::F32)?.on_device(dev)?;
+    let mut plain = cache.clone();
+    let w = randn(dev, &mut rng, &[16])?;
+    for frame in [0u64, 1, 2, 3, 3, 5] {
+        let (x, v) = (
+            randn(dev, &mut rng, &[2, 2, 8])?,
+            randn(dev, &mut rng, &[2, 2, 8])?,
+        );
+        let t = frame as usize;
+        cache.write_keys_with(frame, &v, |keys, row| {
+            ops::rms_norm_rope_into(&x, &w, 1e-6, grid, t, &table, keys, row)
+        })?;
+        plain.write(
+            frame,
+            &ops::rms_norm_rope(&x, &w, 1e-6, grid, t, &table)?,
+            &v,
+        )?;
+        assert_eq!(cache.frames(), plain.frames(), "frame {frame}");
+        let what = format!("keys after frame {frame}");
+        assert_bits_eq(
+            &what,
+            &cache.keys().to_vec_f32(),
+            &plain.keys().to_vec_f32(),
+        );
+        assert_bits_eq(
+            &what,
+            &cache.values().to_vec_f32(),
+            &plain.values().to_vec_f32(),
+        );
+    }
+    assert_eq!(cache.frames(), &[0, 3, 5]);
+    let v = randn(dev, &mut rng, &[2, 2, 8])?;
+    let refuse = |_: &mut Tensor, _| {
+        Err(kernels::Error::Invalid {
+            op: "test keys",
+            msg: "refused".into(),
+        })
+    };
+    // A failed rewrite leaves half-written rows: the frame goes, and every frame after it.
+    assert!(cache.write_keys_with(3, &v, refuse).is_err());
+    assert_eq!(cache.frames(), &[0], "after a failed rewrite");
+    // A failed append holds nothing new.
+    assert!(cache.write_keys_with(6, &v, refuse).is_err());
+    assert_eq!(cache.frames(), &[0], "after a failed append");
+    Ok(())
+}
+test_device!(kv_cache_keys_made_in_place, kv_cache_keys_made_in_place_cpu);
 
 /// A cache that keeps an fp8 copy: after every write (appends, rewrites in place, evictions that
 /// move rows) the copy reads as a store freshly quantized from the cache's rows. Frames of 50

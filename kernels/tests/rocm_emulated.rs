@@ -157,6 +157,19 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         check(&format!("rms_norm_rope {dt:?}"), dev, tol, &[&x, &g], |v| {
             ops::rms_norm_rope(&v[0], &v[1], 1e-6, [2, 2, 3], 5, &table)
         });
+        // Stored into rows 4.. of a cache's keys, the rows around them kept.
+        let keys = input(37, &[20, 3, 16], dt);
+        check(
+            &format!("rms_norm_rope_into {dt:?}"),
+            dev,
+            tol,
+            &[&x, &g, &keys],
+            |v| {
+                let mut dst = v[2].clone();
+                ops::rms_norm_rope_into(&v[0], &v[1], 1e-6, [2, 2, 3], 5, &table, &mut dst, 4)?;
+                Ok(dst)
+            },
+        );
     }
     // The residual with a bf16 projection output, and the camera FiLM fused after it.
     let (x, y) = (

@@ -71,10 +71,12 @@ fn time_queued(
     Ok(best)
 }
 
-/// Rounds of the attention and block rows: at least as many as the PyTorch peer takes
-/// (`worker/bench/peer.py`'s `bench`, best of 5), so that our best is never drawn from fewer runs
-/// than its (until 2026-12-04 ours were best of 2).
-const PEER_REPEAT: usize = 5;
+/// Rounds of the attention and block rows: as many as the PyTorch peer takes for them
+/// (`worker/bench/peer.py`'s `HEAVY`), so that both bests come from as many runs (until
+/// 2026-12-04 ours were best of 2 against its 5). Twenty, not five: the H200's speed drifts by
+/// 5–10 % over tens of milliseconds, and five 14B blocks (~35 ms) could all land in a slow stretch
+/// (one call measured the same build's block at 6.70 and 7.48 ms).
+const PEER_REPEAT: usize = 20;
 
 /// "span S ms = kind T ms ×N, …, idle I ms": a profiled stretch by kind of launch.
 fn profile_line(p: &kernels::cuda::Profile) -> String {

@@ -702,6 +702,41 @@ pub fn rms_norm_rope(
     table: &RopeTable,
 ) -> Result<Tensor> {
     let s = storage(x)?;
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
+    let at = out.device_ptr_mut()?;
+    rms_norm_rope_at(x, w, eps, grid3, t_offset, table, at)?;
+    Ok(wrap(out, x.shape()))
+}
+
+/// [`crate::ops::rms_norm_rope_into`]: the same launch, its rows stored from row `row` of `dst`
+/// (same dtype, rows as long as `x`'s; checked by the caller).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_rope_into(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    grid3: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+    dst: &mut Tensor,
+    row: usize,
+) -> Result<()> {
+    let offset = row * x.dim(1) * x.dim(2) * x.dtype().size_in_bytes();
+    let at = storage_mut(dst)?.device_ptr_mut()? + offset as u64;
+    rms_norm_rope_at(x, w, eps, grid3, t_offset, table, at)
+}
+
+/// The launches of [`rms_norm_rope`], the output at device address `out` (room for `x`).
+fn rms_norm_rope_at(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    grid3: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+    out: u64,
+) -> Result<()> {
+    let s = storage(x)?;
     let dev = &s.dev;
     let (tokens, heads, d) = (x.dim(0), x.dim(1), x.dim(2));
     // rope.cu keeps a token's cos/sin for up to 256 pairs in shared memory.
@@ -734,7 +769,6 @@ pub fn rms_norm_rope(
     });
     let w = cast(w, DType::F32)?;
     let ws = storage(&w)?;
-    let mut out = GpuStorage::alloc(dev, x.dtype(), x.elem_count())?;
     let cols64 = (heads * d) as u64;
     launch!(
         dev,
@@ -742,7 +776,7 @@ pub fn rms_norm_rope(
         &format!("rms_norm_rope_{}", suffix(x.dtype())?),
         rows_cfg(tokens),
         |b| {
-            push_mut(b, &mut out.data);
+            b.arg(&out);
             push(b, &s.data);
             push(b, &ws.data);
             b.arg(&angles)
@@ -756,7 +790,7 @@ pub fn rms_norm_rope(
                 .arg(&ph);
         }
     );
-    Ok(wrap(out, x.shape()))
+    Ok(())
 }
 
 /// Largest head dim of the attention kernel.

@@ -122,6 +122,12 @@ impl SelfAttention {
         kv_only: bool,
         sp: Option<&Ulysses>,
     ) -> Result<Option<Tensor>> {
+        let mode = match mode {
+            KvMode::Cache { cache, first_frame } if sp.is_none() => {
+                return self.forward_cached(x, grid, t_offset, rope, cache, first_frame, kv_only)
+            }
+            mode => mode,
+        };
         // On one card the norm and the RoPE are one op; under Ulysses the RoPE runs after the
         // all-to-all, on the whole sequence (the norm needs all of a token's heads).
         let k = match sp {
@@ -209,6 +215,43 @@ impl SelfAttention {
         let out = match sp {
             None => out,
             Some(u) => u.gather_heads(&out)?,
+        };
+        let out = out.reshape(&[x.dim(0), x.dim(1)])?;
+        Ok(Some(self.o.forward(&out)?))
+    }
+}
+
+impl SelfAttention {
+    /// [`forward`](Self::forward) over a cache on one card: the keys are normed and rotated
+    /// straight into the rows the chunk takes in the cache (`ops::rms_norm_rope_into`), not
+    /// stored apart and copied over.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_cached(
+        &self,
+        x: &Tensor,
+        grid: [usize; 3],
+        t_offset: usize,
+        rope: &RopeTable,
+        cache: &mut KvCache,
+        first_frame: u64,
+        kv_only: bool,
+    ) -> Result<Option<Tensor>> {
+        // The cache keeps its own dtype (bf16 on GPUs, f32 on the CPU reference).
+        let dtype = cache.keys().dtype();
+        let k = self.heads_view(&self.k.forward(x)?)?;
+        let v = self.heads_view(&self.v.forward(x)?)?.to_dtype(dtype)?;
+        let norm = &self.norm_k;
+        cache.write_keys_with(first_frame, &v, |keys, row| {
+            ops::rms_norm_rope_into(&k, &norm.weight, norm.eps, grid, t_offset, rope, keys, row)
+        })?;
+        if kv_only {
+            return Ok(None);
+        }
+        let q = self.normed_rotated(&self.norm_q, &self.q.forward(x)?, grid, t_offset, rope)?;
+        let len = cache.len_tokens();
+        let out = match cache.fp8() {
+            Some(kv) => kernels::attention_fp8(&q, kv, len)?,
+            None => ops::attention(&q, cache.keys(), cache.values(), len, AttnMask::None)?,
         };
         let out = out.reshape(&[x.dim(0), x.dim(1)])?;
         Ok(Some(self.o.forward(&out)?))
