@@ -41,34 +41,82 @@ fn time_queued(
     dev: Device,
     repeat: usize,
     calls: usize,
-    mut f: impl FnMut() -> Result<()>,
+    f: impl FnMut() -> Result<()>,
 ) -> Result<Duration> {
     let calls = calls.max(1);
+    let r = rounds(dev, repeat, calls, f)?;
+    Ok(r.iter().map(|r| r.device).min().unwrap_or(Duration::MAX) / calls as u32)
+}
+
+/// One round of [`time_queued`]: the stream time of its calls, and how long the host took to
+/// queue them (from the start event to the last call's return).
+struct Round {
+    device: Duration,
+    host: Duration,
+}
+
+/// `repeat` rounds of `calls` calls after one warm-up call.
+fn rounds(
+    dev: Device,
+    repeat: usize,
+    calls: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<Vec<Round>> {
     f()?;
     sync(dev)?;
-    let mut best = Duration::MAX;
+    let mut out = Vec::with_capacity(repeat);
     for _ in 0..repeat {
-        let t = match dev {
+        let r = match dev {
             Device::Cuda(i) => {
                 let b = kernels::cuda::backend(i)?;
                 let start = b.timed_marker()?;
+                let t = Instant::now();
                 for _ in 0..calls {
                     f()?;
                 }
-                b.timed_marker()?.elapsed_since(&start)?
+                let host = t.elapsed();
+                let device = b.timed_marker()?.elapsed_since(&start)?;
+                Round { device, host }
             }
             _ => {
                 let t = Instant::now();
                 for _ in 0..calls {
                     f()?;
                 }
+                let host = t.elapsed();
                 sync(dev)?;
-                t.elapsed()
+                Round {
+                    device: t.elapsed(),
+                    host,
+                }
             }
         };
-        best = best.min(t / calls as u32);
+        out.push(r);
     }
-    Ok(best)
+    Ok(out)
+}
+
+/// "best B, median M, worst W ms; host queued its launches in H ms (median)" over `rounds`.
+fn spread_line(rounds: &[Round]) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let sorted = |mut v: Vec<Duration>| {
+        v.sort();
+        v
+    };
+    let dev = sorted(rounds.iter().map(|r| r.device).collect());
+    let host = sorted(rounds.iter().map(|r| r.host).collect());
+    let (Some(best), Some(worst)) = (dev.first(), dev.last()) else {
+        return "no rounds".into();
+    };
+    format!(
+        "{} rounds: best {:.3}, median {:.3}, worst {:.3} ms; the host queued a round's launches in \
+         {:.3} ms (median)",
+        dev.len(),
+        ms(*best),
+        ms(dev[dev.len() / 2]),
+        ms(*worst),
+        ms(host[host.len() / 2])
+    )
 }
 
 /// Rounds of the attention and block rows: as many as the PyTorch peer takes for them
@@ -229,10 +277,12 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
         let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
         let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
-        let t = time(dev, heavy, || {
+        let r = rounds(dev, heavy, 1, || {
             ops::attention(&q, &k, &v, lk, AttnMask::None)?;
             Ok(())
         })?;
+        println!("attention bf16 {heads} heads spread: {}", spread_line(&r));
+        let t = r.iter().map(|r| r.device).min().unwrap_or(Duration::MAX);
         push(
             format!("attention bf16 {lq}q x {lk}k x {heads}h x {d}"),
             t,
@@ -447,7 +497,11 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         };
         for &(suffix, _, blk, a8) in &blocks {
             let c = if a8 { &mut cache8 } else { &mut cache };
-            let t = time(dev, heavy, || forward(blk, c))?;
+            // The spread of the rounds and the host's share: a block whose launches the host
+            // queues slower than the card runs them is bound by the host, not by its kernels.
+            let r = rounds(dev, heavy, 1, || forward(blk, c))?;
+            println!("{} block{suffix} spread: {}", cfg.name, spread_line(&r));
+            let t = r.iter().map(|r| r.device).min().unwrap_or(Duration::MAX);
             push(
                 format!(
                     "{} block{suffix}, {tokens} tokens, 18-frame window",
@@ -457,6 +511,26 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 flops::block(&cfg, tokens, 18 * frame_tokens),
             );
         }
+        // The block's self-attention alone, over the cache the block left (15 frames of
+        // filler, whose keys are its values, then the block's own 3): against the standalone
+        // row above, what the block's data and buffers do to the kernel.
+        let q = rand(
+            dev,
+            11,
+            &[tokens, cfg.num_heads, cfg.head_dim()],
+            1.0,
+            DType::BF16,
+        )?;
+        let len = cache.len_tokens();
+        let r = rounds(dev, heavy, 1, || {
+            ops::attention(&q, cache.keys(), cache.values(), len, AttnMask::None)?;
+            Ok(())
+        })?;
+        println!(
+            "{} attention over the block's cache alone: {}",
+            cfg.name,
+            spread_line(&r)
+        );
         // Where each block's time goes, by kind of launch.
         if let Device::Cuda(i) = dev {
             let b = kernels::cuda::backend(i)?;
