@@ -8,12 +8,13 @@ import torch
 import torch.nn.functional as F
 
 
-def bench(fn, repeat=5, calls=1):
+def bench(fn, repeat=5, calls=1, label=None):
     """Best over `repeat` rounds of the mean CUDA-event time of `calls` calls queued back to back
-    (worker's `time`, or its `time_queued` for the short ops), after one warm-up call."""
+    (worker's `time`, or its `time_queued` for the short ops), after one warm-up call. With a
+    `label`, also prints the rounds' spread as `worker bench kernels` does."""
     fn()
     torch.cuda.synchronize()
-    best = float("inf")
+    times = []
     for _ in range(repeat):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
@@ -21,8 +22,12 @@ def bench(fn, repeat=5, calls=1):
             fn()
         e.record()
         torch.cuda.synchronize()
-        best = min(best, s.elapsed_time(e) / calls)
-    return best
+        times.append(s.elapsed_time(e) / calls)
+    times.sort()
+    if label:
+        print(f"{label} spread: {repeat} rounds: best {times[0]:.3f}, median {times[len(times) // 2]:.3f}, "
+              f"worst {times[-1]:.3f} ms")
+    return times[0]
 
 
 # Rounds of the attention and block rows, long ops on a card whose speed drifts by 5–10 % over
@@ -65,7 +70,7 @@ rows.append(("torch norm+modulate f32 -> fp8 rowwise 4680x5120", ms, 0.0))
 for heads in [40, 12]:
     q = torch.randn(1, heads, 4680, 128, device=dev, dtype=torch.bfloat16)
     kv = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
-    ms = bench(lambda: F.scaled_dot_product_attention(q, kv, kv), repeat=HEAVY)
+    ms = bench(lambda: F.scaled_dot_product_attention(q, kv, kv), repeat=HEAVY, label=f"torch sdpa {heads} heads")
     rows.append((f"torch sdpa bf16 4680q x 28080k x {heads}h x 128", ms, 4 * 4680 * 28080 * heads * 128 / ms / 1e9))
 
 
@@ -152,24 +157,24 @@ with torch.no_grad():
         kc = torch.randn(1, heads, 28080 - n, hd, device=dev, dtype=torch.bfloat16)
         tk = torch.randn(1, heads, 512, hd, device=dev, dtype=torch.bfloat16)
         cs = torch.randn(n, dim, device=dev) * 0.1
-        ms = bench(lambda: blk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY)
+        ms = bench(lambda: blk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch eager {name} block")
         fl = 2 * n * dim * dim * 6 + 4 * n * dim * ffn + 4 * n * 28080 * dim + 4 * n * 512 * dim
         rows.append((f"torch eager {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         # The same block through torch.compile (Inductor fuses the element-wise ops around the
         # GEMMs and SDPA); the first calls compile, bench() warms up before timing.
         try:
             cblk = torch.compile(blk)
-            ms = bench(lambda: cblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY)
+            ms = bench(lambda: cblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch compile {name} block")
             rows.append((f"torch compile {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         except Exception as err:  # a missing compiler toolchain must not cost the other rows
             print(f"torch.compile {name} block failed: {err}", file=sys.stderr)
         # The same block with fp8 rowwise linears, eager and compiled (the issue's fp8 peers).
         try:
             fblk = to_fp8(blk)
-            ms = bench(lambda: fblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY)
+            ms = bench(lambda: fblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch eager fp8 rowwise {name} block")
             rows.append((f"torch eager fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
             cfblk = torch.compile(fblk)
-            ms = bench(lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY)
+            ms = bench(lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch compile fp8 rowwise {name} block")
             rows.append((f"torch compile fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         except Exception as err:
             print(f"fp8 rowwise {name} block failed: {err}", file=sys.stderr)
