@@ -70,7 +70,7 @@ rows.append(("torch norm+modulate f32 -> fp8 rowwise 4680x5120", ms, 0.0))
 for heads in [40, 12]:
     q = torch.randn(1, heads, 4680, 128, device=dev, dtype=torch.bfloat16)
     # Keys and values apart, as ours (`bench kernels` draws q, k and v each): one tensor as both
-    # would let SDPA find half of what it reads already in L2.
+    # could let SDPA find its values in L2, read there a moment before as keys.
     k = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
     v = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
     ms = bench(lambda: F.scaled_dot_product_attention(q, k, v), repeat=HEAVY, label=f"torch sdpa {heads} heads")
