@@ -123,17 +123,18 @@ impl KvCache {
 
     /// Writes the K/V of consecutive frames starting at absolute frame `first_frame`.
     pub fn write(&mut self, first_frame: u64, k: &Tensor, v: &Tensor) -> Result<()> {
-        if k.shape() != v.shape() || k.dtype() != v.dtype() {
+        if k.shape() != v.shape() {
             return Err(shape_err(
                 "KvCache::write",
-                format!(
-                    "k {:?} {} and v {:?} {} differ",
-                    k.shape(),
-                    k.dtype().name(),
-                    v.shape(),
-                    v.dtype().name()
-                ),
+                format!("k {:?} and v {:?} differ", k.shape(), v.shape()),
             ));
+        }
+        if k.dtype() != self.k.dtype() {
+            return Err(Error::DType {
+                op: "KvCache::write",
+                got: k.dtype(),
+                msg: "k and v must have the cache's dtype",
+            });
         }
         self.write_keys_with(first_frame, v, |keys, row| ops::write_rows(keys, row, k))
     }

@@ -219,9 +219,7 @@ impl SelfAttention {
         let out = out.reshape(&[x.dim(0), x.dim(1)])?;
         Ok(Some(self.o.forward(&out)?))
     }
-}
 
-impl SelfAttention {
     /// [`forward`](Self::forward) over a cache on one card: the keys are normed and rotated
     /// straight into the rows the chunk takes in the cache (`ops::rms_norm_rope_into`), not
     /// stored apart and copied over.
