@@ -3,6 +3,7 @@
 Prints one line per measurement in the worker's format. Needs torch with CUDA."""
 import json
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,23 @@ def bench(fn, repeat=5, calls=1, label=None):
         print(f"{label} spread: {repeat} rounds: best {times[0]:.3f}, median {times[len(times) // 2]:.3f}, "
               f"worst {times[-1]:.3f} ms")
     return times[0]
+
+
+def sustained(fn, seconds=2.0):
+    """Mean time of `fn` called back to back for `seconds` (host clock, a synchronisation every 8
+    calls), and the number of calls: `worker bench kernels`' sustained rows, the speed a stream
+    sees once the card's power management has settled."""
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t < seconds:
+        fn()
+        n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1e3 / n, n
 
 
 # Rounds of the attention and block rows, long ops on a card whose speed drifts by 5–10 % over
@@ -75,6 +93,9 @@ for heads in [40, 12]:
     v = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
     ms = bench(lambda: F.scaled_dot_product_attention(q, k, v), repeat=HEAVY, label=f"torch sdpa {heads} heads")
     rows.append((f"torch sdpa bf16 4680q x 28080k x {heads}h x 128", ms, 4 * 4680 * 28080 * heads * 128 / ms / 1e9))
+    ms, calls = sustained(lambda: F.scaled_dot_product_attention(q, k, v))
+    rows.append((f"torch sdpa bf16 4680q x 28080k x {heads}h x 128, sustained ({calls} back to back)", ms,
+                 4 * 4680 * 28080 * heads * 128 / ms / 1e9))
 
 
 class Block(torch.nn.Module):
@@ -163,12 +184,16 @@ with torch.no_grad():
         ms = bench(lambda: blk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch eager {name} block")
         fl = 2 * n * dim * dim * 6 + 4 * n * dim * ffn + 4 * n * 28080 * dim + 4 * n * 512 * dim
         rows.append((f"torch eager {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+        ms, calls = sustained(lambda: blk(x, e, kc, kc, tk, tk, cs, cs))
+        rows.append((f"torch eager {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         # The same block through torch.compile (Inductor fuses the element-wise ops around the
         # GEMMs and SDPA); the first calls compile, bench() warms up before timing.
         try:
             cblk = torch.compile(blk)
             ms = bench(lambda: cblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch compile {name} block")
             rows.append((f"torch compile {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            ms, calls = sustained(lambda: cblk(x, e, kc, kc, tk, tk, cs, cs))
+            rows.append((f"torch compile {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         except Exception as err:  # a missing compiler toolchain must not cost the other rows
             print(f"torch.compile {name} block failed: {err}", file=sys.stderr)
         # The same block with fp8 rowwise linears, eager and compiled (the issue's fp8 peers).
@@ -176,9 +201,13 @@ with torch.no_grad():
             fblk = to_fp8(blk)
             ms = bench(lambda: fblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch eager fp8 rowwise {name} block")
             rows.append((f"torch eager fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            ms, calls = sustained(lambda: fblk(x, e, kc, kc, tk, tk, cs, cs))
+            rows.append((f"torch eager fp8 rowwise {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
             cfblk = torch.compile(fblk)
             ms = bench(lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch compile fp8 rowwise {name} block")
             rows.append((f"torch compile fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            ms, calls = sustained(lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs))
+            rows.append((f"torch compile fp8 rowwise {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         except Exception as err:
             print(f"fp8 rowwise {name} block failed: {err}", file=sys.stderr)
 
