@@ -148,7 +148,8 @@ pub fn attention_fp8(q: &Tensor, kv: &Fp8Kv, kv_len: usize) -> Result<Tensor> {
         Ok(())
     })?;
     if whole < items {
-        super::flash_split_combine(dev, &mut out, &plan, items - whole, lq, heads)?;
+        let nqb = lq.div_ceil(FLASH_BLOCK_QUERIES);
+        super::flash_split_combine(dev, &mut out, &plan, items - whole, lq, heads, nqb)?;
     }
     super::cast(&wrap(out, q.shape()), q.dtype())
 }
