@@ -805,15 +805,7 @@ WL_DEVICE void fw_finish(const float* o, const float* m, const float* l, float o
     }
 }
 
-// CL = 2: the pair kernel. The two blocks of a cluster take query blocks 2c and 2c + 1 of one head
-// (a head's count rounded up to even; the odd one out computes rows past lq, which it never
-// writes) over the same key tiles, and each block's producer copies one 64-dim half of every K
-// and V tile into both blocks at once (TMA multicast): L2 sends each tile once per pair, not once
-// per block. The dense kernel moves ~5.8 TB/s from L2 at 4680 × 28080 × 40 heads (21 GB of K/V
-// tiles in 3.65 ms), and the VSA fine kernel, at half its FLOPs per byte, runs at half its
-// TFLOP/s: the same ceiling. A stage is refilled once the consumers of both blocks have
-// released it, so each "empty" barrier counts four arrivals, two of them from the other block.
-template <int BC, int ST, int CL = 1>
+template <int BC, int ST>
 WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv, int lq,
                               int kv_len, int heads, int block_tokens, float scale, fw_split sp) {
     constexpr int KB = BC * 256, SB = 2 * KB;  // bytes of a K (or V) tile, of a stage
@@ -827,39 +819,21 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     unsigned long long* qbar = empty + 2 * ST;
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
     const int nqb = (lq + FW_BR - 1) / FW_BR;
-    // Query blocks per head in the item grid: padded to pairs in the pair kernel.
-    const int nqi = CL == 2 ? (nqb + 1) & ~1 : nqb;
-    int item, part = -1, pair_last;
-    if constexpr (CL == 2) {
-        // A cluster per pair item, split as single items are (the host plans over pairs).
-        const int wp = sp.whole / 2;
-        int c = blockIdx.x / 2;
-        if (c >= wp) part = (c - wp) % sp.parts, c = wp + (c - wp) / sp.parts;
-        item = 2 * c + (int)wl_cluster_rank();
-        pair_last = (2 * c + 1) % nqi * FW_BR + FW_BR - 1;
-    } else {
-        item = blockIdx.x;
-        if (item >= sp.whole) part = (item - sp.whole) % sp.parts, item = sp.whole + (item - sp.whole) / sp.parts;
-        pair_last = item % nqi * FW_BR + FW_BR - 1;
-    }
-    const int h = item / nqi, qb = item % nqi * FW_BR;
-    // Both blocks of a pair walk the same key tiles: the later block's (the earlier one's extra
-    // tiles are masked for all its rows).
+    int item = blockIdx.x, part = -1;
+    if (item >= sp.whole) part = (item - sp.whole) % sp.parts, item = sp.whole + (item - sp.whole) / sp.parts;
+    const int h = item / nqb, qb = item % nqb * FW_BR;
     int block_end = kv_len;
-    if (block_tokens > 0) block_end = min(kv_len, (min(lq - 1, pair_last) / block_tokens + 1) * block_tokens);
+    if (block_tokens > 0) block_end = min(kv_len, (min(lq - 1, qb + FW_BR - 1) / block_tokens + 1) * block_tokens);
     // Key tiles j0 + [0, n) (the host makes every part at least one tile).
     const int tiles = (block_end + BC - 1) / BC;
     const int j0 = part < 0 ? 0 : part * tiles / sp.parts;
     const int n = part < 0 ? tiles : (part + 1) * tiles / sp.parts - j0;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < 2 * ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2 * CL);
+        for (int s = 0; s < 2 * ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
         wl_mbar_init(qbar, 1);
         wl_mbar_init_fence();
     }
-    // The other block's barriers must be initialised before this block's copies or arrivals
-    // reach them.
-    if constexpr (CL == 2) wl_cluster_sync();
-    else __syncthreads();
+    __syncthreads();
     if (wg == 2) {
         // 40 registers for the producer leave 232 for each consumer thread.
         WL_SETMAXNREG_DEC(40);
@@ -867,39 +841,21 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
             wl_mbar_expect_tx(qbar, FW_BR * 256);
             wl_tma_load_3d(qs, tq, 0, h, qb, qbar);
             wl_tma_load_3d(qs + FW_BR * 128, tq, 64, h, qb, qbar);
-            // The half of each tile this block copies (into both blocks in the pair kernel).
-            auto load = [&](unsigned char* dst, const wl_tmap* map, int key, unsigned long long* bar) {
-                if constexpr (CL == 2) {
-                    const int r = (int)wl_cluster_rank();
-                    wl_tma_load_3d_multicast(dst + r * BC * 128, map, r * 64, h, key, bar, 0x3);
-                } else {
-                    wl_tma_load_3d(dst, map, 0, h, key, bar);
-                    wl_tma_load_3d(dst + BC * 128, map, 64, h, key, bar);
-                }
-            };
             for (int j = 0; j < n; ++j) {
                 const int s = j % ST, key = (j0 + j) * BC;
                 unsigned char* ks = stages + s * SB;
                 if (j >= ST) wl_mbar_wait(empty + s, (j / ST - 1) & 1);
                 wl_mbar_expect_tx(full + s, KB);
-                load(ks, tk, key, full + s);
+                wl_tma_load_3d(ks, tk, 0, h, key, full + s);
+                wl_tma_load_3d(ks + BC * 128, tk, 64, h, key, full + s);
                 if (j >= ST) wl_mbar_wait(empty + ST + s, (j / ST - 1) & 1);
                 wl_mbar_expect_tx(full + ST + s, KB);
-                load(ks + KB, tv, key, full + ST + s);
+                wl_tma_load_3d(ks + KB, tv, 0, h, key, full + ST + s);
+                wl_tma_load_3d(ks + KB + BC * 128, tv, 64, h, key, full + ST + s);
             }
         }
-        // No block of a pair leaves while the other may still copy into it or arrive on its
-        // barriers.
-        if constexpr (CL == 2) wl_cluster_sync();
         return;
     }
-    // A consumer warpgroup hands a stage back: to its own producer, and in the pair kernel to
-    // both blocks' producers, which both fill it.
-    auto release = [&](unsigned long long* bar) {
-        if (t != 0) return;
-        if constexpr (CL == 2) wl_mbar_arrive_cta(bar, 0), wl_mbar_arrive_cta(bar, 1);
-        else wl_mbar_arrive(bar);
-    };
     WL_SETMAXNREG_INC(232);
     const int row0 = qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
     const int cq = (lane % 4) * 2;
@@ -949,7 +905,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
-        release(empty);
+        if (t == 0) wl_mbar_arrive(empty);
         float nm[2], corr[2], sum[2];
         fw_softmax<BC, true, FW_LAZY>(sc, m, nm, corr, sum, j0 * BC, row0, cq, kv_len, block_tokens, scale2);
 #pragma unroll
@@ -969,14 +925,14 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
-        release(empty + s);
+        if (t == 0) wl_mbar_arrive(empty + s);
         float nm[2], corr[2], sum[2];
         // A constant once the body is inlined into its two loops: no branch is left here.
         const int kb = (j0 + j) * BC;
         if (mask) fw_softmax<BC, true, FW_LAZY>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
         else fw_softmax<BC, false, FW_LAZY>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
         wl_wgmma_wait_all();
-        release(empty + ST + prev);
+        if (t == 0) wl_mbar_arrive(empty + ST + prev);
         fw_rescale(o, m, l, nm, corr, sum);
         pack(pa, sc);
     };
@@ -991,7 +947,6 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     wl_wgmma_commit();
     wl_wgmma_wait_all();
     fw_finish(o, m, l, 1.0f, out, sp, item, part, qb, row0, cq, lq, heads, h);
-    if constexpr (CL == 2) wl_cluster_sync();
 }
 
 // ---- The fine branch of VSA fed by TMA, as the dense kernel: a producer warpgroup and two
@@ -1208,17 +1163,11 @@ WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
 // Shared memory: 32 KiB of Q, then ST stages of 2·BC·256 bytes (the H200 gives a block 227 KiB).
 WL_FLASH_TMA(128, 3)
 WL_FLASH_TMA(176, 2)
-// The pair kernel: clusters of two blocks sharing each K/V tile (grid: two blocks per pair item).
-WL_KERNEL void __cluster_dims__(2, 1, 1) __launch_bounds__(FT_THREADS, 1) flash_tma_bf16_d128_bc128_s3_pair(
-    wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
-    const __grid_constant__ wl_tmap tv, int lq, int kv_len, int heads, int block_tokens, float scale, fw_split sp) {
-    flash_tma_d128<128, 3, 2>(out, &tq, &tk, &tv, lq, kv_len, heads, block_tokens, scale, sp);
-}
 
 // Merges the key ranges of the split items (see fw_split): a block per (split item, row), a
-// thread per dim; out as the whole kernel writes it. `nqb`: query blocks per head in the launch's
-// item grid (the pair kernel pads them to pairs).
-WL_KERNEL void flash_split_combine(wl_bf16* out, fw_split sp, int lq, int heads, int nqb) {
+// thread per dim; out as the whole kernel writes it.
+WL_KERNEL void flash_split_combine(wl_bf16* out, fw_split sp, int lq, int heads) {
+    const int nqb = (lq + FW_BR - 1) / FW_BR;
     const int s = blockIdx.x / FW_BR, r = blockIdx.x % FW_BR, d = threadIdx.x;
     const int item = sp.whole + s, h = item / nqb, q = item % nqb * FW_BR + r;
     if (q >= lq) return;

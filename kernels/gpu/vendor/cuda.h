@@ -148,40 +148,6 @@ WL_DEVICE void wl_tma_load_3d(void* dst, const wl_tmap* map, int c0, int c1, int
 WL_DEVICE void wl_mbar_arrive(void* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wl_smem_addr(bar)) : "memory");
 }
-// ---- Thread-block clusters (sm_90): blocks of one cluster run at once on one GPC and reach each
-// other's shared memory, so one TMA copy can fill the same tile in several blocks (multicast).
-// This block's rank in its cluster.
-WL_DEVICE unsigned int wl_cluster_rank() {
-    unsigned int r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// Every thread of every block of the cluster meets here; shared-memory writes before it (barrier
-// initialisation included) are visible to the cluster after it. Not `.aligned`: callers reach it
-// from code where a warp's threads may not have reconverged (one thread issuing the copies).
-WL_DEVICE void wl_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// An arrival on the barrier at `bar`'s offset in block `cta` of the cluster (this one included),
-// releasing this thread's earlier reads of shared memory to the cluster: a consumer handing a
-// stage back to the producers of every block that fills it.
-WL_DEVICE void wl_mbar_arrive_cta(void* bar, unsigned int cta) {
-    asm volatile(
-        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(wl_smem_addr(bar)),
-        "r"(cta)
-        : "memory");
-}
-// wl_tma_load_3d into the same offset of `dst` in every block of `mask` (bit i: rank i), each
-// block's barrier at `bar`'s offset counting the bytes that land there.
-WL_DEVICE void wl_tma_load_3d_multicast(void* dst, const wl_tmap* map, int c0, int c1, int c2, void* bar,
-                                        unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-        "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(wl_smem_addr(dst)),
-        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(wl_smem_addr(bar)), "h"(mask)
-        : "memory");
-}
 // Named barriers over `threads` threads (id 0 is __syncthreads'): sync waits for the count,
 // arrive counts this thread without waiting.
 WL_DEVICE void wl_named_sync(int id, int threads) {

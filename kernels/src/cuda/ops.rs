@@ -194,14 +194,11 @@ pub enum FlashKernel {
     Mma { bc: usize },
     /// wgmma fed by TMA (sm_90a only): a producer warpgroup and 2 consumer warpgroups × 64
     /// queries, `bc` (128 or 176) keys per tile, `stages` (3 or 2) tiles in flight; with `split`, the
-    /// blocks of the last, partial wave cut into key ranges (attention.cu's `fw_split`); with
-    /// `pair` (128 keys, 3 stages), clusters of two blocks that each copy half of every K/V
-    /// tile into both (TMA multicast), halving the kernel's L2 traffic.
+    /// blocks of the last, partial wave cut into key ranges (attention.cu's `fw_split`).
     Tma {
         bc: usize,
         stages: usize,
         split: bool,
-        pair: bool,
     },
 }
 
@@ -219,19 +216,11 @@ impl FlashKernel {
                 bc: 128,
                 stages: 3,
                 split: true,
-                pair: false,
             });
             v.push(FlashKernel::Tma {
                 bc: 128,
                 stages: 3,
                 split: false,
-                pair: false,
-            });
-            v.push(FlashKernel::Tma {
-                bc: 128,
-                stages: 3,
-                split: true,
-                pair: true,
             });
             // FlashAttention-3's tile for head dim 128: 176 keys, two stages (K is refilled
             // as soon as its scores are done, V after the next tile's P·V).
@@ -239,7 +228,6 @@ impl FlashKernel {
                 bc: 176,
                 stages: 2,
                 split: true,
-                pair: false,
             });
         }
         v.extend([FlashKernel::Mma { bc: 64 }, FlashKernel::Mma { bc: 32 }]);
@@ -252,19 +240,10 @@ impl FlashKernel {
                 Ok(format!("flash_attention_bf16_d128_bc{bc}"))
             }
             FlashKernel::Tma {
-                bc: 128,
-                stages: 3,
-                pair,
-                ..
-            } => Ok(format!(
-                "flash_tma_bf16_d128_bc128_s3{}",
-                if pair { "_pair" } else { "" }
-            )),
+                bc: 128, stages: 3, ..
+            } => Ok("flash_tma_bf16_d128_bc128_s3".into()),
             FlashKernel::Tma {
-                bc: 176,
-                stages: 2,
-                pair: false,
-                ..
+                bc: 176, stages: 2, ..
             } => Ok("flash_tma_bf16_d128_bc176_s2".into()),
             other => Err(Error::Shape {
                 op: "attention",
@@ -290,16 +269,9 @@ impl FlashKernel {
     pub fn tag(self) -> String {
         match self {
             FlashKernel::Mma { bc } => format!("mma{bc}"),
-            FlashKernel::Tma {
-                bc,
-                stages,
-                split,
-                pair,
-            } => format!(
-                "tma{bc}s{stages}{}{}",
-                if pair { "pair" } else { "" },
-                if split { "" } else { "whole" }
-            ),
+            FlashKernel::Tma { bc, stages, split } => {
+                format!("tma{bc}s{stages}{}", if split { "" } else { "whole" })
+            }
         }
     }
 }
@@ -387,9 +359,7 @@ pub fn flash_attention_with(
                 Ok(())
             })?;
         }
-        FlashKernel::Tma {
-            bc, split, pair, ..
-        } => {
+        FlashKernel::Tma { bc, split, .. } => {
             let st = &dev.stream;
             let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("attention: not bf16"));
             let ((q_p, _g1), (k_p, _g2), (v_p, _g3)) =
@@ -405,22 +375,9 @@ pub fn flash_attention_with(
             let tq = map(q_p, lq, FLASH_BLOCK_QUERIES)?;
             let tk = map(k_p, kv_len, bc)?;
             let tv = map(v_p, kv_len, bc)?;
-            // Items are (query block, head); the pair kernel pads each head's query blocks to
-            // pairs and plans its split over pairs, each a cluster of two SMs.
-            let (nqi, per) = match pair {
-                true => (grid_dim.0.next_multiple_of(2) as usize, 2),
-                false => (grid_dim.0 as usize, 1),
-            };
-            let items = nqi * heads;
-            let slots = match pair {
-                true => pair_slots(dev, &func, smem),
-                false => dev.sms,
-            };
+            let items = grid_dim.0 as usize * heads;
             let (whole, parts) = match (split, block_tokens) {
-                (true, 0) => {
-                    let (w, p) = tail_split(items / per, slots, kv_len.div_ceil(bc));
-                    (w * per, p)
-                }
+                (true, 0) => tail_split(items, dev.sms, kv_len.div_ceil(bc)),
                 _ => (items, 1),
             };
             let (mut po, mut pml) = split_buffers(dev, (items - whole) * parts)?;
@@ -455,7 +412,7 @@ pub fn flash_attention_with(
                 Ok(())
             })?;
             if whole < items {
-                flash_split_combine(dev, &mut out, &plan, items - whole, lq, heads, nqi)?;
+                flash_split_combine(dev, &mut out, &plan, items - whole, lq, heads)?;
             }
         }
     }
@@ -479,22 +436,7 @@ fn split_buffers(dev: &Backend, ranges: usize) -> Result<(DeviceBuf<f32>, Device
     }
 }
 
-/// How many clusters of the pair kernel the device runs at once (two SMs each where the GPCs
-/// allow), for the tail split's waves.
-fn pair_slots(dev: &Backend, func: &cudarc::driver::CudaFunction, smem: u32) -> usize {
-    let cfg = LaunchConfig {
-        grid_dim: (2, 1, 1),
-        block_dim: (FLASH_TMA_THREADS, 1, 1),
-        shared_mem_bytes: smem,
-    };
-    match func.occupancy_max_active_clusters(cfg, &dev.stream) {
-        Ok(n) if n > 0 => n as usize,
-        _ => dev.sms / 2,
-    }
-}
-
-/// Merges the key ranges of the `split` items of a tail-split launch into `out`; `nqb` is the
-/// item grid's query blocks per head.
+/// Merges the key ranges of the `split` items of a tail-split launch into `out`.
 fn flash_split_combine(
     dev: &Backend,
     out: &mut CudaStorage,
@@ -502,7 +444,6 @@ fn flash_split_combine(
     split: usize,
     lq: usize,
     heads: usize,
-    nqb: usize,
 ) -> Result<()> {
     let combine = dev.func("attention", "flash_split_combine")?;
     let cfg = LaunchConfig {
@@ -510,10 +451,10 @@ fn flash_split_combine(
         block_dim: (FLASH_HEAD_DIM as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (lq32, h32, nqb32) = (lq as i32, heads as i32, nqb as i32);
+    let (lq32, h32) = (lq as i32, heads as i32);
     let mut b = dev.stream.launch_builder(&combine);
     push_mut(&mut b, &mut out.data);
-    b.arg(plan).arg(&lq32).arg(&h32).arg(&nqb32);
+    b.arg(plan).arg(&lq32).arg(&h32);
     dev.timed("attention", || {
         // SAFETY: out holds [lq, heads, 128] bf16; the plan's buffers were written by the
         // split launch before, in stream order.

@@ -148,8 +148,7 @@ pub fn attention_fp8(q: &Tensor, kv: &Fp8Kv, kv_len: usize) -> Result<Tensor> {
         Ok(())
     })?;
     if whole < items {
-        let nqb = lq.div_ceil(FLASH_BLOCK_QUERIES);
-        super::flash_split_combine(dev, &mut out, &plan, items - whole, lq, heads, nqb)?;
+        super::flash_split_combine(dev, &mut out, &plan, items - whole, lq, heads)?;
     }
     super::cast(&wrap(out, q.shape()), q.dtype())
 }
