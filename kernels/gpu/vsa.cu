@@ -1,9 +1,11 @@
-// Video sparse attention (kernels/src/vsa.rs has the definition and the CPU reference), in three
-// portable kernels: tile means, the coarse branch with the top-k selection, and the fine branch
-// over the kept tiles. Tokens stay in grid order; the tiling is index arrays (`order`: grid index
-// of each tiled position, `offsets`/`sizes` per tile), so no permuted copies are made. The fine
-// kernel here is the correctness-first one (one warp per query and head, like the portable
-// attention kernel); the tensor-core block-sparse kernel is the speed step.
+// Video sparse attention (kernels/src/vsa.rs has the definition and the CPU reference) in portable
+// kernels: tile means; the coarse branch as scores, the top-k selection with the softmax weights,
+// and the weighted key-tile means; and the fine branch over the kept tiles. Tokens stay in grid
+// order, so no permuted copies are made: the means walk each 4×4×4 tile's tokens from the grid's
+// shape, the portable fine kernel takes the tiling as index arrays (`order`: grid index of each
+// tiled position, `offsets`/`sizes` per tile). That fine kernel is the correctness-first one (one
+// warp per query and head, like the portable attention kernel); the vendor modules have the
+// tensor-core ones.
 //
 // The means and the coarse scores reproduce the CPU's arithmetic bit for bit (f64 sums in token
 // order; f32 dot products in element order, no fused multiply-add), so the top-k selection is
@@ -15,9 +17,12 @@
 #define WL_VSA_MEAN_THREADS 128
 // Tokens whose loads a means thread issues before adding any of them.
 #define WL_VSA_MEAN_BATCH 4
-#define WL_VSA_COARSE_THREADS 256
-// Elements of d per staged slice of key-tile means in the score phase of the coarse kernel.
-#define WL_VSA_EC 16
+// A scores block: WL_VSA_SK key tiles × 8·R query tiles, 256 threads, each R scores of one key
+// tile (R interleaved dependent chains).
+#define WL_VSA_SK 32
+#define WL_VSA_SCORE_THREADS 256
+// Query tiles per block of the weighted means.
+#define WL_VSA_OQ 8
 
 WL_DEVICE void vsa_unpack(float* f, uint4 u, const float*) {
     f[0] = __uint_as_float(u.x);
@@ -33,18 +38,40 @@ WL_DEVICE void vsa_unpack(float* f, uint4 u, const wl_bf16*) {
     }
 }
 
-// out[j, c] = mean over tile j's positions p of x[order[p], c], for this block's slice of the
-// `row` = heads · d columns. Every thread owns 16 bytes of columns and adds the tile's tokens in
-// order in f64, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole
-// rows of heads · d, so a warp reads contiguous 512 bytes per token. f64 adds and conversions
-// stay under the memory time on the data-centre parts this runs on (H200, MI300: half or full
-// f32 rate).
+// A token grid of gt × gh × gw in 4×4×4 tiles (vsa.rs's Tiling): tiles walk t → h → w, and so
+// do the tokens inside a tile. Tile j's origin (t0, h0, w0) and extent (lt, lh, lw).
+struct vsa_tile {
+    int t0, h0, w0, lt, lh, lw;
+};
+WL_DEVICE vsa_tile vsa_tile_of(int j, int gt, int gh, int gw) {
+    const int nh = (gh + 3) / 4, nw = (gw + 3) / 4;
+    vsa_tile r;
+    r.t0 = j / (nh * nw) * 4;
+    r.h0 = j / nw % nh * 4;
+    r.w0 = j % nw * 4;
+    r.lt = min(4, gt - r.t0);
+    r.lh = min(4, gh - r.h0);
+    r.lw = min(4, gw - r.w0);
+    return r;
+}
+// The grid index of position p of tile `b` (the Tiling's `order`).
+WL_DEVICE int vsa_token(const vsa_tile& b, int p, int gh, int gw) {
+    const int dt = p / (b.lh * b.lw), dh = p / b.lw % b.lh, dw = p % b.lw;
+    return ((b.t0 + dt) * gh + b.h0 + dh) * gw + b.w0 + dw;
+}
+
+// out[j, c] = mean over tile j's tokens of x[token, c], for this block's slice of the `row` =
+// heads · d columns. Every thread owns 16 bytes of columns and adds the tile's tokens in order in
+// f64, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole rows of
+// heads · d, so a warp reads contiguous 512 bytes per token. f64 adds and conversions stay under
+// the memory time on the data-centre parts this runs on (H200, MI300: half or full f32 rate).
 template <typename T>
-WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, int first, int n, wl_u64 row,
-                              wl_u64 c0) {
+WL_DEVICE void vsa_mean_slice(float* out, const T* x, int j, int gt, int gh, int gw, wl_u64 row, wl_u64 c0) {
     constexpr int V = 16 / sizeof(T);
     const wl_u64 c = c0 + (wl_u64)threadIdx.x * V;
     if (c >= row) return;
+    const vsa_tile tb = vsa_tile_of(j, gt, gh, gw);
+    const int n = tb.lt * tb.lh * tb.lw;
     // Rows are 16-byte aligned when the base is and a row is whole vectors; else element loads.
     const bool vec = row % V == 0 && ((wl_u64)x & 15) == 0;
     double acc[V];
@@ -53,7 +80,7 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, i
         float f[WL_VSA_MEAN_BATCH][V];
         for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
             if (p + b < n) {
-                const T* src = x + (wl_u64)order[first + p + b] * row + c;
+                const T* src = x + (wl_u64)vsa_token(tb, p + b, gh, gw) * row + c;
                 if (vec) {
                     vsa_unpack(f[b], *(const uint4*)src, x);
                 } else {
@@ -70,22 +97,21 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, i
         if (c + u < row) dst[c + u] = (float)(acc[u] / n);
 }
 
-// The means of q (its tiling) and of k and v (the key tiling) in one launch: block b is column
-// slice b % chunks of tile job b / chunks, the q tiles first, then k's, then v's.
+// The means of q (on its grid qg) and of k and v (on the key grid kg) in one launch: block b is
+// column slice b % chunks of tile job b / chunks, the q tiles first, then k's, then v's.
 template <typename T>
-WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const T* k, const T* v, const int* q_order,
-                              const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
-                              const int* k_sizes, int nq, int nk, int row, int chunks) {
+WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const T* k, const T* v, int qt, int qh,
+                              int qw, int kt, int kh, int kw, int nq, int nk, int row, int chunks) {
     int job = blockIdx.x / chunks;
     const wl_u64 c0 = (wl_u64)(blockIdx.x % chunks) * WL_VSA_MEAN_THREADS * (16 / sizeof(T));
     if (job < nq) {
-        vsa_mean_slice(qm, q, q_order, job, q_offsets[job], q_sizes[job], row, c0);
+        vsa_mean_slice(qm, q, job, qt, qh, qw, row, c0);
         return;
     }
     job -= nq;
     const bool is_k = job < nk;
     if (!is_k) job -= nk;
-    vsa_mean_slice(is_k ? km : vm, is_k ? k : v, k_order, job, k_offsets[job], k_sizes[job], row, c0);
+    vsa_mean_slice(is_k ? km : vm, is_k ? k : v, job, kt, kh, kw, row, c0);
 }
 
 // Scores as unsigned keys whose order is Rust's `f32::total_cmp` (the CPU's sort): flip every bit
@@ -124,202 +150,136 @@ WL_DEVICE float vsa_mul_add(float acc, float q, float k) {
 #endif
 }
 
-// acc[r] += q[r, e0 + e] · k[e] for the `ec` staged elements, in element order: the CPU's `dot`,
-// whose sum starts at -0.0 (Rust's float `Sum`).
-template <int QG, bool FULL>
-WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const float* ks, int e0, int ec) {
-    for (int ee = 0; ee < (FULL ? WL_VSA_EC : ec); ee += 4) {
-        const float4 kv = *(const float4*)(ks + ee);
-        const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
-        for (int r = 0; r < QG; ++r) {
-            const float4 qv = *(const float4*)(&qs[r][e0 + ee]);
-            const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
-            for (int u = 0; u < 4; ++u)
-                if (FULL || ee + u < ec) acc[r] = vsa_mul_add(acc[r], qq[u], kk[u]);
-        }
-    }
-}
-
-// One block per (group of QG query tiles, head h), which shares each key tile's means read from
-// memory across its QG query tiles:
-// 1. the coarse scores of its query tiles against every key tile, kept in shared memory as
-//    total-order keys (a thread per key tile, all QG rows, the tile's means staged in slices);
-// 2. per query tile (a warp each), the `top_k` best key tiles, ties to the lower index: a bitwise
-//    search for the top_k-th largest key, then one pass in index order that writes the kept
-//    tiles, increasing, to `kept[i, h, :]` (the tiles above the threshold and the first ties);
-// 3. the same warp replaces the row's scores by their softmax weights;
-// 4. `coarse[i, h, :]` = the weights applied to the key-tile means, the key tiles split among
-//    groups of threads (four elements of d each) and the groups' sums added in shared memory.
-// Dynamic shared memory: QG rows of ⌈nk⌉₄ keys and the staging of phase 1; phase 4 reuses it all
-// for the groups' sums (vsa_attention sizes it).
-template <int QG>
-WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, int nq,
-                          int nk, int heads, int d, int top_k, float scale) {
-    extern __shared__ __align__(16) unsigned int vsa_smem[];
-    // float4 elements for the 16-byte alignment of the rows' vector reads.
-    __shared__ float4 qs4[QG][WL_VSA_MAX_D / 4];
-    float (*qs)[WL_VSA_MAX_D] = (float (*)[WL_VSA_MAX_D])qs4;
-    const int tid = threadIdx.x, nt = blockDim.x;
-    const int i0 = blockIdx.x * QG, h = blockIdx.y;
-    const int rows = min(QG, nq - i0);
-    const int nks = (nk + 3) & ~3, dp = (d + 3) & ~3;
-    unsigned int* keys = vsa_smem;
-    // Rows padded by four floats: a quarter-warp's 16-byte reads of eight rows hit distinct banks.
-    const int sp = WL_VSA_EC + 4;
-    float* stage = (float*)(vsa_smem + QG * nks);
-
-    for (int x = tid; x < QG * dp; x += nt) {
-        const int r = x / dp, e = x % dp;
-        qs[r][e] = r < rows && e < d ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
-    }
-    for (int j0 = 0; j0 < nk; j0 += nt) {
-        const int j = j0 + tid;
-        float acc[QG];
-        for (int r = 0; r < QG; ++r) acc[r] = -0.0f;
-        for (int e0 = 0; e0 < d; e0 += WL_VSA_EC) {
-            const int ec = min(WL_VSA_EC, d - e0);
-            __syncthreads();
-            if ((d & 3) == 0) {
-                for (int x = tid; x < nt * (WL_VSA_EC / 4); x += nt) {
-                    const int jj = x / (WL_VSA_EC / 4), e = (x % (WL_VSA_EC / 4)) * 4;
-                    float4 kv;
-                    if (j0 + jj < nk && e < ec) {
-                        kv = *(const float4*)(kc + ((wl_u64)(j0 + jj) * heads + h) * d + e0 + e);
-                    } else {
-                        kv.x = 0.0f;
-                        kv.y = 0.0f;
-                        kv.z = 0.0f;
-                        kv.w = 0.0f;
-                    }
-                    *(float4*)(stage + jj * sp + e) = kv;
-                }
-            } else {
-                for (int x = tid; x < nt * WL_VSA_EC; x += nt) {
-                    const int jj = x / WL_VSA_EC, e = x % WL_VSA_EC;
-                    stage[jj * sp + e] = j0 + jj < nk && e < ec ? kc[((wl_u64)(j0 + jj) * heads + h) * d + e0 + e] : 0.0f;
-                }
-            }
-            __syncthreads();
-            if (j < nk) {
-                if (ec == WL_VSA_EC)
-                    vsa_dot_slice<QG, true>(acc, qs, stage + tid * sp, e0, ec);
-                else
-                    vsa_dot_slice<QG, false>(acc, qs, stage + tid * sp, e0, ec);
-            }
-        }
-        if (j < nk)
-            for (int r = 0; r < QG; ++r) keys[r * nks + j] = vsa_key(__fmul_rn(acc[r], scale));
-    }
-    __syncthreads();
-
-    const int warp = tid / WL_WARP_SIZE, lane = tid % WL_WARP_SIZE, warps = nt / WL_WARP_SIZE;
-    for (int r = warp; r < rows; r += warps) {
-        unsigned int* kr = keys + r * nks;
-        // Largest t with at least top_k keys ≥ t, a bit at a time from the top; when exactly
-        // top_k keys reach a candidate, those are the selection (t just below it).
-        unsigned int t = 0;
-        for (int bit = 31; bit >= 0; --bit) {
-            const unsigned int cand = t | (1u << bit);
-            int cnt = 0;
-            for (int j = lane; j < nk; j += WL_WARP_SIZE) cnt += kr[j] >= cand;
-            cnt = vsa_warp_sum(cnt);
-            if (cnt == top_k) {
-                t = cand - 1;
-                break;
-            }
-            if (cnt > top_k) t = cand;
-        }
-        int above = 0;
-        for (int j = lane; j < nk; j += WL_WARP_SIZE) above += kr[j] > t;
-        // Keys above t are all kept; of those equal to t, the `ties` lowest indices.
-        const int ties = top_k - vsa_warp_sum(above);
-        int* dst = kept + ((wl_u64)(i0 + r) * heads + h) * top_k;
-        int n_above = 0, n_eq = 0;
-        for (int base = 0; base < nk && n_above + min(n_eq, ties) < top_k; base += WL_WARP_SIZE) {
-            const int j = base + lane;
-            const unsigned int kj = j < nk ? kr[j] : 0u;
-            const int flags = (j < nk && kj > t ? 1 << 16 : 0) | (j < nk && kj == t ? 1 : 0);
-            const int incl = vsa_warp_scan(flags);
-            const int excl = incl - flags;
-            const int eq_before = n_eq + (excl & 0xffff);
-            if ((flags >> 16) || (flags && eq_before < ties)) dst[n_above + (excl >> 16) + min(eq_before, ties)] = j;
-            const int total = wl_shfl(incl, WL_WARP_SIZE - 1);
-            n_above += total >> 16;
-            n_eq += total & 0xffff;
-        }
-        float mx = -WL_INF;
-        for (int j = lane; j < nk; j += WL_WARP_SIZE) mx = fmaxf(mx, vsa_score(kr[j]));
-        for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) mx = fmaxf(mx, wl_shfl_xor(mx, o));
-        float sum = 0.0f;
-        for (int j = lane; j < nk; j += WL_WARP_SIZE) sum += expf(vsa_score(kr[j]) - mx);
-        for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) sum += wl_shfl_xor(sum, o);
-        // Each lane rewrites only the entries it read above, so no other lane's reads race it.
-        for (int j = lane; j < nks; j += WL_WARP_SIZE)
-            kr[j] = __float_as_uint(j < nk ? expf(vsa_score(kr[j]) - mx) / sum : 0.0f);
-    }
-    __syncthreads();
-
-    const int nc = (d + 3) / 4, groups = nt / nc;
-    const int g = tid / nc, c = tid % nc;
-    float acc[QG][4];
-    for (int r = 0; r < QG; ++r)
-        for (int w = 0; w < 4; ++w) acc[r][w] = 0.0f;
-    if (g < groups) {
-        for (int j = 4 * g; j < nk; j += 4 * groups) {
-            float vv[4][4];
-            for (int u = 0; u < 4; ++u) {
-                const float* src = vc + ((wl_u64)(j + u) * heads + h) * d + 4 * c;
-                if (j + u >= nk) {
-                    for (int w = 0; w < 4; ++w) vv[u][w] = 0.0f;
-                } else if ((d & 3) == 0) {
-                    const float4 f = *(const float4*)src;
-                    vv[u][0] = f.x;
-                    vv[u][1] = f.y;
-                    vv[u][2] = f.z;
-                    vv[u][3] = f.w;
-                } else {
-                    for (int w = 0; w < 4; ++w) vv[u][w] = 4 * c + w < d ? src[w] : 0.0f;
-                }
-            }
-            for (int r = 0; r < QG; ++r) {
-                const uint4 pq = *(const uint4*)(keys + r * nks + j);
-                const float p[4] = {__uint_as_float(pq.x), __uint_as_float(pq.y), __uint_as_float(pq.z),
-                                    __uint_as_float(pq.w)};
-                for (int u = 0; u < 4; ++u)
-                    for (int w = 0; w < 4; ++w) acc[r][w] += p[u] * vv[u][w];
-            }
-        }
-    }
-    __syncthreads();
-    float* part = (float*)vsa_smem;
-    if (g < groups) {
-        for (int r = 0; r < QG; ++r) {
-            float4 f;
-            f.x = acc[r][0];
-            f.y = acc[r][1];
-            f.z = acc[r][2];
-            f.w = acc[r][3];
-            *(float4*)(part + ((g * QG + r) * nc + c) * 4) = f;
-        }
-    }
-    __syncthreads();
-    for (int x = tid; x < rows * d; x += nt) {
+// The coarse scores, key tile j against query tile i of head h, as total-order keys in
+// keys[(h · nq + i) · nks + j]: the CPU's `dot` (its sum starts at -0.0, elements in order, no
+// fused multiply-add) times the scale, so the top-k below is the CPU's on every input, not only
+// away from near-ties. A block per (WL_VSA_SK key tiles, 8·R query tiles, head) with both sets
+// of means staged in shared memory (dynamic: 8·R·d + WL_VSA_SK·(d + 1) floats, the key rows
+// padded so that a warp's 32 key tiles read 32 banks); each thread R rows of one key tile.
+template <int R>
+WL_DEVICE void vsa_coarse_scores(unsigned int* keys, const float* qc, const float* kc, int nq, int nk, int heads,
+                                 int d, int nks, float scale) {
+    extern __shared__ float vsa_sc[];
+    constexpr int SQ = 8 * R;
+    float* qs = vsa_sc;
+    float* ks = vsa_sc + SQ * d;
+    const int j0 = blockIdx.x * WL_VSA_SK, i0 = blockIdx.y * SQ, h = blockIdx.z, tid = threadIdx.x;
+    for (int x = tid; x < SQ * d; x += blockDim.x) {
         const int r = x / d, e = x % d;
-        float s = 0.0f;
-        for (int gg = 0; gg < groups; ++gg) s += part[(gg * QG + r) * nc * 4 + e];
-        coarse[((wl_u64)(i0 + r) * heads + h) * d + e] = s;
+        qs[x] = i0 + r < nq ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
     }
+    for (int x = tid; x < WL_VSA_SK * d; x += blockDim.x) {
+        const int c = x / d, e = x % d;
+        ks[c * (d + 1) + e] = j0 + c < nk ? kc[((wl_u64)(j0 + c) * heads + h) * d + e] : 0.0f;
+    }
+    __syncthreads();
+    const int c = tid % WL_VSA_SK, r0 = tid / WL_VSA_SK * R;
+    if (j0 + c >= nk) return;
+    float acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = -0.0f;
+    for (int e = 0; e < d; ++e) {
+        const float kv = ks[c * (d + 1) + e];
+        for (int r = 0; r < R; ++r) acc[r] = vsa_mul_add(acc[r], qs[(r0 + r) * d + e], kv);
+    }
+    for (int r = 0; r < R; ++r)
+        if (i0 + r0 + r < nq) keys[((wl_u64)h * nq + i0 + r0 + r) * nks + j0 + c] = vsa_key(__fmul_rn(acc[r], scale));
 }
 
-#define WL_VSA_COARSE(qg)                                                                                      \
-    WL_KERNEL void vsa_coarse_##qg(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, \
-                                   int nq, int nk, int heads, int d, int top_k, float scale) {                \
-        vsa_coarse<qg>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale);                             \
+// Per row of scores (query tile i, head h; a warp each, its row staged in dynamic shared memory):
+// 1. the `top_k` best key tiles, ties to the lower index: a bitwise search for the top_k-th
+//    largest key, then one pass in index order that writes the kept tiles, increasing, to
+//    kept[i, h, :] (the tiles above the threshold and the first ties);
+// 2. the row's softmax weights, over its keys in place (as floats), for vsa_coarse_out.
+// Every lane reads only the entries it staged, so the warp needs no barrier.
+WL_DEVICE void vsa_select(int* kept, unsigned int* keys, int nq, int nk, int heads, int nks, int top_k) {
+    extern __shared__ unsigned int vsa_rows[];
+    const int warps = blockDim.x / WL_WARP_SIZE, warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
+    const int row = blockIdx.x * warps + warp;
+    if (row >= heads * nq) return;
+    const int h = row / nq, i = row % nq;
+    unsigned int* g = keys + (wl_u64)row * nks;
+    unsigned int* kr = vsa_rows + warp * nks;
+    for (int j = lane; j < nk; j += WL_WARP_SIZE) kr[j] = g[j];
+    // Largest t with at least top_k keys ≥ t, a bit at a time from the top; when exactly top_k
+    // keys reach a candidate, those are the selection (t just below it).
+    unsigned int t = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        const unsigned int cand = t | (1u << bit);
+        int cnt = 0;
+        for (int j = lane; j < nk; j += WL_WARP_SIZE) cnt += kr[j] >= cand;
+        cnt = vsa_warp_sum(cnt);
+        if (cnt == top_k) {
+            t = cand - 1;
+            break;
+        }
+        if (cnt > top_k) t = cand;
     }
-WL_VSA_COARSE(8)
-WL_VSA_COARSE(4)
-WL_VSA_COARSE(2)
-WL_VSA_COARSE(1)
+    int above = 0;
+    for (int j = lane; j < nk; j += WL_WARP_SIZE) above += kr[j] > t;
+    // Keys above t are all kept; of those equal to t, the `ties` lowest indices.
+    const int ties = top_k - vsa_warp_sum(above);
+    int* dst = kept + ((wl_u64)i * heads + h) * top_k;
+    int n_above = 0, n_eq = 0;
+    for (int base = 0; base < nk && n_above + min(n_eq, ties) < top_k; base += WL_WARP_SIZE) {
+        const int j = base + lane;
+        const unsigned int kj = j < nk ? kr[j] : 0u;
+        const int flags = (j < nk && kj > t ? 1 << 16 : 0) | (j < nk && kj == t ? 1 : 0);
+        const int incl = vsa_warp_scan(flags);
+        const int excl = incl - flags;
+        const int eq_before = n_eq + (excl & 0xffff);
+        if ((flags >> 16) || (flags && eq_before < ties)) dst[n_above + (excl >> 16) + min(eq_before, ties)] = j;
+        const int total = wl_shfl(incl, WL_WARP_SIZE - 1);
+        n_above += total >> 16;
+        n_eq += total & 0xffff;
+    }
+    float mx = -WL_INF;
+    for (int j = lane; j < nk; j += WL_WARP_SIZE) mx = fmaxf(mx, vsa_score(kr[j]));
+    for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) mx = fmaxf(mx, wl_shfl_xor(mx, o));
+    float sum = 0.0f;
+    for (int j = lane; j < nk; j += WL_WARP_SIZE) sum += expf(vsa_score(kr[j]) - mx);
+    for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) sum += wl_shfl_xor(sum, o);
+    for (int j = lane; j < nks; j += WL_WARP_SIZE)
+        g[j] = __float_as_uint(j < nk ? expf(vsa_score(kr[j]) - mx) / sum : 0.0f);
+}
+
+// coarse[i, h, :] = Σ_j p[h, i, j] · vc[j, h, :] (p: vsa_select's weights): a block per
+// (WL_VSA_OQ query tiles, head), a thread per element of d, four key tiles' weights a load.
+WL_DEVICE void vsa_coarse_out(float* coarse, const float* p, const float* vc, int nq, int nk, int heads, int d,
+                              int nks) {
+    const int i0 = blockIdx.x * WL_VSA_OQ, h = blockIdx.y, e = threadIdx.x;
+    if (e >= d) return;
+    const int rows = min(WL_VSA_OQ, nq - i0);
+    const float* pr = p + ((wl_u64)h * nq + i0) * nks;
+    float acc[WL_VSA_OQ];
+    for (int r = 0; r < WL_VSA_OQ; ++r) acc[r] = 0.0f;
+    // nks is a multiple of 4 (rows padded with zero weights), so the weights go by float4.
+    for (int j = 0; j < nk; j += 4) {
+        float v[4];
+        for (int u = 0; u < 4; ++u) v[u] = j + u < nk ? vc[((wl_u64)(j + u) * heads + h) * d + e] : 0.0f;
+        for (int r = 0; r < WL_VSA_OQ; ++r) {
+            if (r >= rows) break;
+            const float4 w = *(const float4*)(pr + (wl_u64)r * nks + j);
+            acc[r] = fmaf(w.x, v[0], fmaf(w.y, v[1], fmaf(w.z, v[2], fmaf(w.w, v[3], acc[r]))));
+        }
+    }
+    for (int r = 0; r < rows; ++r) coarse[((wl_u64)(i0 + r) * heads + h) * d + e] = acc[r];
+}
+
+WL_KERNEL void vsa_coarse_scores_1(unsigned int* keys, const float* qc, const float* kc, int nq, int nk, int heads,
+                                   int d, int nks, float scale) {
+    vsa_coarse_scores<1>(keys, qc, kc, nq, nk, heads, d, nks, scale);
+}
+WL_KERNEL void vsa_coarse_scores_4(unsigned int* keys, const float* qc, const float* kc, int nq, int nk, int heads,
+                                   int d, int nks, float scale) {
+    vsa_coarse_scores<4>(keys, qc, kc, nq, nk, heads, d, nks, scale);
+}
+WL_KERNEL void vsa_select_rows(int* kept, unsigned int* keys, int nq, int nk, int heads, int nks, int top_k) {
+    vsa_select(kept, keys, nq, nk, heads, nks, top_k);
+}
+WL_KERNEL void vsa_coarse_weighted(float* coarse, const float* p, const float* vc, int nq, int nk, int heads, int d,
+                                   int nks) {
+    vsa_coarse_out(coarse, p, vc, nq, nk, heads, d, nks);
+}
 
 // One warp per (tiled query position p, head): online softmax over the tokens of the kept key
 // tiles, lanes scoring a key each; out = fine + gate · coarse (gate 1 when absent).
@@ -392,11 +352,9 @@ WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gat
 
 #define WL_VSA(T, tn)                                                                                         \
     WL_KERNEL void vsa_tile_means_##tn(float* qm, float* km, float* vm, const T* q, const T* k, const T* v,     \
-                                       const int* q_order, const int* q_offsets, const int* q_sizes,           \
-                                       const int* k_order, const int* k_offsets, const int* k_sizes, int nq,   \
-                                       int nk, int row, int chunks) {                                          \
-        vsa_tile_means(qm, km, vm, q, k, v, q_order, q_offsets, q_sizes, k_order, k_offsets, k_sizes, nq, nk, row, \
-                       chunks);                                                                                \
+                                       int qt, int qh, int qw, int kt, int kh, int kw, int nq, int nk, int row,  \
+                                       int chunks) {                                                           \
+        vsa_tile_means(qm, km, vm, q, k, v, qt, qh, qw, kt, kh, kw, nq, nk, row, chunks);                       \
     }                                                                                                         \
     WL_KERNEL void vsa_fine_##tn(T* out, const T* q, const T* k, const T* v, const T* gate, int has_gate,       \
                                  const float* coarse,                                                         \

@@ -33,6 +33,11 @@ pub struct Tiling {
     pub offsets: Vec<usize>,
 }
 
+/// Tiles of `tile` a grid has (edge tiles partial), without building the tiling.
+pub fn tiles(grid: [usize; 3], tile: [usize; 3]) -> usize {
+    (0..3).map(|a| grid[a].div_ceil(tile[a].max(1))).product()
+}
+
 impl Tiling {
     pub fn new(grid: [usize; 3], tile: [usize; 3]) -> Self {
         let n: [usize; 3] = std::array::from_fn(|a| grid[a].div_ceil(tile[a].max(1)));
@@ -115,15 +120,16 @@ pub fn attention(
             ),
         ));
     }
-    let (qt, kt) = (Tiling::new(q_grid, TILE), Tiling::new(k_grid, TILE));
-    if top_k == 0 || top_k > kt.tiles() {
+    let key_tiles = tiles(k_grid, TILE);
+    if top_k == 0 || top_k > key_tiles {
         return Err(Error::Invalid {
             op: "vsa attention",
-            msg: format!("top_k {top_k} of {} key tiles", kt.tiles()),
+            msg: format!("top_k {top_k} of {key_tiles} key tiles"),
         });
     }
     match q.storage() {
         Storage::Cpu(_) => {
+            let (qt, kt) = (Tiling::new(q_grid, TILE), Tiling::new(k_grid, TILE));
             let dims = Dims {
                 heads: q.dim(1),
                 d: q.dim(2),
@@ -141,8 +147,8 @@ pub fn attention(
             );
             Tensor::from_f32(out, q.shape(), q.dtype())
         }
-        Storage::Cuda(_) => crate::cuda::ops::vsa_attention(q, k, v, gate, &qt, &kt, top_k),
-        Storage::Rocm(_) => crate::rocm::ops::vsa_attention(q, k, v, gate, &qt, &kt, top_k),
+        Storage::Cuda(_) => crate::cuda::ops::vsa_attention(q, k, v, gate, q_grid, k_grid, top_k),
+        Storage::Rocm(_) => crate::rocm::ops::vsa_attention(q, k, v, gate, q_grid, k_grid, top_k),
     }
 }
 

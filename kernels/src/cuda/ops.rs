@@ -540,8 +540,8 @@ pub(crate) fn vsa_fine_fast(
     gate: Option<&Tensor>,
     coarse: &DeviceBuf<f32>,
     kept: &DeviceBuf<i32>,
-    qt: &crate::vsa::Tiling,
-    kt: &crate::vsa::Tiling,
+    q_grid: [usize; 3],
+    k_grid: [usize; 3],
     top_k: usize,
 ) -> Result<Option<Tensor>> {
     let s = storage(q)?;
@@ -552,8 +552,8 @@ pub(crate) fn vsa_fine_fast(
     if !bf16 || d != FLASH_HEAD_DIM || dev.arch != "sm_90a" || crate::vsa::TILE != [4, 4, 4] {
         return Ok(None);
     }
-    let (qg, kg) = (VsaGrid::new(dev, qt.grid)?, VsaGrid::new(dev, kt.grid)?);
-    let nq = qt.tiles();
+    let (qg, kg) = (VsaGrid::new(dev, q_grid)?, VsaGrid::new(dev, k_grid)?);
+    let nq = crate::vsa::tiles(q_grid, crate::vsa::TILE);
     let st = &dev.stream;
     let (ks, vs) = (storage(k)?, storage(v)?);
     let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("vsa: not bf16"));
@@ -570,7 +570,7 @@ pub(crate) fn vsa_fine_fast(
         )
         .map_err(|e| dev.err(e))
     };
-    let (tq, tk, tv) = (map(q_p, qt.grid)?, map(k_p, kt.grid)?, map(v_p, kt.grid)?);
+    let (tq, tk, tv) = (map(q_p, q_grid)?, map(k_p, k_grid)?, map(v_p, k_grid)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let func = dev.func("attention", "vsa_fine_tma_bf16_d128")?;
     dev.allow_dynamic_smem(&func, VSA_TMA_SMEM)?;

@@ -528,13 +528,15 @@ pub(crate) fn vsa_fine_fast(
     gate: Option<&Tensor>,
     coarse: &DeviceBuf<f32>,
     kept: &DeviceBuf<i32>,
-    qt: &crate::vsa::Tiling,
-    kt: &crate::vsa::Tiling,
+    q_grid: [usize; 3],
+    k_grid: [usize; 3],
     top_k: usize,
 ) -> Result<Option<Tensor>> {
     let s = storage(q)?;
     let dev = s.dev.clone();
     let (heads, d) = (q.dim(1), q.dim(2));
+    let tiling = |g| crate::vsa::Tiling::new(g, crate::vsa::TILE);
+    let (qt, kt) = (&tiling(q_grid), &tiling(k_grid));
     let bf16 = [q, k, v].iter().all(|t| t.dtype() == DType::BF16)
         && gate.is_none_or(|g| g.dtype() == DType::BF16);
     if !vsa_mfma_fits(&dev.arch, bf16, d, qt, kt) {
