@@ -23,6 +23,9 @@
 #define WL_VSA_SCORE_THREADS 256
 // Query tiles per block of the weighted means.
 #define WL_VSA_OQ 8
+#define WL_VSA_COARSE_THREADS 256
+// Elements of d per staged slice of key-tile means in the score phase of the fused coarse kernel.
+#define WL_VSA_EC 16
 
 WL_DEVICE void vsa_unpack(float* f, uint4 u, const float*) {
     f[0] = __uint_as_float(u.x);
@@ -54,12 +57,6 @@ WL_DEVICE vsa_tile vsa_tile_of(int j, int gt, int gh, int gw) {
     r.lw = min(4, gw - r.w0);
     return r;
 }
-// The grid index of position p of tile `b` (the Tiling's `order`).
-WL_DEVICE int vsa_token(const vsa_tile& b, int p, int gh, int gw) {
-    const int dt = p / (b.lh * b.lw), dh = p / b.lw % b.lh, dw = p % b.lw;
-    return ((b.t0 + dt) * gh + b.h0 + dh) * gw + b.w0 + dw;
-}
-
 // out[j, c] = mean over tile j's tokens of x[token, c], for this block's slice of the `row` =
 // heads · d columns. Every thread owns 16 bytes of columns and adds the tile's tokens in order in
 // f64, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole rows of
@@ -76,11 +73,19 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, int j, int gt, int gh, int
     const bool vec = row % V == 0 && ((wl_u64)x & 15) == 0;
     double acc[V];
     for (int u = 0; u < V; ++u) acc[u] = 0.0;
+    // The tile's tokens in order, walked with counters (a division per token made this
+    // memory-bound kernel instruction-bound).
+    int dt = 0, dh = 0, dw = 0;
     for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
         float f[WL_VSA_MEAN_BATCH][V];
         for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
             if (p + b < n) {
-                const T* src = x + (wl_u64)vsa_token(tb, p + b, gh, gw) * row + c;
+                const int token = ((tb.t0 + dt) * gh + tb.h0 + dh) * gw + tb.w0 + dw;
+                if (++dw == tb.lw) {
+                    dw = 0;
+                    if (++dh == tb.lh) dh = 0, ++dt;
+                }
+                const T* src = x + (wl_u64)token * row + c;
                 if (vec) {
                     vsa_unpack(f[b], *(const uint4*)src, x);
                 } else {
@@ -150,6 +155,203 @@ WL_DEVICE float vsa_mul_add(float acc, float q, float k) {
 #endif
 }
 
+// acc[r] += q[r, e0 + e] · k[e] for the `ec` staged elements, in element order: the CPU's `dot`,
+// whose sum starts at -0.0 (Rust's float `Sum`).
+template <int QG, bool FULL>
+WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const float* ks, int e0, int ec) {
+    for (int ee = 0; ee < (FULL ? WL_VSA_EC : ec); ee += 4) {
+        const float4 kv = *(const float4*)(ks + ee);
+        const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
+        for (int r = 0; r < QG; ++r) {
+            const float4 qv = *(const float4*)(&qs[r][e0 + ee]);
+            const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
+            for (int u = 0; u < 4; ++u)
+                if (FULL || ee + u < ec) acc[r] = vsa_mul_add(acc[r], qq[u], kk[u]);
+        }
+    }
+}
+
+// One block per (group of QG query tiles, head h), which shares each key tile's means read from
+// memory across its QG query tiles:
+// 1. the coarse scores of its query tiles against every key tile, kept in shared memory as
+//    total-order keys (a thread per key tile, all QG rows, the tile's means staged in slices);
+// 2. per query tile (a warp each), the `top_k` best key tiles, ties to the lower index: a bitwise
+//    search for the top_k-th largest key, then one pass in index order that writes the kept
+//    tiles, increasing, to `kept[i, h, :]` (the tiles above the threshold and the first ties);
+// 3. the same warp replaces the row's scores by their softmax weights;
+// 4. `coarse[i, h, :]` = the weights applied to the key-tile means, the key tiles split among
+//    groups of threads (four elements of d each) and the groups' sums added in shared memory.
+// Dynamic shared memory: QG rows of ⌈nk⌉₄ keys and the staging of phase 1; phase 4 reuses it all
+// for the groups' sums (vsa_attention sizes it).
+template <int QG>
+WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, int nq,
+                          int nk, int heads, int d, int top_k, float scale) {
+    extern __shared__ __align__(16) unsigned int vsa_smem[];
+    // float4 elements for the 16-byte alignment of the rows' vector reads.
+    __shared__ float4 qs4[QG][WL_VSA_MAX_D / 4];
+    float (*qs)[WL_VSA_MAX_D] = (float (*)[WL_VSA_MAX_D])qs4;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int i0 = blockIdx.x * QG, h = blockIdx.y;
+    const int rows = min(QG, nq - i0);
+    const int nks = (nk + 3) & ~3, dp = (d + 3) & ~3;
+    unsigned int* keys = vsa_smem;
+    // Rows padded by four floats: a quarter-warp's 16-byte reads of eight rows hit distinct banks.
+    const int sp = WL_VSA_EC + 4;
+    float* stage = (float*)(vsa_smem + QG * nks);
+
+    for (int x = tid; x < QG * dp; x += nt) {
+        const int r = x / dp, e = x % dp;
+        qs[r][e] = r < rows && e < d ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
+    }
+    for (int j0 = 0; j0 < nk; j0 += nt) {
+        const int j = j0 + tid;
+        float acc[QG];
+        for (int r = 0; r < QG; ++r) acc[r] = -0.0f;
+        for (int e0 = 0; e0 < d; e0 += WL_VSA_EC) {
+            const int ec = min(WL_VSA_EC, d - e0);
+            __syncthreads();
+            if ((d & 3) == 0) {
+                for (int x = tid; x < nt * (WL_VSA_EC / 4); x += nt) {
+                    const int jj = x / (WL_VSA_EC / 4), e = (x % (WL_VSA_EC / 4)) * 4;
+                    float4 kv;
+                    if (j0 + jj < nk && e < ec) {
+                        kv = *(const float4*)(kc + ((wl_u64)(j0 + jj) * heads + h) * d + e0 + e);
+                    } else {
+                        kv.x = 0.0f;
+                        kv.y = 0.0f;
+                        kv.z = 0.0f;
+                        kv.w = 0.0f;
+                    }
+                    *(float4*)(stage + jj * sp + e) = kv;
+                }
+            } else {
+                for (int x = tid; x < nt * WL_VSA_EC; x += nt) {
+                    const int jj = x / WL_VSA_EC, e = x % WL_VSA_EC;
+                    stage[jj * sp + e] = j0 + jj < nk && e < ec ? kc[((wl_u64)(j0 + jj) * heads + h) * d + e0 + e] : 0.0f;
+                }
+            }
+            __syncthreads();
+            if (j < nk) {
+                if (ec == WL_VSA_EC)
+                    vsa_dot_slice<QG, true>(acc, qs, stage + tid * sp, e0, ec);
+                else
+                    vsa_dot_slice<QG, false>(acc, qs, stage + tid * sp, e0, ec);
+            }
+        }
+        if (j < nk)
+            for (int r = 0; r < QG; ++r) keys[r * nks + j] = vsa_key(__fmul_rn(acc[r], scale));
+    }
+    __syncthreads();
+
+    const int warp = tid / WL_WARP_SIZE, lane = tid % WL_WARP_SIZE, warps = nt / WL_WARP_SIZE;
+    for (int r = warp; r < rows; r += warps) {
+        unsigned int* kr = keys + r * nks;
+        // Largest t with at least top_k keys ≥ t, a bit at a time from the top; when exactly
+        // top_k keys reach a candidate, those are the selection (t just below it).
+        unsigned int t = 0;
+        for (int bit = 31; bit >= 0; --bit) {
+            const unsigned int cand = t | (1u << bit);
+            int cnt = 0;
+            for (int j = lane; j < nk; j += WL_WARP_SIZE) cnt += kr[j] >= cand;
+            cnt = vsa_warp_sum(cnt);
+            if (cnt == top_k) {
+                t = cand - 1;
+                break;
+            }
+            if (cnt > top_k) t = cand;
+        }
+        int above = 0;
+        for (int j = lane; j < nk; j += WL_WARP_SIZE) above += kr[j] > t;
+        // Keys above t are all kept; of those equal to t, the `ties` lowest indices.
+        const int ties = top_k - vsa_warp_sum(above);
+        int* dst = kept + ((wl_u64)(i0 + r) * heads + h) * top_k;
+        int n_above = 0, n_eq = 0;
+        for (int base = 0; base < nk && n_above + min(n_eq, ties) < top_k; base += WL_WARP_SIZE) {
+            const int j = base + lane;
+            const unsigned int kj = j < nk ? kr[j] : 0u;
+            const int flags = (j < nk && kj > t ? 1 << 16 : 0) | (j < nk && kj == t ? 1 : 0);
+            const int incl = vsa_warp_scan(flags);
+            const int excl = incl - flags;
+            const int eq_before = n_eq + (excl & 0xffff);
+            if ((flags >> 16) || (flags && eq_before < ties)) dst[n_above + (excl >> 16) + min(eq_before, ties)] = j;
+            const int total = wl_shfl(incl, WL_WARP_SIZE - 1);
+            n_above += total >> 16;
+            n_eq += total & 0xffff;
+        }
+        float mx = -WL_INF;
+        for (int j = lane; j < nk; j += WL_WARP_SIZE) mx = fmaxf(mx, vsa_score(kr[j]));
+        for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) mx = fmaxf(mx, wl_shfl_xor(mx, o));
+        float sum = 0.0f;
+        for (int j = lane; j < nk; j += WL_WARP_SIZE) sum += expf(vsa_score(kr[j]) - mx);
+        for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) sum += wl_shfl_xor(sum, o);
+        // Each lane rewrites only the entries it read above, so no other lane's reads race it.
+        for (int j = lane; j < nks; j += WL_WARP_SIZE)
+            kr[j] = __float_as_uint(j < nk ? expf(vsa_score(kr[j]) - mx) / sum : 0.0f);
+    }
+    __syncthreads();
+
+    const int nc = (d + 3) / 4, groups = nt / nc;
+    const int g = tid / nc, c = tid % nc;
+    float acc[QG][4];
+    for (int r = 0; r < QG; ++r)
+        for (int w = 0; w < 4; ++w) acc[r][w] = 0.0f;
+    if (g < groups) {
+        for (int j = 4 * g; j < nk; j += 4 * groups) {
+            float vv[4][4];
+            for (int u = 0; u < 4; ++u) {
+                const float* src = vc + ((wl_u64)(j + u) * heads + h) * d + 4 * c;
+                if (j + u >= nk) {
+                    for (int w = 0; w < 4; ++w) vv[u][w] = 0.0f;
+                } else if ((d & 3) == 0) {
+                    const float4 f = *(const float4*)src;
+                    vv[u][0] = f.x;
+                    vv[u][1] = f.y;
+                    vv[u][2] = f.z;
+                    vv[u][3] = f.w;
+                } else {
+                    for (int w = 0; w < 4; ++w) vv[u][w] = 4 * c + w < d ? src[w] : 0.0f;
+                }
+            }
+            for (int r = 0; r < QG; ++r) {
+                const uint4 pq = *(const uint4*)(keys + r * nks + j);
+                const float p[4] = {__uint_as_float(pq.x), __uint_as_float(pq.y), __uint_as_float(pq.z),
+                                    __uint_as_float(pq.w)};
+                for (int u = 0; u < 4; ++u)
+                    for (int w = 0; w < 4; ++w) acc[r][w] += p[u] * vv[u][w];
+            }
+        }
+    }
+    __syncthreads();
+    float* part = (float*)vsa_smem;
+    if (g < groups) {
+        for (int r = 0; r < QG; ++r) {
+            float4 f;
+            f.x = acc[r][0];
+            f.y = acc[r][1];
+            f.z = acc[r][2];
+            f.w = acc[r][3];
+            *(float4*)(part + ((g * QG + r) * nc + c) * 4) = f;
+        }
+    }
+    __syncthreads();
+    for (int x = tid; x < rows * d; x += nt) {
+        const int r = x / d, e = x % d;
+        float s = 0.0f;
+        for (int gg = 0; gg < groups; ++gg) s += part[(gg * QG + r) * nc * 4 + e];
+        coarse[((wl_u64)(i0 + r) * heads + h) * d + e] = s;
+    }
+}
+
+#define WL_VSA_COARSE(qg)                                                                                      \
+    WL_KERNEL void vsa_coarse_##qg(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, \
+                                   int nq, int nk, int heads, int d, int top_k, float scale) {                \
+        vsa_coarse<qg>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale);                             \
+    }
+WL_VSA_COARSE(8)
+WL_VSA_COARSE(4)
+WL_VSA_COARSE(2)
+WL_VSA_COARSE(1)
+
 // The coarse scores, key tile j against query tile i of head h, as total-order keys in
 // keys[(h · nq + i) · nks + j]: the CPU's `dot` (its sum starts at -0.0, elements in order, no
 // fused multiply-add) times the scale, so the top-k below is the CPU's on every input, not only
@@ -164,13 +366,15 @@ WL_DEVICE void vsa_coarse_scores(unsigned int* keys, const float* qc, const floa
     float* qs = vsa_sc;
     float* ks = vsa_sc + SQ * d;
     const int j0 = blockIdx.x * WL_VSA_SK, i0 = blockIdx.y * SQ, h = blockIdx.z, tid = threadIdx.x;
-    for (int x = tid; x < SQ * d; x += blockDim.x) {
-        const int r = x / d, e = x % d;
-        qs[x] = i0 + r < nq ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
-    }
-    for (int x = tid; x < WL_VSA_SK * d; x += blockDim.x) {
-        const int c = x / d, e = x % d;
-        ks[c * (d + 1) + e] = j0 + c < nk ? kc[((wl_u64)(j0 + c) * heads + h) * d + e] : 0.0f;
+    // Staged a row per warp at a time (no division per element).
+    const int warps = blockDim.x / WL_WARP_SIZE, warp = tid / WL_WARP_SIZE, lane = tid % WL_WARP_SIZE;
+    for (int r = warp; r < SQ + WL_VSA_SK; r += warps) {
+        const bool is_q = r < SQ;
+        const int at = is_q ? i0 + r : j0 + r - SQ;
+        const bool in = at < (is_q ? nq : nk);
+        const float* src = (is_q ? qc : kc) + ((wl_u64)at * heads + h) * d;
+        float* dst = is_q ? qs + r * d : ks + (r - SQ) * (d + 1);
+        for (int e = lane; e < d; e += WL_WARP_SIZE) dst[e] = in ? src[e] : 0.0f;
     }
     __syncthreads();
     const int c = tid % WL_VSA_SK, r0 = tid / WL_VSA_SK * R;
@@ -243,26 +447,38 @@ WL_DEVICE void vsa_select(int* kept, unsigned int* keys, int nq, int nk, int hea
 }
 
 // coarse[i, h, :] = Σ_j p[h, i, j] · vc[j, h, :] (p: vsa_select's weights): a block per
-// (WL_VSA_OQ query tiles, head), a thread per element of d, four key tiles' weights a load.
+// (WL_VSA_OQ query tiles, head) of 256 threads, in groups of d threads that each take every
+// groups-th key tile (so that a thread's chain of dependent loads is short), summed over the
+// groups in shared memory (WL_VSA_OQ · 256 floats).
 WL_DEVICE void vsa_coarse_out(float* coarse, const float* p, const float* vc, int nq, int nk, int heads, int d,
                               int nks) {
-    const int i0 = blockIdx.x * WL_VSA_OQ, h = blockIdx.y, e = threadIdx.x;
-    if (e >= d) return;
+    __shared__ float part[WL_VSA_OQ * 256];
+    const int i0 = blockIdx.x * WL_VSA_OQ, h = blockIdx.y;
+    const int groups = blockDim.x / d, g = threadIdx.x / d, e = threadIdx.x % d;
     const int rows = min(WL_VSA_OQ, nq - i0);
     const float* pr = p + ((wl_u64)h * nq + i0) * nks;
     float acc[WL_VSA_OQ];
     for (int r = 0; r < WL_VSA_OQ; ++r) acc[r] = 0.0f;
-    // nks is a multiple of 4 (rows padded with zero weights), so the weights go by float4.
-    for (int j = 0; j < nk; j += 4) {
-        float v[4];
-        for (int u = 0; u < 4; ++u) v[u] = j + u < nk ? vc[((wl_u64)(j + u) * heads + h) * d + e] : 0.0f;
-        for (int r = 0; r < WL_VSA_OQ; ++r) {
-            if (r >= rows) break;
-            const float4 w = *(const float4*)(pr + (wl_u64)r * nks + j);
-            acc[r] = fmaf(w.x, v[0], fmaf(w.y, v[1], fmaf(w.z, v[2], fmaf(w.w, v[3], acc[r]))));
+    if (g < groups) {
+        for (int j = g; j < nk; j += 2 * groups) {
+            const int j2 = j + groups;
+            const float v0 = vc[((wl_u64)j * heads + h) * d + e];
+            const float v1 = j2 < nk ? vc[((wl_u64)j2 * heads + h) * d + e] : 0.0f;
+            for (int r = 0; r < WL_VSA_OQ; ++r) {
+                if (r >= rows) break;
+                const float w1 = j2 < nk ? pr[(wl_u64)r * nks + j2] : 0.0f;
+                acc[r] = fmaf(w1, v1, fmaf(pr[(wl_u64)r * nks + j], v0, acc[r]));
+            }
         }
+        for (int r = 0; r < WL_VSA_OQ; ++r) part[(r * groups + g) * d + e] = acc[r];
     }
-    for (int r = 0; r < rows; ++r) coarse[((wl_u64)(i0 + r) * heads + h) * d + e] = acc[r];
+    __syncthreads();
+    for (int x = threadIdx.x; x < rows * d; x += blockDim.x) {
+        const int r = x / d, ee = x % d;
+        float sum = 0.0f;
+        for (int gg = 0; gg < groups; ++gg) sum += part[(r * groups + gg) * d + ee];
+        coarse[((wl_u64)(i0 + r) * heads + h) * d + ee] = sum;
+    }
 }
 
 WL_KERNEL void vsa_coarse_scores_1(unsigned int* keys, const float* qc, const float* kc, int nq, int nk, int heads,

@@ -20,8 +20,9 @@ const MEAN_THREADS: usize = 128;
 /// Key tiles per scores block (`WL_VSA_SK`) and its threads (`WL_VSA_SCORE_THREADS`).
 const SCORE_KEYS: usize = 32;
 const SCORE_THREADS: usize = 256;
-/// Query tiles per block of the weighted means (`WL_VSA_OQ`).
+/// Query tiles per block of the weighted means (`WL_VSA_OQ`) and its threads (groups of d).
 const OUT_QUERIES: usize = 8;
+const OUT_THREADS: usize = 256;
 /// Shared memory a block may take without opting in on CUDA.
 const SMEM_LIMIT: usize = 48 << 10;
 
@@ -38,6 +39,23 @@ fn scores_shape(d: usize) -> Option<(usize, usize)> {
 fn select_shape(nks: usize) -> Option<(usize, usize)> {
     let warps = (SMEM_LIMIT / (4 * nks)).min(8);
     (warps > 0).then_some((warps, warps * 4 * nks))
+}
+
+/// Threads of a fused coarse block (`WL_VSA_COARSE_THREADS`) and the staged slice of d of its
+/// score phase (`WL_VSA_EC`).
+const COARSE_THREADS: usize = 256;
+const COARSE_EC: usize = 16;
+
+/// Query tiles per fused coarse block (a kernel per choice, `vsa_coarse_{qg}`) and its dynamic
+/// shared memory: the most tiles whose scores, over every key tile, fit beside the staging of
+/// the score phase (and the static `qg × 256` floats of query means).
+fn coarse_shape(nk: usize) -> Option<(usize, usize)> {
+    let nks = nk.next_multiple_of(4);
+    [8, 4, 2, 1].into_iter().find_map(|qg| {
+        let dynamic =
+            4 * (qg * nks + COARSE_THREADS * (COARSE_EC + 4)).max(COARSE_THREADS * qg * 4);
+        (dynamic + qg * 256 * 4 <= SMEM_LIMIT).then_some((qg, dynamic))
+    })
 }
 
 /// Tiles of a grid in VSA's tiles.
@@ -143,59 +161,80 @@ pub fn vsa_attention(
     let gate = gate.map(|g| cast(g, dt)).transpose()?;
     let [qc, kc, vc] = tile_means([q, &k, &v], q_grid, k_grid, heads * d)?;
     let (qcd, kcd, vcd) = (f32_data(&qc)?, f32_data(&kc)?, f32_data(&vc)?);
-    // The coarse scores as total-order keys, one row of nks per (head, query tile); the
-    // selection turns each row into its softmax weights in place.
     let e = |e| dev.err(e);
-    // SAFETY: vsa_coarse_scores writes every score the selection reads (columns below nk), and
-    // the selection writes the whole row (weights, then zeros) before the weighted means read it.
-    // (i32 on the host: both vendors move i32 buffers; the kernels read the bits as unsigned.)
-    let mut keys = unsafe { dev.stream.alloc::<i32>((rows * nks).max(1)) }.map_err(e)?;
+    let fused = std::env::var("WORLDLINE_VSA_COARSE").is_ok_and(|v| v == "fused");
     let mut kept = dev
         .stream
         .alloc_zeros::<i32>(nq * heads * top_k)
         .map_err(e)?;
     let mut coarse = CudaStorage::alloc(&dev, DType::F32, nq * heads * d)?;
     let scale = 1.0 / (d as f32).sqrt();
-    let (nq32, nk32, h32, d32, nks32, k32) = (
-        nq as i32,
-        nk as i32,
-        heads as i32,
-        d as i32,
-        nks as i32,
-        i32_of("top_k", top_k)?,
-    );
-    let cfg = LaunchConfig {
-        grid_dim: (
-            nk.div_ceil(SCORE_KEYS) as u32,
-            nq.div_ceil(8 * r) as u32,
-            heads as u32,
-        ),
-        block_dim: (SCORE_THREADS as u32, 1, 1),
-        shared_mem_bytes: score_smem as u32,
-    };
-    launch!(kind = "vsa coarse+top-k"; &dev, "vsa", &format!("vsa_coarse_scores_{r}"), cfg, |b| {
-        b.arg(&mut keys).arg(qcd).arg(kcd);
-        b.arg(&nq32).arg(&nk32).arg(&h32).arg(&d32).arg(&nks32).arg(&scale);
-    });
-    let cfg = LaunchConfig {
-        grid_dim: (rows.div_ceil(warps) as u32, 1, 1),
-        block_dim: ((warps * dev.warp_size()) as u32, 1, 1),
-        shared_mem_bytes: select_smem as u32,
-    };
-    launch!(kind = "vsa coarse+top-k"; &dev, "vsa", "vsa_select_rows", cfg, |b| {
-        b.arg(&mut kept).arg(&mut keys);
-        b.arg(&nq32).arg(&nk32).arg(&h32).arg(&nks32).arg(&k32);
-    });
-    let cfg = LaunchConfig {
-        grid_dim: (nq.div_ceil(OUT_QUERIES) as u32, heads as u32, 1),
-        block_dim: (d as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch!(kind = "vsa coarse+top-k"; &dev, "vsa", "vsa_coarse_weighted", cfg, |b| {
-        push_mut(b, &mut coarse.data);
-        b.arg(&keys).arg(vcd);
-        b.arg(&nq32).arg(&nk32).arg(&h32).arg(&d32).arg(&nks32);
-    });
+    if fused {
+        let Some((qg, smem)) = coarse_shape(nk) else {
+            return Err(dev.err(format!(
+                "vsa: {nk} key tiles exceed the coarse kernel's shared memory"
+            )));
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (nq.div_ceil(qg) as u32, heads as u32, 1),
+            block_dim: (COARSE_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (nq32, nk32, h32, d32, k32) =
+            (nq as i32, nk as i32, heads as i32, d as i32, top_k as i32);
+        launch!(kind = "vsa coarse+top-k"; &dev, "vsa", &format!("vsa_coarse_{qg}"), cfg, |b| {
+            push_mut(b, &mut coarse.data);
+            b.arg(&mut kept).arg(qcd).arg(kcd).arg(vcd);
+            b.arg(&nq32).arg(&nk32).arg(&h32).arg(&d32).arg(&k32).arg(&scale);
+        });
+    } else {
+        // The coarse scores as total-order keys, one row of nks per (head, query tile); the
+        // selection turns each row into its softmax weights in place.
+        // SAFETY: vsa_coarse_scores writes every score the selection reads (columns below nk), and
+        // the selection writes the whole row (weights, then zeros) before the weighted means read it.
+        // (i32 on the host: both vendors move i32 buffers; the kernels read the bits as unsigned.)
+        let mut keys = unsafe { dev.stream.alloc::<i32>((rows * nks).max(1)) }.map_err(e)?;
+        let (nq32, nk32, h32, d32, nks32, k32) = (
+            nq as i32,
+            nk as i32,
+            heads as i32,
+            d as i32,
+            nks as i32,
+            i32_of("top_k", top_k)?,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (
+                nk.div_ceil(SCORE_KEYS) as u32,
+                nq.div_ceil(8 * r) as u32,
+                heads as u32,
+            ),
+            block_dim: (SCORE_THREADS as u32, 1, 1),
+            shared_mem_bytes: score_smem as u32,
+        };
+        launch!(kind = "vsa coarse+top-k"; &dev, "vsa", &format!("vsa_coarse_scores_{r}"), cfg, |b| {
+            b.arg(&mut keys).arg(qcd).arg(kcd);
+            b.arg(&nq32).arg(&nk32).arg(&h32).arg(&d32).arg(&nks32).arg(&scale);
+        });
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(warps) as u32, 1, 1),
+            block_dim: ((warps * dev.warp_size()) as u32, 1, 1),
+            shared_mem_bytes: select_smem as u32,
+        };
+        launch!(kind = "vsa coarse+top-k"; &dev, "vsa", "vsa_select_rows", cfg, |b| {
+            b.arg(&mut kept).arg(&mut keys);
+            b.arg(&nq32).arg(&nk32).arg(&h32).arg(&nks32).arg(&k32);
+        });
+        let cfg = LaunchConfig {
+            grid_dim: (nq.div_ceil(OUT_QUERIES) as u32, heads as u32, 1),
+            block_dim: (OUT_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(kind = "vsa coarse+top-k"; &dev, "vsa", "vsa_coarse_weighted", cfg, |b| {
+            push_mut(b, &mut coarse.data);
+            b.arg(&keys).arg(vcd);
+            b.arg(&nq32).arg(&nk32).arg(&h32).arg(&d32).arg(&nks32);
+        });
+    }
     // Tensor cores where the vendor module has them (CUDA on sm_90a: TMA boxes of 4×4×4 tokens).
     if let Some(out) = super::vsa_fine_fast(
         q,
@@ -233,7 +272,7 @@ pub fn vsa_attention(
     let (ks, vs) = (storage(&k)?, storage(&v)?);
     let gs = gate.as_ref().map(storage).transpose()?;
     let has_gate = gs.is_some() as i32;
-    let lq32 = lq as i32;
+    let (lq32, h32, d32, k32) = (lq as i32, heads as i32, d as i32, top_k as i32);
     let cd = f32_data(&coarse)?;
     launch!(
         kind = "vsa fine";
