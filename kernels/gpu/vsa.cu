@@ -1,11 +1,10 @@
-// Video sparse attention (kernels/src/vsa.rs has the definition and the CPU reference) in portable
-// kernels: tile means; the coarse branch as scores, the top-k selection with the softmax weights,
-// and the weighted key-tile means; and the fine branch over the kept tiles. Tokens stay in grid
-// order, so no permuted copies are made: the means walk each 4×4×4 tile's tokens from the grid's
-// shape, the portable fine kernel takes the tiling as index arrays (`order`: grid index of each
-// tiled position, `offsets`/`sizes` per tile). That fine kernel is the correctness-first one (one
-// warp per query and head, like the portable attention kernel); the vendor modules have the
-// tensor-core ones.
+// Video sparse attention (kernels/src/vsa.rs has the definition and the CPU reference), in
+// portable kernels: the tiling, tile means, the coarse branch with the top-k selection, and the
+// fine branch over the kept tiles. Tokens stay in grid order; the tiling is index arrays
+// (`order`: grid index of each tiled position, `offsets`/`sizes` per tile), written on the device,
+// so no permuted copies are made. The fine kernel here is the correctness-first one (one warp per
+// query and head, like the portable attention kernel); the vendor modules have the tensor-core
+// ones.
 //
 // The means and the coarse scores reproduce the CPU's arithmetic bit for bit (f64 sums in token
 // order; f32 dot products in element order, no fused multiply-add), so the top-k selection is
@@ -17,14 +16,8 @@
 #define WL_VSA_MEAN_THREADS 128
 // Tokens whose loads a means thread issues before adding any of them.
 #define WL_VSA_MEAN_BATCH 4
-// A scores block: WL_VSA_SK key tiles × 8·R query tiles, 256 threads, each R scores of one key
-// tile (R interleaved dependent chains).
-#define WL_VSA_SK 32
-#define WL_VSA_SCORE_THREADS 256
-// Query tiles per block of the weighted means.
-#define WL_VSA_OQ 8
 #define WL_VSA_COARSE_THREADS 256
-// Elements of d per staged slice of key-tile means in the score phase of the fused coarse kernel.
+// Elements of d per staged slice of key-tile means in the score phase of the coarse kernel.
 #define WL_VSA_EC 16
 
 WL_DEVICE void vsa_unpack(float* f, uint4 u, const float*) {
@@ -57,35 +50,44 @@ WL_DEVICE vsa_tile vsa_tile_of(int j, int gt, int gh, int gw) {
     r.lw = min(4, gw - r.w0);
     return r;
 }
-// out[j, c] = mean over tile j's tokens of x[token, c], for this block's slice of the `row` =
-// heads · d columns. Every thread owns 16 bytes of columns and adds the tile's tokens in order in
-// f64, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole rows of
-// heads · d, so a warp reads contiguous 512 bytes per token. f64 adds and conversions stay under
-// the memory time on the data-centre parts this runs on (H200, MI300: half or full f32 rate).
+// The tiling of a gt × gh × gw grid as vsa.rs's Tiling builds it, written on the device (no
+// upload between launches): a thread per tile j, which writes its size, its offset (the tokens
+// of the earlier time slabs, of the earlier rows of tiles in its slab, of the earlier tiles in
+// its row) and the grid index of each of its tokens in t → h → w order.
+WL_KERNEL void vsa_tiling(int* order, int* offsets, int* sizes, int gt, int gh, int gw, int tiles) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= tiles) return;
+    const vsa_tile b = vsa_tile_of(j, gt, gh, gw);
+    const int first = b.t0 * gh * gw + b.h0 * b.lt * gw + b.w0 * b.lt * b.lh;
+    offsets[j] = first;
+    sizes[j] = b.lt * b.lh * b.lw;
+    int p = first;
+    for (int t = 0; t < b.lt; ++t)
+        for (int y = 0; y < b.lh; ++y)
+            for (int x = 0; x < b.lw; ++x) order[p++] = ((b.t0 + t) * gh + b.h0 + y) * gw + b.w0 + x;
+}
+
+// out[j, c] = mean over tile j's positions p of x[order[p], c], for this block's slice of the
+// `row` = heads · d columns. Every thread owns 16 bytes of columns and adds the tile's tokens in
+// order in f64, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole
+// rows of heads · d, so a warp reads contiguous 512 bytes per token. f64 adds and conversions
+// stay under the memory time on the data-centre parts this runs on (H200, MI300: half or full
+// f32 rate).
 template <typename T>
-WL_DEVICE void vsa_mean_slice(float* out, const T* x, int j, int gt, int gh, int gw, wl_u64 row, wl_u64 c0) {
+WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, int first, int n, wl_u64 row,
+                              wl_u64 c0) {
     constexpr int V = 16 / sizeof(T);
     const wl_u64 c = c0 + (wl_u64)threadIdx.x * V;
     if (c >= row) return;
-    const vsa_tile tb = vsa_tile_of(j, gt, gh, gw);
-    const int n = tb.lt * tb.lh * tb.lw;
     // Rows are 16-byte aligned when the base is and a row is whole vectors; else element loads.
     const bool vec = row % V == 0 && ((wl_u64)x & 15) == 0;
     double acc[V];
     for (int u = 0; u < V; ++u) acc[u] = 0.0;
-    // The tile's tokens in order, walked with counters (a division per token made this
-    // memory-bound kernel instruction-bound).
-    int dt = 0, dh = 0, dw = 0;
     for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
         float f[WL_VSA_MEAN_BATCH][V];
         for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
             if (p + b < n) {
-                const int token = ((tb.t0 + dt) * gh + tb.h0 + dh) * gw + tb.w0 + dw;
-                if (++dw == tb.lw) {
-                    dw = 0;
-                    if (++dh == tb.lh) dh = 0, ++dt;
-                }
-                const T* src = x + (wl_u64)token * row + c;
+                const T* src = x + (wl_u64)order[first + p + b] * row + c;
                 if (vec) {
                     vsa_unpack(f[b], *(const uint4*)src, x);
                 } else {
@@ -102,21 +104,22 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, int j, int gt, int gh, int
         if (c + u < row) dst[c + u] = (float)(acc[u] / n);
 }
 
-// The means of q (on its grid qg) and of k and v (on the key grid kg) in one launch: block b is
-// column slice b % chunks of tile job b / chunks, the q tiles first, then k's, then v's.
+// The means of q (its tiling) and of k and v (the key tiling) in one launch: block b is column
+// slice b % chunks of tile job b / chunks, the q tiles first, then k's, then v's.
 template <typename T>
-WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const T* k, const T* v, int qt, int qh,
-                              int qw, int kt, int kh, int kw, int nq, int nk, int row, int chunks) {
+WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const T* k, const T* v, const int* q_order,
+                              const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
+                              const int* k_sizes, int nq, int nk, int row, int chunks) {
     int job = blockIdx.x / chunks;
     const wl_u64 c0 = (wl_u64)(blockIdx.x % chunks) * WL_VSA_MEAN_THREADS * (16 / sizeof(T));
     if (job < nq) {
-        vsa_mean_slice(qm, q, job, qt, qh, qw, row, c0);
+        vsa_mean_slice(qm, q, q_order, job, q_offsets[job], q_sizes[job], row, c0);
         return;
     }
     job -= nq;
     const bool is_k = job < nk;
     if (!is_k) job -= nk;
-    vsa_mean_slice(is_k ? km : vm, is_k ? k : v, job, kt, kh, kw, row, c0);
+    vsa_mean_slice(is_k ? km : vm, is_k ? k : v, k_order, job, k_offsets[job], k_sizes[job], row, c0);
 }
 
 // Scores as unsigned keys whose order is Rust's `f32::total_cmp` (the CPU's sort): flip every bit
@@ -352,151 +355,6 @@ WL_VSA_COARSE(4)
 WL_VSA_COARSE(2)
 WL_VSA_COARSE(1)
 
-// The coarse scores, key tile j against query tile i of head h, as total-order keys in
-// keys[(h · nq + i) · nks + j]: the CPU's `dot` (its sum starts at -0.0, elements in order, no
-// fused multiply-add) times the scale, so the top-k below is the CPU's on every input, not only
-// away from near-ties. A block per (WL_VSA_SK key tiles, 8·R query tiles, head) with both sets
-// of means staged in shared memory (dynamic: 8·R·d + WL_VSA_SK·(d + 1) floats, the key rows
-// padded so that a warp's 32 key tiles read 32 banks); each thread R rows of one key tile.
-template <int R>
-WL_DEVICE void vsa_coarse_scores(unsigned int* keys, const float* qc, const float* kc, int nq, int nk, int heads,
-                                 int d, int nks, float scale) {
-    extern __shared__ float vsa_sc[];
-    constexpr int SQ = 8 * R;
-    float* qs = vsa_sc;
-    float* ks = vsa_sc + SQ * d;
-    const int j0 = blockIdx.x * WL_VSA_SK, i0 = blockIdx.y * SQ, h = blockIdx.z, tid = threadIdx.x;
-    // Staged a row per warp at a time (no division per element).
-    const int warps = blockDim.x / WL_WARP_SIZE, warp = tid / WL_WARP_SIZE, lane = tid % WL_WARP_SIZE;
-    for (int r = warp; r < SQ + WL_VSA_SK; r += warps) {
-        const bool is_q = r < SQ;
-        const int at = is_q ? i0 + r : j0 + r - SQ;
-        const bool in = at < (is_q ? nq : nk);
-        const float* src = (is_q ? qc : kc) + ((wl_u64)at * heads + h) * d;
-        float* dst = is_q ? qs + r * d : ks + (r - SQ) * (d + 1);
-        for (int e = lane; e < d; e += WL_WARP_SIZE) dst[e] = in ? src[e] : 0.0f;
-    }
-    __syncthreads();
-    const int c = tid % WL_VSA_SK, r0 = tid / WL_VSA_SK * R;
-    if (j0 + c >= nk) return;
-    float acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = -0.0f;
-    for (int e = 0; e < d; ++e) {
-        const float kv = ks[c * (d + 1) + e];
-        for (int r = 0; r < R; ++r) acc[r] = vsa_mul_add(acc[r], qs[(r0 + r) * d + e], kv);
-    }
-    for (int r = 0; r < R; ++r)
-        if (i0 + r0 + r < nq) keys[((wl_u64)h * nq + i0 + r0 + r) * nks + j0 + c] = vsa_key(__fmul_rn(acc[r], scale));
-}
-
-// Per row of scores (query tile i, head h; a warp each, its row staged in dynamic shared memory):
-// 1. the `top_k` best key tiles, ties to the lower index: a bitwise search for the top_k-th
-//    largest key, then one pass in index order that writes the kept tiles, increasing, to
-//    kept[i, h, :] (the tiles above the threshold and the first ties);
-// 2. the row's softmax weights, over its keys in place (as floats), for vsa_coarse_out.
-// Every lane reads only the entries it staged, so the warp needs no barrier.
-WL_DEVICE void vsa_select(int* kept, unsigned int* keys, int nq, int nk, int heads, int nks, int top_k) {
-    extern __shared__ unsigned int vsa_rows[];
-    const int warps = blockDim.x / WL_WARP_SIZE, warp = threadIdx.x / WL_WARP_SIZE, lane = threadIdx.x % WL_WARP_SIZE;
-    const int row = blockIdx.x * warps + warp;
-    if (row >= heads * nq) return;
-    const int h = row / nq, i = row % nq;
-    unsigned int* g = keys + (wl_u64)row * nks;
-    unsigned int* kr = vsa_rows + warp * nks;
-    for (int j = lane; j < nk; j += WL_WARP_SIZE) kr[j] = g[j];
-    // Largest t with at least top_k keys ≥ t, a bit at a time from the top; when exactly top_k
-    // keys reach a candidate, those are the selection (t just below it).
-    unsigned int t = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-        const unsigned int cand = t | (1u << bit);
-        int cnt = 0;
-        for (int j = lane; j < nk; j += WL_WARP_SIZE) cnt += kr[j] >= cand;
-        cnt = vsa_warp_sum(cnt);
-        if (cnt == top_k) {
-            t = cand - 1;
-            break;
-        }
-        if (cnt > top_k) t = cand;
-    }
-    int above = 0;
-    for (int j = lane; j < nk; j += WL_WARP_SIZE) above += kr[j] > t;
-    // Keys above t are all kept; of those equal to t, the `ties` lowest indices.
-    const int ties = top_k - vsa_warp_sum(above);
-    int* dst = kept + ((wl_u64)i * heads + h) * top_k;
-    int n_above = 0, n_eq = 0;
-    for (int base = 0; base < nk && n_above + min(n_eq, ties) < top_k; base += WL_WARP_SIZE) {
-        const int j = base + lane;
-        const unsigned int kj = j < nk ? kr[j] : 0u;
-        const int flags = (j < nk && kj > t ? 1 << 16 : 0) | (j < nk && kj == t ? 1 : 0);
-        const int incl = vsa_warp_scan(flags);
-        const int excl = incl - flags;
-        const int eq_before = n_eq + (excl & 0xffff);
-        if ((flags >> 16) || (flags && eq_before < ties)) dst[n_above + (excl >> 16) + min(eq_before, ties)] = j;
-        const int total = wl_shfl(incl, WL_WARP_SIZE - 1);
-        n_above += total >> 16;
-        n_eq += total & 0xffff;
-    }
-    float mx = -WL_INF;
-    for (int j = lane; j < nk; j += WL_WARP_SIZE) mx = fmaxf(mx, vsa_score(kr[j]));
-    for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) mx = fmaxf(mx, wl_shfl_xor(mx, o));
-    float sum = 0.0f;
-    for (int j = lane; j < nk; j += WL_WARP_SIZE) sum += expf(vsa_score(kr[j]) - mx);
-    for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) sum += wl_shfl_xor(sum, o);
-    for (int j = lane; j < nks; j += WL_WARP_SIZE)
-        g[j] = __float_as_uint(j < nk ? expf(vsa_score(kr[j]) - mx) / sum : 0.0f);
-}
-
-// coarse[i, h, :] = Σ_j p[h, i, j] · vc[j, h, :] (p: vsa_select's weights): a block per
-// (WL_VSA_OQ query tiles, head) of 256 threads, in groups of d threads that each take every
-// groups-th key tile (so that a thread's chain of dependent loads is short), summed over the
-// groups in shared memory (WL_VSA_OQ · 256 floats).
-WL_DEVICE void vsa_coarse_out(float* coarse, const float* p, const float* vc, int nq, int nk, int heads, int d,
-                              int nks) {
-    __shared__ float part[WL_VSA_OQ * 256];
-    const int i0 = blockIdx.x * WL_VSA_OQ, h = blockIdx.y;
-    const int groups = blockDim.x / d, g = threadIdx.x / d, e = threadIdx.x % d;
-    const int rows = min(WL_VSA_OQ, nq - i0);
-    const float* pr = p + ((wl_u64)h * nq + i0) * nks;
-    float acc[WL_VSA_OQ];
-    for (int r = 0; r < WL_VSA_OQ; ++r) acc[r] = 0.0f;
-    if (g < groups) {
-        for (int j = g; j < nk; j += 2 * groups) {
-            const int j2 = j + groups;
-            const float v0 = vc[((wl_u64)j * heads + h) * d + e];
-            const float v1 = j2 < nk ? vc[((wl_u64)j2 * heads + h) * d + e] : 0.0f;
-            for (int r = 0; r < WL_VSA_OQ; ++r) {
-                if (r >= rows) break;
-                const float w1 = j2 < nk ? pr[(wl_u64)r * nks + j2] : 0.0f;
-                acc[r] = fmaf(w1, v1, fmaf(pr[(wl_u64)r * nks + j], v0, acc[r]));
-            }
-        }
-        for (int r = 0; r < WL_VSA_OQ; ++r) part[(r * groups + g) * d + e] = acc[r];
-    }
-    __syncthreads();
-    for (int x = threadIdx.x; x < rows * d; x += blockDim.x) {
-        const int r = x / d, ee = x % d;
-        float sum = 0.0f;
-        for (int gg = 0; gg < groups; ++gg) sum += part[(r * groups + gg) * d + ee];
-        coarse[((wl_u64)(i0 + r) * heads + h) * d + ee] = sum;
-    }
-}
-
-WL_KERNEL void vsa_coarse_scores_1(unsigned int* keys, const float* qc, const float* kc, int nq, int nk, int heads,
-                                   int d, int nks, float scale) {
-    vsa_coarse_scores<1>(keys, qc, kc, nq, nk, heads, d, nks, scale);
-}
-WL_KERNEL void vsa_coarse_scores_4(unsigned int* keys, const float* qc, const float* kc, int nq, int nk, int heads,
-                                   int d, int nks, float scale) {
-    vsa_coarse_scores<4>(keys, qc, kc, nq, nk, heads, d, nks, scale);
-}
-WL_KERNEL void vsa_select_rows(int* kept, unsigned int* keys, int nq, int nk, int heads, int nks, int top_k) {
-    vsa_select(kept, keys, nq, nk, heads, nks, top_k);
-}
-WL_KERNEL void vsa_coarse_weighted(float* coarse, const float* p, const float* vc, int nq, int nk, int heads, int d,
-                                   int nks) {
-    vsa_coarse_out(coarse, p, vc, nq, nk, heads, d, nks);
-}
-
 // One warp per (tiled query position p, head): online softmax over the tokens of the kept key
 // tiles, lanes scoring a key each; out = fine + gate · coarse (gate 1 when absent).
 template <typename T>
@@ -568,9 +426,11 @@ WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gat
 
 #define WL_VSA(T, tn)                                                                                         \
     WL_KERNEL void vsa_tile_means_##tn(float* qm, float* km, float* vm, const T* q, const T* k, const T* v,     \
-                                       int qt, int qh, int qw, int kt, int kh, int kw, int nq, int nk, int row,  \
-                                       int chunks) {                                                           \
-        vsa_tile_means(qm, km, vm, q, k, v, qt, qh, qw, kt, kh, kw, nq, nk, row, chunks);                       \
+                                       const int* q_order, const int* q_offsets, const int* q_sizes,           \
+                                       const int* k_order, const int* k_offsets, const int* k_sizes, int nq,   \
+                                       int nk, int row, int chunks) {                                          \
+        vsa_tile_means(qm, km, vm, q, k, v, q_order, q_offsets, q_sizes, k_order, k_offsets, k_sizes, nq, nk, row, \
+                       chunks);                                                                                \
     }                                                                                                         \
     WL_KERNEL void vsa_fine_##tn(T* out, const T* q, const T* k, const T* v, const T* gate, int has_gate,       \
                                  const float* coarse,                                                         \
