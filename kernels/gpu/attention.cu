@@ -975,11 +975,6 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
     extern __shared__ __align__(1024) unsigned char vt_smem[];
     unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);  // per consumer: full, empty, q
-    // Per consumer and stage, which of the 64 slots of the stage's key tile lie inside the key
-    // grid (bit dt·16 + dh·4 + dw), written by the producer before the tile's barrier arrival: the
-    // consumers' masking is then a shift per slot, where working out the tile's origin took three
-    // integer divisions a step on the softmax's critical path.
-    unsigned long long* slot_mask = bars + 2 * (2 * VT_STAGES + 1);
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
     const int h = blockIdx.y;
     if (threadIdx.x == 0) {
@@ -1014,14 +1009,6 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
                     int o[3];
                     vt_origin(kg, kept[((wl_u64)tile[c] * heads + h) * top_k + u], o);
-                    const int lt = kg.t - o[0], lh = kg.h - o[1], lw = kg.w - o[2];
-                    unsigned long long in = ~0ull;
-                    if (lt < 4 || lh < 4 || lw < 4) {
-                        in = 0;
-                        for (int slot = 0; slot < 64; ++slot)
-                            if ((slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw) in |= 1ull << slot;
-                    }
-                    slot_mask[c * VT_STAGES + s] = in;
                     wl_mbar_expect_tx(full + s, 2 * TB);
                     wl_tma_load_5d(ks, tk, 0, h, o[2], o[1], o[0], full + s);
                     wl_tma_load_5d(ks + TB / 2, tk, 64, h, o[2], o[1], o[0], full + s);
@@ -1039,6 +1026,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     unsigned char* stages = qs + TB;
     unsigned long long* full = bars + wg * (2 * VT_STAGES + 1);
     unsigned long long* empty = full + VT_STAGES;
+    const int* kl = kept + ((wl_u64)i * heads + h) * top_k;
     const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 (tile slots)
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
@@ -1058,16 +1046,18 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_desc_plus(dv, kk * 2048));
     };
-    // Masks the slots of stage s's key tile outside the key grid (select, not branch: a wgmma is
-    // in flight), then the softmax step.
-    auto softmax = [&](float* sc, float* m, float* nm, float* corr, float* sum, int s) {
-        const unsigned long long inside = slot_mask[wg * VT_STAGES + s];
+    // Masks slots of key tile j outside the key grid (select, not branch: a wgmma is in flight),
+    // then the softmax step.
+    auto softmax = [&](float* sc, float* m, float* nm, float* corr, float* sum, int j) {
+        int o[3];
+        vt_origin(kg, j, o);
+        const int lt = kg.t - o[0], lh = kg.h - o[1], lw = kg.w - o[2];
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int slot = jj * 8 + cq + c;
-                const bool in = (inside >> slot) & 1;
+                const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
 #pragma unroll
                 for (int e = 0; e < 2; ++e) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
             }
@@ -1096,7 +1086,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
         float nm[2], corr[2], sum[2];
-        softmax(sc, m, nm, corr, sum, 0);
+        softmax(sc, m, nm, corr, sum, kl[0]);
 #pragma unroll
         for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
         pack(pa, sc);
@@ -1114,7 +1104,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
         float nm[2], corr[2], sum[2];
-        softmax(sc, m, nm, corr, sum, s);
+        softmax(sc, m, nm, corr, sum, kl[u]);
         wl_wgmma_wait_all();
         if (t == 0) wl_mbar_arrive(empty + prev);
         fw_rescale(o, m, l, nm, corr, sum);

@@ -526,9 +526,9 @@ impl VsaGrid {
 
 /// Threads and dynamic shared memory of `vsa_fine_tma_bf16_d128`: a producer and two consumer
 /// warpgroups; per consumer a query tile and three stages of a key and a value tile (64 × 128
-/// bf16 each), then 7 barriers, then per stage the key tile's in-grid slots (64 bits).
+/// bf16 each), then 7 barriers.
 const VSA_TMA_THREADS: u32 = 384;
-const VSA_TMA_SMEM: u32 = 2 * (64 * 256 + 3 * 2 * 64 * 256) + 2 * 7 * 8 + 2 * 3 * 8;
+const VSA_TMA_SMEM: u32 = 2 * (64 * 256 + 3 * 2 * 64 * 256) + 2 * 7 * 8;
 
 /// VSA's fine branch (plus `gate ⊙ coarse`) on Hopper through TMA, where it applies: bf16, head
 /// dim 128, sm_90a, 4×4×4 tiles. `None` elsewhere (the caller takes the portable kernel).
