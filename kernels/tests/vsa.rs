@@ -42,6 +42,7 @@ fn tiling_is_a_permutation_of_contiguous_partial_tiles() {
             nt.iter().product::<usize>(),
             "{grid:?}: tile count"
         );
+        assert_eq!(vsa::tiles(grid, TILE), t.tiles(), "{grid:?}: tiles()");
         for j in 0..t.tiles() {
             let tokens = &t.order[t.offsets[j]..t.offsets[j] + t.sizes[j]];
             assert!(
