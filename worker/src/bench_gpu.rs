@@ -386,7 +386,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         // VSA at sparsity 0.9 on the same shape: the chunk's 3×30×52 latent grid against the
         // window's 18×30×52 (issue target: ≥ 4× faster than our dense row above).
         let (q_grid, k_grid) = ([3, 30, 52], [18, 30, 52]);
-        let tiles = kernels::vsa::Tiling::new(k_grid, kernels::vsa::TILE).tiles();
+        let tiles = kernels::vsa::tiles(k_grid, kernels::vsa::TILE);
         let top_k = kernels::vsa::top_k(0.9, tiles);
         let t_vsa = time(dev, heavy, || {
             kernels::vsa::attention(&q, &k, &v, None, q_grid, k_grid, top_k)?;

@@ -43,6 +43,9 @@ fn coarse_shape(nk: usize) -> Option<(usize, usize)> {
 fn device_tiling(dev: &CudaBackend, grid: [usize; 3]) -> Result<[CudaSlice<i32>; 3]> {
     let n = tiles(grid, TILE);
     let tokens: usize = grid.iter().product();
+    if i32::try_from(tokens).is_err() {
+        return Err(dev.err(format!("vsa: grid {grid:?} exceeds i32 indices")));
+    }
     let [gt, gh, gw] = grid.map(|x| x as i32);
     let e = |e| dev.err(e);
     // SAFETY: vsa_tiling writes every tile's offset and size and every token's position.
