@@ -817,7 +817,9 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     unsigned long long* full = (unsigned long long*)(stages + ST * SB);  // K: [0, ST), V: [ST, 2·ST)
     unsigned long long* empty = full + 2 * ST;
     unsigned long long* qbar = empty + 2 * ST;
-    const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
+    // The warpgroup index through a shuffle, so the compiler keeps what derives from it uniform
+    // (see vsa_fine_tma).
+    const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
     const int nqb = (lq + FW_BR - 1) / FW_BR;
     int item = blockIdx.x, part = -1;
     if (item >= sp.whole) part = (item - sp.whole) % sp.parts, item = sp.whole + (item - sp.whole) / sp.parts;
@@ -967,6 +969,13 @@ WL_DEVICE void vt_origin(const vsa_grid& g, int j, int* o) {
     o[1] = j / g.nw % g.nh * 4;
     o[2] = j % g.nw * 4;
 }
+// Tile j's tokens per axis inside the grid (each 1..4), packed t | h << 3 | w << 6.
+#define VT_WHOLE (4 | 4 << 3 | 4 << 6)
+WL_DEVICE int vt_extent(const vsa_grid& g, int j) {
+    int o[3];
+    vt_origin(g, j, o);
+    return min(4, g.t - o[0]) | min(4, g.h - o[1]) << 3 | min(4, g.w - o[2]) << 6;
+}
 
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int has_gate, const float* coarse, const int* kept, vsa_grid qg,
@@ -975,7 +984,10 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
     extern __shared__ __align__(1024) unsigned char vt_smem[];
     unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);  // per consumer: full, empty, q
-    const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
+    // The warpgroup index through a shuffle, as CUTLASS takes it: the compiler then knows it is
+    // uniform and keeps the wgmma descriptors built from it in uniform registers, where each
+    // product of a step otherwise paid register-to-uniform moves (~70 issue slots a step).
+    const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
     const int h = blockIdx.y;
     if (threadIdx.x == 0) {
         for (int c = 0; c < 2; ++c) {
@@ -1046,22 +1058,24 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_desc_plus(dv, kk * 2048));
     };
-    // Masks slots of key tile j outside the key grid (select, not branch: a wgmma is in flight),
-    // then the softmax step.
-    auto softmax = [&](float* sc, float* m, float* nm, float* corr, float* sum, int j) {
-        int o[3];
-        vt_origin(kg, j, o);
-        const int lt = kg.t - o[0], lh = kg.h - o[1], lw = kg.w - o[2];
+    // Masks the slots of a key tile (its extent as vt_extent packs it) outside the key grid, then
+    // the softmax step. A step's issue slots are what this kernel runs short of (two consumers'
+    // softmax against 64-key products), so whole tiles, most of them, skip the masking: the
+    // branch is uniform over the warpgroup and touches no register a wgmma in flight writes.
+    auto softmax = [&](float* sc, float* m, float* nm, float* corr, float* sum, int ext) {
+        if (ext != VT_WHOLE) {
+            const int lt = ext & 7, lh = (ext >> 3) & 7, lw = ext >> 6;
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
+            for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int slot = jj * 8 + cq + c;
-                const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
+                for (int c = 0; c < 2; ++c) {
+                    const int slot = jj * 8 + cq + c;
+                    const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
 #pragma unroll
-                for (int e = 0; e < 2; ++e) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
-            }
-        fw_softmax<64, true, FW_LAZY>(sc, m, nm, corr, sum, 0, r0, cq, 64, 0, scale2);
+                    for (int e = 0; e < 2; ++e) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
+                }
+        }
+        fw_softmax<64, false, FW_LAZY>(sc, m, nm, corr, sum, 0, r0, cq, 64, 0, scale2);
     };
     auto pack = [](unsigned int (*pa)[4], const float* sc) {
 #pragma unroll
@@ -1074,6 +1088,10 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     for (int e = 0; e < 64; ++e) o[e] = 0.0f;
     float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
     unsigned int pa[4][4];
+    // The kept key tiles' extents 32 at a time: lane l holds entry base + l's, so a step takes its
+    // tile's by one shuffle and no step divides; the next 32 indices load a chunk ahead.
+    int ext = vt_extent(kg, lane < top_k ? kl[lane] : 0);
+    int ahead = 32 + lane < top_k ? kl[32 + lane] : 0;
     wl_mbar_wait(full + 2 * VT_STAGES, 0);
     wl_mbar_wait(full, 0);
     if (wg == 1) wl_named_arrive(1, 256);
@@ -1086,7 +1104,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
         float nm[2], corr[2], sum[2];
-        softmax(sc, m, nm, corr, sum, kl[0]);
+        softmax(sc, m, nm, corr, sum, wl_shfl(ext, 0));
 #pragma unroll
         for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
         pack(pa, sc);
@@ -1104,11 +1122,15 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_one();
         float nm[2], corr[2], sum[2];
-        softmax(sc, m, nm, corr, sum, kl[u]);
+        softmax(sc, m, nm, corr, sum, wl_shfl(ext, u & 31));
         wl_wgmma_wait_all();
         if (t == 0) wl_mbar_arrive(empty + prev);
         fw_rescale(o, m, l, nm, corr, sum);
         pack(pa, sc);
+        if ((u & 31) == 31) {
+            ext = vt_extent(kg, ahead);
+            ahead = u + 33 + lane < top_k ? kl[u + 33 + lane] : 0;
+        }
     }
     if (wg == 0) wl_named_sync(1, 256);
     wl_wgmma_fence();

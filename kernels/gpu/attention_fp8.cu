@@ -138,7 +138,9 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     unsigned long long* full = (unsigned long long*)(stages + ST * SB);
     unsigned long long* empty = full + ST;
     unsigned long long* qbar = empty + ST;
-    const int wg = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
+    // The warpgroup index through a shuffle, so the compiler keeps what derives from it uniform
+    // (see vsa_fine_tma in attention.cu).
+    const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
     const int nqb = (lq + FW_BR - 1) / FW_BR;
     int item = blockIdx.x, part = -1;
     if (item >= sp.whole) part = (item - sp.whole) % sp.parts, item = sp.whole + (item - sp.whole) / sp.parts;

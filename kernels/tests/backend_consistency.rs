@@ -1223,11 +1223,14 @@ backend_test!(channels_last_convolutions_match_the_cpu);
 fn vsa_attention_matches_the_cpu(dev: Device) {
     let mut rng = Rng::new(8);
     // A 3-frame chunk over a 9-frame cache of 12×20 tokens (partial time tiles), and over a
-    // 7-frame cache of 10×22 (partial tiles on every axis, sizes like 3·2·2 = 12), d 128.
+    // 7-frame cache of 10×22 (partial tiles on every axis, sizes like 3·2·2 = 12), d 128; and a
+    // 13-frame cache of 12×24 whose 72 key tiles take the TMA kernel past its second batch of 32
+    // kept tiles (it reads their extents 32 at a time).
     for (q_grid, k_grid, dt) in [
         ([3, 12, 20], [9, 12, 20], DType::F32),
         ([3, 12, 20], [9, 12, 20], DType::BF16),
         ([3, 10, 22], [7, 10, 22], DType::BF16),
+        ([3, 12, 24], [13, 12, 24], DType::BF16),
     ] {
         let (heads, d) = (2, 128);
         let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
