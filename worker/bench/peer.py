@@ -98,10 +98,38 @@ for heads in [40, 12]:
                  4 * 4680 * 28080 * heads * 128 / ms / 1e9))
 
 
+def rope_tables(grid, hd, t0):
+    """cos and sin, [n, 1, hd / 2] f32, of Wan's 3-D RoPE for the tokens of `grid` from frame
+    `t0`: the rotated pairs split over t, h and w as hd - 4·(hd // 6), 2·(hd // 6), 2·(hd // 6)
+    dims, each axis with its own frequencies (base 10000)."""
+    def angles(dims, pos):
+        inv = 1.0 / 10000 ** (torch.arange(0, dims, 2, device=dev, dtype=torch.float64) / dims)
+        return pos.flatten()[:, None].double() * inv[None]
+    t, h, w = grid
+    tt, yy, xx = torch.meshgrid(torch.arange(t0, t0 + t, device=dev), torch.arange(h, device=dev),
+                                torch.arange(w, device=dev), indexing="ij")
+    ang = torch.cat([angles(hd - 4 * (hd // 6), tt), angles(2 * (hd // 6), yy), angles(2 * (hd // 6), xx)], 1)
+    return ang.cos().float()[:, None], ang.sin().float()[:, None]
+
+
+def rope(x, cos, sin):
+    """x [n, heads, d] rotated pair by pair (adjacent elements, Wan's complex view), bf16 out."""
+    n, h, d = x.shape
+    p = x.float().view(n, h, d // 2, 2)
+    a, b = p[..., 0], p[..., 1]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], -1).view(n, h, d).bfloat16()
+
+
 class Block(torch.nn.Module):
     """An eager LingBot block as the reference implementations run it: bf16 linears, f32
     modulation, SDPA over the cached window (K/V of earlier frames given), text cross-attention
-    (text K/V cached), camera scale/shift (cached per chunk, as ours), GELU FFN."""
+    (text K/V cached), camera scale/shift (cached per chunk, as ours), GELU FFN.
+
+    Two ways to the window. Without `rot`: no RoPE, and the window is the cached K/V joined
+    to the chunk's by `torch.cat` (a copy of the whole window each call). With `rot` (the
+    tables of `rope_tables`): q and k get Wan's 3-D RoPE, and the chunk's K/V are written into
+    the last rows of `kc`/`vc`, the whole window preallocated, as the streaming reference code
+    writes its cache: the work our block does."""
 
     def __init__(self, dim, ffn, heads):
         super().__init__()
@@ -114,14 +142,20 @@ class Block(torch.nn.Module):
         self.nk = torch.nn.RMSNorm(dim, eps=1e-6, dtype=torch.bfloat16, device=dev)
         self.n3 = torch.nn.LayerNorm(dim, eps=1e-6, dtype=torch.bfloat16, device=dev)
 
-    def forward(self, x, e, kc, vc, tk, tv, cam_scale, cam_shift):
+    def forward(self, x, e, kc, vc, tk, tv, cam_scale, cam_shift, rot=None):
         n, d = x.shape
         h = self.heads
         y = (F.layer_norm(x.float(), (d,)) * (1 + e[1]) + e[0]).bfloat16()
-        q = self.nq(self.q(y)).view(1, n, h, -1).transpose(1, 2)
-        k = self.nk(self.k(y)).view(1, n, h, -1).transpose(1, 2)
-        v = self.v(y).view(1, n, h, -1).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2))
+        if rot is None:
+            q = self.nq(self.q(y)).view(1, n, h, -1).transpose(1, 2)
+            k = self.nk(self.k(y)).view(1, n, h, -1).transpose(1, 2)
+            v = self.v(y).view(1, n, h, -1).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2))
+        else:
+            q = rope(self.nq(self.q(y)).view(n, h, -1), *rot).transpose(0, 1)[None]
+            kc[0, :, -n:] = rope(self.nk(self.k(y)).view(n, h, -1), *rot).transpose(0, 1)
+            vc[0, :, -n:] = self.v(y).view(n, h, -1).transpose(0, 1)
+            a = F.scaled_dot_product_attention(q, kc, vc)
         x = x + self.o(a.transpose(1, 2).reshape(n, d)).float() * e[2]
         x = (1 + cam_scale) * x + cam_shift
         cq = self.cq(self.n3(x.bfloat16())).view(1, n, h, -1).transpose(1, 2)
@@ -181,6 +215,10 @@ with torch.no_grad():
         kc = torch.randn(1, heads, 28080 - n, hd, device=dev, dtype=torch.bfloat16)
         tk = torch.randn(1, heads, 512, hd, device=dev, dtype=torch.bfloat16)
         cs = torch.randn(n, dim, device=dev) * 0.1
+        # The whole window for the RoPE variant, which writes the chunk's rows itself.
+        kw = torch.randn(1, heads, 28080, hd, device=dev, dtype=torch.bfloat16)
+        vw = torch.randn(1, heads, 28080, hd, device=dev, dtype=torch.bfloat16)
+        rot = rope_tables((3, 30, 52), hd, 15)
         ms = bench(lambda: blk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch eager {name} block")
         fl = 2 * n * dim * dim * 6 + 4 * n * dim * ffn + 4 * n * 28080 * dim + 4 * n * 512 * dim
         rows.append((f"torch eager {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
@@ -194,6 +232,11 @@ with torch.no_grad():
             rows.append((f"torch compile {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
             ms, calls = sustained(lambda: cblk(x, e, kc, kc, tk, tk, cs, cs))
             rows.append((f"torch compile {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            ms = bench(lambda: cblk(x, e, kw, vw, tk, tk, cs, cs, rot), repeat=HEAVY,
+                       label=f"torch compile {name} block, RoPE, cache written in place")
+            rows.append((f"torch compile {name} block, RoPE, cache written in place, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            ms, calls = sustained(lambda: cblk(x, e, kw, vw, tk, tk, cs, cs, rot))
+            rows.append((f"torch compile {name} block, RoPE, cache written in place, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         except Exception as err:  # a missing compiler toolchain must not cost the other rows
             print(f"torch.compile {name} block failed: {err}", file=sys.stderr)
         # The same block with fp8 rowwise linears, eager and compiled (the issue's fp8 peers).
@@ -208,6 +251,11 @@ with torch.no_grad():
             rows.append((f"torch compile fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
             ms, calls = sustained(lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs))
             rows.append((f"torch compile fp8 rowwise {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            ms = bench(lambda: cfblk(x, e, kw, vw, tk, tk, cs, cs, rot), repeat=HEAVY,
+                       label=f"torch compile fp8 rowwise {name} block, RoPE, cache written in place")
+            rows.append((f"torch compile fp8 rowwise {name} block, RoPE, cache written in place, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            ms, calls = sustained(lambda: cfblk(x, e, kw, vw, tk, tk, cs, cs, rot))
+            rows.append((f"torch compile fp8 rowwise {name} block, RoPE, cache written in place, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
         except Exception as err:
             print(f"fp8 rowwise {name} block failed: {err}", file=sys.stderr)
 
