@@ -219,43 +219,33 @@ with torch.no_grad():
         kw = torch.randn(1, heads, 28080, hd, device=dev, dtype=torch.bfloat16)
         vw = torch.randn(1, heads, 28080, hd, device=dev, dtype=torch.bfloat16)
         rot = rope_tables((3, 30, 52), hd, 15)
-        ms = bench(lambda: blk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch eager {name} block")
         fl = 2 * n * dim * dim * 6 + 4 * n * dim * ffn + 4 * n * 28080 * dim + 4 * n * 512 * dim
-        rows.append((f"torch eager {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
-        ms, calls = sustained(lambda: blk(x, e, kc, kc, tk, tk, cs, cs))
-        rows.append((f"torch eager {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+
+        def block_rows(what, fn):
+            """Two rows of one block variant: best of HEAVY rounds, and 2 s back to back."""
+            ms = bench(fn, repeat=HEAVY, label=what)
+            rows.append((f"{what}, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            ms, calls = sustained(fn)
+            rows.append((f"{what}, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+
+        block_rows(f"torch eager {name} block", lambda: blk(x, e, kc, kc, tk, tk, cs, cs))
         # The same block through torch.compile (Inductor fuses the element-wise ops around the
         # GEMMs and SDPA); the first calls compile, bench() warms up before timing.
         try:
             cblk = torch.compile(blk)
-            ms = bench(lambda: cblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch compile {name} block")
-            rows.append((f"torch compile {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
-            ms, calls = sustained(lambda: cblk(x, e, kc, kc, tk, tk, cs, cs))
-            rows.append((f"torch compile {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
-            ms = bench(lambda: cblk(x, e, kw, vw, tk, tk, cs, cs, rot), repeat=HEAVY,
-                       label=f"torch compile {name} block, RoPE, cache written in place")
-            rows.append((f"torch compile {name} block, RoPE, cache written in place, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
-            ms, calls = sustained(lambda: cblk(x, e, kw, vw, tk, tk, cs, cs, rot))
-            rows.append((f"torch compile {name} block, RoPE, cache written in place, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            block_rows(f"torch compile {name} block", lambda: cblk(x, e, kc, kc, tk, tk, cs, cs))
+            block_rows(f"torch compile {name} block, RoPE, cache written in place",
+                       lambda: cblk(x, e, kw, vw, tk, tk, cs, cs, rot))
         except Exception as err:  # a missing compiler toolchain must not cost the other rows
             print(f"torch.compile {name} block failed: {err}", file=sys.stderr)
         # The same block with fp8 rowwise linears, eager and compiled (the issue's fp8 peers).
         try:
             fblk = to_fp8(blk)
-            ms = bench(lambda: fblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch eager fp8 rowwise {name} block")
-            rows.append((f"torch eager fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
-            ms, calls = sustained(lambda: fblk(x, e, kc, kc, tk, tk, cs, cs))
-            rows.append((f"torch eager fp8 rowwise {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            block_rows(f"torch eager fp8 rowwise {name} block", lambda: fblk(x, e, kc, kc, tk, tk, cs, cs))
             cfblk = torch.compile(fblk)
-            ms = bench(lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs), repeat=HEAVY, label=f"torch compile fp8 rowwise {name} block")
-            rows.append((f"torch compile fp8 rowwise {name} block, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
-            ms, calls = sustained(lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs))
-            rows.append((f"torch compile fp8 rowwise {name} block, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
-            ms = bench(lambda: cfblk(x, e, kw, vw, tk, tk, cs, cs, rot), repeat=HEAVY,
-                       label=f"torch compile fp8 rowwise {name} block, RoPE, cache written in place")
-            rows.append((f"torch compile fp8 rowwise {name} block, RoPE, cache written in place, 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
-            ms, calls = sustained(lambda: cfblk(x, e, kw, vw, tk, tk, cs, cs, rot))
-            rows.append((f"torch compile fp8 rowwise {name} block, RoPE, cache written in place, sustained ({calls} back to back), 4680 tokens, 18-frame window", ms, fl / ms / 1e9))
+            block_rows(f"torch compile fp8 rowwise {name} block", lambda: cfblk(x, e, kc, kc, tk, tk, cs, cs))
+            block_rows(f"torch compile fp8 rowwise {name} block, RoPE, cache written in place",
+                       lambda: cfblk(x, e, kw, vw, tk, tk, cs, cs, rot))
         except Exception as err:
             print(f"fp8 rowwise {name} block failed: {err}", file=sys.stderr)
 
