@@ -166,6 +166,24 @@ fn profile_line(p: &kernels::cuda::Profile) -> String {
     )
 }
 
+/// VSA at sparsity 0.9 over `q, k, v` on these grids, timed as `time` does: the kept key
+/// tiles, the key tiles and the time.
+fn time_vsa(
+    dev: Device,
+    repeat: usize,
+    [q, k, v]: [&Tensor; 3],
+    q_grid: [usize; 3],
+    k_grid: [usize; 3],
+) -> Result<(usize, usize, Duration)> {
+    let tiles = kernels::vsa::tiles(k_grid, kernels::vsa::TILE);
+    let top_k = kernels::vsa::top_k(0.9, tiles);
+    let t = time(dev, repeat, || {
+        kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k)?;
+        Ok(())
+    })?;
+    Ok((top_k, tiles, t))
+}
+
 fn rand(dev: Device, seed: u64, shape: &[usize], scale: f32, dtype: DType) -> Result<Tensor> {
     let n = shape.iter().product();
     let v = NormalRng::new(seed)
@@ -386,12 +404,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         // VSA at sparsity 0.9 on the same shape: the chunk's 3×30×52 latent grid against the
         // window's 18×30×52 (issue target: ≥ 4× faster than our dense row above).
         let (q_grid, k_grid) = ([3, 30, 52], [18, 30, 52]);
-        let tiles = kernels::vsa::tiles(k_grid, kernels::vsa::TILE);
-        let top_k = kernels::vsa::top_k(0.9, tiles);
-        let t_vsa = time(dev, heavy, || {
-            kernels::vsa::attention(&q, &k, &v, None, q_grid, k_grid, top_k)?;
-            Ok(())
-        })?;
+        let (top_k, tiles, t_vsa) = time_vsa(dev, heavy, [&q, &k, &v], q_grid, k_grid)?;
         println!(
             "vsa sparsity 0.9 ({top_k} of {tiles} key tiles): {:.3} ms = {:.2}x faster than dense",
             t_vsa.as_secs_f64() * 1e3,
@@ -417,12 +430,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 ops::attention(&q4, &k4, &v4, lk4, AttnMask::None)?;
                 Ok(())
             })?;
-            let tiles = kernels::vsa::tiles(k_grid, kernels::vsa::TILE);
-            let top_k = kernels::vsa::top_k(0.9, tiles);
-            let sparse = time(dev, heavy, || {
-                kernels::vsa::attention(&q4, &k4, &v4, None, q_grid, k_grid, top_k)?;
-                Ok(())
-            })?;
+            let (top_k, tiles, sparse) = time_vsa(dev, heavy, [&q4, &k4, &v4], q_grid, k_grid)?;
             println!(
                 "vsa sparsity 0.9, 4-frame chunk ({top_k} of {tiles} key tiles): {:.3} ms = {:.2}x faster than our dense {:.3} ms",
                 sparse.as_secs_f64() * 1e3,
