@@ -6,16 +6,16 @@
 // query and head, like the portable attention kernel); the vendor modules have the tensor-core
 // ones.
 //
-// The means and the coarse scores reproduce the CPU's arithmetic bit for bit (f64 sums in token
-// order; f32 dot products in element order, no fused multiply-add), so the top-k selection is
-// the CPU's on every input, not only away from near-ties.
+// The means and the coarse scores reproduce the CPU's arithmetic bit for bit (f32 sums in token
+// order; f32 dot products in element order, each step one fused multiply-add), so the top-k
+// selection is the CPU's on every input, not only away from near-ties.
 
 #define WL_VSA_MAX_D 256
 #define WL_VSA_WARPS 4
 // Threads of a means block; each sums one 16-byte column slice of a tile's rows.
 #define WL_VSA_MEAN_THREADS 128
 // Tokens whose loads a means thread issues before adding any of them.
-#define WL_VSA_MEAN_BATCH 4
+#define WL_VSA_MEAN_BATCH 8
 #define WL_VSA_COARSE_THREADS 256
 // Elements of d per staged slice of key-tile means in the score phase of the coarse kernel.
 #define WL_VSA_EC 16
@@ -69,10 +69,11 @@ WL_KERNEL void vsa_tiling(int* order, int* offsets, int* sizes, int gt, int gh, 
 
 // out[j, c] = mean over tile j's positions p of x[order[p], c], for this block's slice of the
 // `row` = heads · d columns. Every thread owns 16 bytes of columns and adds the tile's tokens in
-// order in f64, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole
-// rows of heads · d, so a warp reads contiguous 512 bytes per token. f64 adds and conversions
-// stay under the memory time on the data-centre parts this runs on (H200, MI300: half or full
-// f32 rate).
+// order in f32, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole
+// rows of heads · d, so a warp reads contiguous 512 bytes per token. The loads of a batch of
+// tokens are all issued before any is added, so a thread keeps 128 bytes in flight: the kernel is
+// bound by memory, not by its adds (f64 sums, as before, were bound by the f32 → f64 conversions,
+// 16 a clock per SM on Hopper).
 template <typename T>
 WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, int first, int n, wl_u64 row,
                               wl_u64 c0) {
@@ -81,27 +82,43 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, i
     if (c >= row) return;
     // Rows are 16-byte aligned when the base is and a row is whole vectors; else element loads.
     const bool vec = row % V == 0 && ((wl_u64)x & 15) == 0;
-    double acc[V];
-    for (int u = 0; u < V; ++u) acc[u] = 0.0;
-    for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
-        float f[WL_VSA_MEAN_BATCH][V];
-        for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
-            if (p + b < n) {
-                const T* src = x + (wl_u64)order[first + p + b] * row + c;
-                if (vec) {
-                    vsa_unpack(f[b], *(const uint4*)src, x);
-                } else {
-                    for (int u = 0; u < V; ++u) f[b][u] = c + u < row ? wl_ld(src, u) : 0.0f;
+    float acc[V];
+    for (int u = 0; u < V; ++u) acc[u] = 0.0f;
+    if (vec) {
+        for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
+            uint4 raw[WL_VSA_MEAN_BATCH];
+            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
+                if (p + b < n) raw[b] = *(const uint4*)(x + (wl_u64)order[first + p + b] * row + c);
+            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
+                if (p + b < n) {
+                    float f[V];
+                    vsa_unpack(f, raw[b], x);
+                    for (int u = 0; u < V; ++u) acc[u] += f[u];
                 }
             }
         }
-        for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
-            if (p + b < n)
-                for (int u = 0; u < V; ++u) acc[u] += (double)f[b][u];
+    } else {
+        for (int p = 0; p < n; ++p) {
+            const T* src = x + (wl_u64)order[first + p] * row + c;
+            for (int u = 0; u < V; ++u) acc[u] += c + u < row ? wl_ld(src, u) : 0.0f;
+        }
     }
-    float* dst = out + (wl_u64)j * row;
-    for (int u = 0; u < V; ++u)
-        if (c + u < row) dst[c + u] = (float)(acc[u] / n);
+    float* dst = out + (wl_u64)j * row + c;
+    const float fn = (float)n;
+    if (vec) {
+        // 16-byte stores: c is a multiple of V ≥ 4 floats, and the buffer is 16-byte aligned.
+        for (int u = 0; u < V; u += 4) {
+            float4 w;
+            w.x = acc[u] / fn;
+            w.y = acc[u + 1] / fn;
+            w.z = acc[u + 2] / fn;
+            w.w = acc[u + 3] / fn;
+            *(float4*)(dst + u) = w;
+        }
+    } else {
+        for (int u = 0; u < V; ++u)
+            if (c + u < row) dst[u] = acc[u] / fn;
+    }
 }
 
 // The means of q (its tiling) and of k and v (the key tiling) in one launch: block b is column
@@ -133,9 +150,15 @@ WL_DEVICE float vsa_score(unsigned int key) {
 }
 
 WL_DEVICE int vsa_warp_sum(int v) {
+#if defined(WL_CUDA)
+    // One instruction (sm_80+) where the shuffle ladder is five dependent round trips: the top-k
+    // search below takes up to 32 of these in a row.
+    return (int)__reduce_add_sync(0xffffffffu, (unsigned int)v);
+#else
     const int lane = threadIdx.x % WL_WARP_SIZE;
     for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) v += wl_shfl(v, lane ^ o);
     return v;
+#endif
 }
 // Inclusive prefix sum over the lanes of a warp.
 WL_DEVICE int vsa_warp_scan(int v) {
@@ -147,19 +170,9 @@ WL_DEVICE int vsa_warp_scan(int v) {
     return v;
 }
 
-// acc + q · k with two roundings, as Rust computes it (it never fuses). CUDA never fuses
-// __fmul_rn/__fadd_rn; HIP's are plain operators, which hipRTC contracts unless told not to here.
-WL_DEVICE float vsa_mul_add(float acc, float q, float k) {
-#if defined(WL_HIP)
-#pragma clang fp contract(off)
-    return acc + q * k;
-#else
-    return __fadd_rn(acc, __fmul_rn(q, k));
-#endif
-}
-
-// acc[r] += q[r, e0 + e] · k[e] for the `ec` staged elements, in element order: the CPU's `dot`,
-// whose sum starts at -0.0 (Rust's float `Sum`).
+// acc[r] += q[r, e0 + e] · k[e] for the `ec` staged elements, in element order, one fused
+// multiply-add each (one rounding; CUDA's and HIP's fmaf, Rust's mul_add): the CPU's
+// `coarse_dot`, whose sum starts at -0.0.
 template <int QG, bool FULL>
 WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const float* ks, int e0, int ec) {
     for (int ee = 0; ee < (FULL ? WL_VSA_EC : ec); ee += 4) {
@@ -169,7 +182,7 @@ WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const 
             const float4 qv = *(const float4*)(&qs[r][e0 + ee]);
             const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
             for (int u = 0; u < 4; ++u)
-                if (FULL || ee + u < ec) acc[r] = vsa_mul_add(acc[r], qq[u], kk[u]);
+                if (FULL || ee + u < ec) acc[r] = fmaf(qq[u], kk[u], acc[r]);
         }
     }
 }
@@ -177,7 +190,8 @@ WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const 
 // One block per (group of QG query tiles, head h), which shares each key tile's means read from
 // memory across its QG query tiles:
 // 1. the coarse scores of its query tiles against every key tile, kept in shared memory as
-//    total-order keys (a thread per key tile, all QG rows, the tile's means staged in slices);
+//    total-order keys (a thread per key tile, all QG rows, the tiles' means staged in shared
+//    memory a slice of d at a time, read from memory in whole 16-byte pieces);
 // 2. per query tile (a warp each), the `top_k` best key tiles, ties to the lower index: a bitwise
 //    search for the top_k-th largest key, then one pass in index order that writes the kept
 //    tiles, increasing, to `kept[i, h, :]` (the tiles above the threshold and the first ties);
@@ -198,40 +212,38 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
     const int rows = min(QG, nq - i0);
     const int nks = (nk + 3) & ~3, dp = (d + 3) & ~3;
     unsigned int* keys = vsa_smem;
+    const bool vec = (d & 3) == 0;
     // Rows padded by four floats: a quarter-warp's 16-byte reads of eight rows hit distinct banks.
     const int sp = WL_VSA_EC + 4;
     float* stage = (float*)(vsa_smem + QG * nks);
 
-    for (int x = tid; x < QG * dp; x += nt) {
-        const int r = x / dp, e = x % dp;
-        qs[r][e] = r < rows && e < d ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
-    }
+    for (int r = 0; r < QG; ++r)
+        for (int e = tid; e < dp; e += nt)
+            qs[r][e] = r < rows && e < d ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
+    // Staging: each slice is nt key rows of WL_VSA_EC floats, WL_VSA_EC / 4 pieces of 16 bytes
+    // a row; a thread copies the pieces x = tid + nt·s, s < PIECES: rows tid / PIECES + s·nt /
+    // PIECES, all at the same offset, so one address and two strides serve them all.
+    constexpr int PIECES = WL_VSA_EC / 4;
+    const int rows_per = nt / PIECES, off = (tid % PIECES) * 4;
+    const wl_u64 src_step = (wl_u64)rows_per * heads * d;
     for (int j0 = 0; j0 < nk; j0 += nt) {
-        const int j = j0 + tid;
+        const int j = j0 + tid, jj = j0 + tid / PIECES;
+        const float* src = kc + ((wl_u64)jj * heads + h) * d + off;
+        float* dst = stage + (tid / PIECES) * sp + off;
         float acc[QG];
         for (int r = 0; r < QG; ++r) acc[r] = -0.0f;
         for (int e0 = 0; e0 < d; e0 += WL_VSA_EC) {
             const int ec = min(WL_VSA_EC, d - e0);
             __syncthreads();
-            if ((d & 3) == 0) {
-                for (int x = tid; x < nt * (WL_VSA_EC / 4); x += nt) {
-                    const int jj = x / (WL_VSA_EC / 4), e = (x % (WL_VSA_EC / 4)) * 4;
-                    float4 kv;
-                    if (j0 + jj < nk && e < ec) {
-                        kv = *(const float4*)(kc + ((wl_u64)(j0 + jj) * heads + h) * d + e0 + e);
-                    } else {
-                        kv.x = 0.0f;
-                        kv.y = 0.0f;
-                        kv.z = 0.0f;
-                        kv.w = 0.0f;
-                    }
-                    *(float4*)(stage + jj * sp + e) = kv;
-                }
+            if (vec) {
+                for (int s = 0; s < PIECES; ++s)
+                    if (jj + s * rows_per < nk && off < ec)
+                        *(float4*)(dst + s * rows_per * sp) = *(const float4*)(src + s * src_step + e0);
             } else {
-                for (int x = tid; x < nt * WL_VSA_EC; x += nt) {
-                    const int jj = x / WL_VSA_EC, e = x % WL_VSA_EC;
-                    stage[jj * sp + e] = j0 + jj < nk && e < ec ? kc[((wl_u64)(j0 + jj) * heads + h) * d + e0 + e] : 0.0f;
-                }
+                for (int s = 0; s < PIECES; ++s)
+                    for (int w = 0; w < 4; ++w)
+                        if (jj + s * rows_per < nk && off + w < ec)
+                            dst[s * rows_per * sp + w] = src[s * src_step + e0 + w];
             }
             __syncthreads();
             if (j < nk) {
@@ -293,34 +305,35 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
     }
     __syncthreads();
 
+    // A thread sums four elements of d of every row over the key tiles j ≡ 4g (mod 4·groups), one
+    // tile's means at a time (few registers: 64 a thread in all); the weights of tiles past nk
+    // are zeros, so the loads need no condition and may be issued ahead. The groups' partial
+    // sums then meet in shared memory.
     const int nc = (d + 3) / 4, groups = nt / nc;
     const int g = tid / nc, c = tid % nc;
     float acc[QG][4];
     for (int r = 0; r < QG; ++r)
         for (int w = 0; w < 4; ++w) acc[r][w] = 0.0f;
     if (g < groups) {
+        const float* src = vc + (wl_u64)h * d + 4 * c;
+        const wl_u64 step = (wl_u64)heads * d;
         for (int j = 4 * g; j < nk; j += 4 * groups) {
-            float vv[4][4];
             for (int u = 0; u < 4; ++u) {
-                const float* src = vc + ((wl_u64)(j + u) * heads + h) * d + 4 * c;
-                if (j + u >= nk) {
-                    for (int w = 0; w < 4; ++w) vv[u][w] = 0.0f;
-                } else if ((d & 3) == 0) {
-                    const float4 f = *(const float4*)src;
-                    vv[u][0] = f.x;
-                    vv[u][1] = f.y;
-                    vv[u][2] = f.z;
-                    vv[u][3] = f.w;
+                const float* vj = src + (wl_u64)min(j + u, nk - 1) * step;
+                float vv[4];
+                if (vec) {
+                    const float4 f = *(const float4*)vj;
+                    vv[0] = f.x;
+                    vv[1] = f.y;
+                    vv[2] = f.z;
+                    vv[3] = f.w;
                 } else {
-                    for (int w = 0; w < 4; ++w) vv[u][w] = 4 * c + w < d ? src[w] : 0.0f;
+                    for (int w = 0; w < 4; ++w) vv[w] = 4 * c + w < d ? vj[w] : 0.0f;
                 }
-            }
-            for (int r = 0; r < QG; ++r) {
-                const uint4 pq = *(const uint4*)(keys + r * nks + j);
-                const float p[4] = {__uint_as_float(pq.x), __uint_as_float(pq.y), __uint_as_float(pq.z),
-                                    __uint_as_float(pq.w)};
-                for (int u = 0; u < 4; ++u)
-                    for (int w = 0; w < 4; ++w) acc[r][w] += p[u] * vv[u][w];
+                for (int r = 0; r < QG; ++r) {
+                    const float p = __uint_as_float(keys[r * nks + j + u]);
+                    for (int w = 0; w < 4; ++w) acc[r][w] += p * vv[w];
+                }
             }
         }
     }
@@ -345,8 +358,15 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
     }
 }
 
+// Four coarse blocks an SM on CUDA (64 registers a thread; 72 allowed three): LingBot's 520
+// blocks at 40 heads then run in one wave instead of 1.3.
+#if defined(WL_CUDA)
+#define WL_VSA_COARSE_BOUNDS __launch_bounds__(WL_VSA_COARSE_THREADS, 4)
+#else
+#define WL_VSA_COARSE_BOUNDS __launch_bounds__(WL_VSA_COARSE_THREADS)
+#endif
 #define WL_VSA_COARSE(qg)                                                                                      \
-    WL_KERNEL void vsa_coarse_##qg(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, \
+    WL_KERNEL void WL_VSA_COARSE_BOUNDS vsa_coarse_##qg(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, \
                                    int nq, int nk, int heads, int d, int top_k, float scale) {                \
         vsa_coarse<qg>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale);                             \
     }

@@ -159,25 +159,30 @@ struct Dims {
     top_k: usize,
 }
 
-/// Per head: tile means (f64 sums over each tile's real tokens).
+/// Per head: tile means (f32 sums over each tile's real tokens, in token order; the GPU kernels
+/// add in the same order, so their means are these to the bit).
 fn tile_means(x: &[f32], t: &Tiling, heads: usize, d: usize, h: usize) -> Vec<f32> {
     let mut out = vec![0f32; t.tiles() * d];
     for (j, row) in out.chunks_mut(d).enumerate() {
-        let mut acc = vec![0f64; d];
         for &g in &t.order[t.offsets[j]..t.offsets[j] + t.sizes[j]] {
             let src = &x[(g * heads + h) * d..][..d];
-            acc.iter_mut().zip(src).for_each(|(a, &s)| *a += s as f64);
+            row.iter_mut().zip(src).for_each(|(a, &s)| *a += s);
         }
-        let n = t.sizes[j] as f64;
-        row.iter_mut()
-            .zip(&acc)
-            .for_each(|(r, &a)| *r = (a / n) as f32);
+        let n = t.sizes[j] as f32;
+        row.iter_mut().for_each(|r| *r /= n);
     }
     out
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The coarse scores' dot product: element order, one fused multiply-add per element (one
+/// rounding, as the GPU kernels' fmaf), from -0.0 as Rust's float `Sum` starts. The top-k
+/// selection depends on these bits, so the GPU reproduces them exactly.
+fn coarse_dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(-0.0, |acc, (x, y)| x.mul_add(*y, acc))
 }
 
 fn cpu(
@@ -203,7 +208,7 @@ fn cpu(
             .into_par_iter()
             .map(|i| {
                 let qi = &qc[i * d..][..d];
-                let scores: Vec<f32> = kc.chunks(d).map(|kj| dot(qi, kj) * scale).collect();
+                let scores: Vec<f32> = kc.chunks(d).map(|kj| coarse_dot(qi, kj) * scale).collect();
                 // Coarse branch: softmax over every key tile.
                 let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
                 let p: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();

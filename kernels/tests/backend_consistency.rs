@@ -282,7 +282,13 @@ fn t5_ops_match_the_cpu(dev: Device) {
 }
 backend_test!(t5_ops_match_the_cpu);
 
+/// Held by the tests that set or depend on `WORLDLINE_NORM` (read at each call): the test
+/// threads share the process environment, and a fused-norm test that ran while another had
+/// forced `rows` saw its kernel decline (seen on the H200).
+static NORM_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn fused_norm_modulate_matches_the_cpu(dev: Device) {
+    let _env = NORM_ENV.lock().unwrap_or_else(|e| e.into_inner());
     // Every kernel (`WORLDLINE_NORM` picks `vec` or `lean` where it applies: f32 or bf16 rows
     // of a multiple of its vector up to 5120 columns, into bf16 or fp8).
     for variant in ["rows", "vec", "lean", "fast"] {
@@ -357,6 +363,7 @@ fn fused_norm_modulate_cases(dev: Device, variant: &str) {
 /// bit, and the CPU within the norm's tolerances. Rows of 96, 1536 and 5120 (the whole-row path)
 /// columns; with gate and FiLM, gate only, neither; into bf16 and fp8.
 fn residual_norm_matches_the_ops_apart(dev: Device) {
+    let _env = NORM_ENV.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Rng::new(11);
     for (rows, cols) in [(37, 96), (7, 1536), (9, 5120), (600, 96)] {
         let x = rand(&mut rng, &[rows, cols], DType::F32);

@@ -67,7 +67,8 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         repeat: usize,
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
-        /// on --device, at LingBot's shapes. `sp`: the streaming loop of --model on 1, 2, 4 …
+        /// on --device, at LingBot's shapes. `vsa`: only the dense and sparse attention rows of
+        /// `kernels`. `sp`: the streaming loop of --model on 1, 2, 4 …
         /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks. `codecs`: the
         /// tiny decoder/encoder and the Wan2.1 VAE on one 480×832 chunk on --device, and one
         /// umT5-xxl prompt encode on a GPU (--codecs picks).
@@ -137,6 +138,7 @@ fn main() -> Result<()> {
         }) => match suite.as_str() {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
+            "vsa" => bench_gpu::run_vsa(&cli.model.device, json.as_deref(), repeat.max(1)),
             "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref(), one_gpu),
             "gemm-rows" => bench_sp::gemm_rows(&cli.model),
             "codecs" => bench_codecs::run(
@@ -147,7 +149,7 @@ fn main() -> Result<()> {
                 &codecs,
             ),
             other => anyhow::bail!(
-                "unknown bench suite '{other}' (expected cpu, kernels, sp, gemm-rows or codecs)"
+                "unknown bench suite '{other}' (expected cpu, kernels, vsa, sp, gemm-rows or codecs)"
             ),
         },
         Some(Command::World(cmd)) => world::run(&cmd),
