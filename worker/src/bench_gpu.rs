@@ -20,6 +20,26 @@ struct Row {
     tflops: f64,
 }
 
+impl Row {
+    /// A row of `what` taking `t` for `flop` floating-point operations (0 where they are not
+    /// counted), printed as it is made.
+    fn printed(what: String, t: Duration, flop: f64) -> Row {
+        let tflops = flop / t.as_secs_f64() / 1e12;
+        let ms = t.as_secs_f64() * 1e3;
+        println!("{what}: {ms:.3} ms, {tflops:.1} TFLOP/s");
+        Row { what, ms, tflops }
+    }
+}
+
+/// The rows as JSON at `json`, where given.
+fn write_rows(json: Option<&Path>, rows: &[Row]) -> Result<()> {
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn sync(dev: Device) -> Result<()> {
     Ok(dev.synchronize()?)
 }
@@ -268,12 +288,7 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     dev.ensure_available()?;
     let heavy = repeat.max(PEER_REPEAT);
     let mut rows = Vec::new();
-    let mut push = |what: String, t: Duration, flop: f64| {
-        let tflops = flop / t.as_secs_f64() / 1e12;
-        let ms = t.as_secs_f64() * 1e3;
-        println!("{what}: {ms:.3} ms, {tflops:.1} TFLOP/s");
-        rows.push(Row { what, ms, tflops });
-    };
+    let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
     for heads in [40, 12] {
         let (lq, lk, d) = (4680, 28080, 128);
         let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
@@ -290,11 +305,7 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         );
         vsa_rows(dev, heavy, [&q, &k, &v], t, &mut push)?;
     }
-    if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    write_rows(json, &rows)
 }
 
 fn rand(dev: Device, seed: u64, shape: &[usize], scale: f32, dtype: DType) -> Result<Tensor> {
@@ -318,18 +329,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     dev.ensure_available()?;
     let heavy = repeat.max(PEER_REPEAT);
     let mut rows = Vec::new();
-    let mut push = |what: String, t: Duration, flop: f64| {
-        let ms = t.as_secs_f64() * 1e3;
-        println!(
-            "{what}: {ms:.3} ms, {:.1} TFLOP/s",
-            flop / t.as_secs_f64() / 1e12
-        );
-        rows.push(Row {
-            what,
-            ms,
-            tflops: flop / t.as_secs_f64() / 1e12,
-        });
-    };
+    let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
 
     for (m, k, n) in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)] {
         let x = rand(dev, 1, &[m, k], 1.0, DType::BF16)?;
@@ -697,9 +697,5 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             }
         }
     }
-    if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    write_rows(json, &rows)
 }
