@@ -11,8 +11,9 @@
 # the machine can run): tests, kernels, codecs, sp (tests1 / tests2: only the one- / two-GPU
 # tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
-# chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16). `sp` needs two
-# GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
+# chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
+# tests and `bench vsa`; profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
+# has ncu). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
 # archive, test-logs.tgz: the device tool brings back only a few files from $OUT.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
 # under 20 s left is skipped and said so, so the summary still comes out inside one device call.
@@ -124,6 +125,24 @@ run() {
         summary+=("sp: skipped, $gpus GPU(s) here (needs 2)")
       fi
       ;;
+    vsa)
+      part test-backend_consistency-vsa 200 "$dir/backend_consistency" vsa --test-threads=1 --nocapture
+      part test-vsa 100 "$dir/vsa" --test-threads=1 --nocapture
+      part bench-vsa 200 "$dir/worker" bench vsa --device cuda --repeat 3 --json "$out/vsa.json"
+      ;;
+    profile-vsa)
+      # The tile means and the coarse kernel of the first VSA call (ncu holds the SM clock lower,
+      # so its durations read longer than the bench's).
+      local ncu
+      ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+      if [ -n "$ncu" ]; then
+        part ncu-vsa 300 "$ncu" -k 'regex:vsa_coarse|vsa_tile_means' -c 2 --section SpeedOfLight \
+          --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+          --section MemoryWorkloadAnalysis "$dir/worker" bench vsa --device cuda --repeat 1
+      else
+        summary+=("profile-vsa: skipped, no ncu here")
+      fi
+      ;;
     chunks)
       for m in lingbot-14b lingbot-1.3b; do
         for d in fp8 bf16; do
@@ -132,7 +151,7 @@ run() {
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, codecs, codecs-bf16, text, sp, chunks)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, vsa, profile-vsa, codecs, codecs-bf16, text, sp, chunks)" >&2 ;;
     esac
   done
   if compgen -G "$out/test-*.log" >/dev/null; then
@@ -144,5 +163,5 @@ run() {
 case ${1:-} in
 stage) stage ;;
 run) shift && run "$@" ;;
-*) sed -n '2,12p' "$0" && exit 2 ;;
+*) sed -n '2,19p' "$0" && exit 2 ;;
 esac
