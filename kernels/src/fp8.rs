@@ -5,6 +5,8 @@
 //! included, becomes ±448. This is what `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)` and
 //! PyTorch's `to(torch.float8_e4m3fn)` after a clamp do, so GPU kernels can be checked against it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 /// Largest finite e4m3fn magnitude.
 pub const E4M3_MAX: f32 = 448.0;
 
@@ -80,6 +82,33 @@ pub fn quantize_into(xs: &[f32], scale: f32, codes: &mut [u8]) {
 pub fn dequantize_into(codes: &[u8], scale: f32, out: &mut [f32]) {
     for (o, c) in out.iter_mut().zip(codes) {
         *o = decode(*c) * scale;
+    }
+}
+
+/// Whether a GPU GEMM may take rowwise scales itself (cuBLASLt's and hipBLASLt's outer-vector
+/// scale mode): yes unless `WORLDLINE_FP8_ROWWISE=pass`, which forces a unit-scale GEMM and a
+/// separate pass over its output. Read per call, so a benchmark can time both paths in one
+/// process.
+pub(crate) fn rowwise_in_gemm() -> bool {
+    std::env::var("WORLDLINE_FP8_ROWWISE").map_or(true, |v| v != "pass")
+}
+
+/// Says once per process which path rowwise scales take (each path once, as shapes may differ);
+/// `library` is the GEMM library's name.
+pub(crate) fn log_rowwise(library: &str, in_gemm: bool, why: impl FnOnce() -> String) {
+    static IN_GEMM: AtomicBool = AtomicBool::new(false);
+    static PASS: AtomicBool = AtomicBool::new(false);
+    let flag = if in_gemm { &IN_GEMM } else { &PASS };
+    if flag.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    if in_gemm {
+        tracing::info!("fp8 rowwise scales: in {library}'s GEMM (outer-vector scale mode)");
+    } else {
+        tracing::info!(
+            reason = %why(),
+            "fp8 rowwise scales: a separate pass after a unit-scale {library} GEMM"
+        );
     }
 }
 

@@ -13,7 +13,7 @@
 #[path = "rocm_emu/harness.rs"]
 mod harness;
 
-use harness::{check, emulated_gpu, fp8_linears_match, input, SERIAL};
+use harness::{check, emulated_gpu, fp8_linears_match, fp8_linears_match_at, input, SERIAL};
 use kernels::{ops, AttnMask, DType, NormOut, Tensor};
 
 #[test]
@@ -342,6 +342,26 @@ fn fp8_linears_run_on_fnuz_matrix_cores() {
         return;
     };
     fp8_linears_match(dev);
+}
+
+#[test]
+fn fp8_rowwise_scales_fall_back_to_a_pass_after_the_gemm() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    // Asked for the pass: the same values, no GEMM with vectors.
+    std::env::set_var("WORLDLINE_FP8_ROWWISE", "pass");
+    fp8_linears_match_at(dev, [21, 48, 32], false);
+    std::env::remove_var("WORLDLINE_FP8_ROWWISE");
+    // A library with no outer-vector kernel: refused once, the shape kept on the pass (a shape
+    // of its own, as refusals last the process).
+    std::env::set_var("WORLDLINE_ROCM_EMU_NO_OUTER_VEC", "1");
+    fp8_linears_match_at(dev, [23, 16, 64], false);
+    std::env::remove_var("WORLDLINE_ROCM_EMU_NO_OUTER_VEC");
+    fp8_linears_match_at(dev, [23, 16, 64], false);
+    // Other shapes still take the vectors.
+    fp8_linears_match_at(dev, [21, 48, 32], true);
 }
 
 #[test]

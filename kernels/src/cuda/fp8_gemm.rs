@@ -10,13 +10,12 @@
 //! that shape and mode fall back to the separate pass, decided on its first call and kept with
 //! the plans (`gemm.rs`, per shape as for bf16). `WORLDLINE_FP8_ROWWISE=pass` forces the separate pass, for comparing the two.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::gemm::{Epilogue, Gemm, Operands, Tried, Types};
 use super::ops::storage;
 use super::{CudaBackend, CudaData, CudaStorage};
+use crate::fp8::{log_rowwise, rowwise_in_gemm};
 use crate::{DType, Error, Result, Storage, Tensor};
 
 /// cuBLASLt's fp8 kernels want 16-byte aligned leading dimensions.
@@ -25,30 +24,6 @@ pub fn supported(x: &Tensor, w: &Tensor) -> bool {
         && w.dtype() == DType::F8E4M3
         && w.dim(1).is_multiple_of(16)
         && w.dim(0).is_multiple_of(16)
-}
-
-/// Whether rowwise scales may go into cuBLASLt's GEMM: yes unless `WORLDLINE_FP8_ROWWISE=pass`
-/// (read per call, so a benchmark can time both paths in one process).
-fn rowwise_in_gemm() -> bool {
-    std::env::var("WORLDLINE_FP8_ROWWISE").map_or(true, |v| v != "pass")
-}
-
-/// Says once per process which path rowwise scales take (each path once, as shapes may differ).
-fn log_rowwise(in_gemm: bool, why: impl FnOnce() -> String) {
-    static IN_GEMM: AtomicBool = AtomicBool::new(false);
-    static PASS: AtomicBool = AtomicBool::new(false);
-    let flag = if in_gemm { &IN_GEMM } else { &PASS };
-    if flag.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    if in_gemm {
-        tracing::info!("fp8 rowwise scales: in cuBLASLt's GEMM (outer-vector scale mode)");
-    } else {
-        tracing::info!(
-            reason = %why(),
-            "fp8 rowwise scales: a separate pass after a unit-scale cuBLASLt GEMM"
-        );
-    }
 }
 
 /// `out[m, n] = Σ x[m, k]·w[n, k] (+ bias[n]) (then gelu_tanh)` on fp8 operands, bf16 out.
@@ -84,7 +59,7 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> 
     let rowwise = *xrow || *wrow;
     let in_gemm = rowwise && rowwise_in_gemm();
     if rowwise && !in_gemm {
-        log_rowwise(false, || "WORLDLINE_FP8_ROWWISE=pass".into());
+        log_rowwise("cuBLASLt", false, || "WORLDLINE_FP8_ROWWISE=pass".into());
     }
     let out = CudaStorage::alloc(dev, DType::BF16, m * n)?;
     let s = &dev.stream;
@@ -162,12 +137,12 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> 
                 match unsafe { plans.try_run(s, gg, ops) } {
                     Ok(Tried::Ran) => {
                         if rowwise {
-                            log_rowwise(true, String::new);
+                            log_rowwise("cuBLASLt", true, String::new);
                         }
                         return Ok((nothing_to_add || gg.epilogue != Epilogue::None, false));
                     }
                     Ok(Tried::Refused(why)) if gg.epilogue == Epilogue::None && rowwise => {
-                        log_rowwise(false, || {
+                        log_rowwise("cuBLASLt", false, || {
                             format!("cuBLASLt refused {m}×{k}×{n} {outer:?}: {why}")
                         })
                     }

@@ -13,8 +13,11 @@
 //! ROCm 6 install (vosen/ZLUDA `ext/hipblaslt-sys/src/lib.rs`). Everything used here is the same
 //! in all of them; other versions are refused at load (`check_version`).
 //!
-//! Not done: fp8 GEMMs (the ROCm backend dequantises fp8 weights to bf16 first), batched GEMMs,
-//! epilogues other than the bias.
+//! fp8 GEMMs take tensorwise scales as the A/B scale pointers (every version) and rowwise ones as
+//! outer vectors (the scale-mode attributes of 1.0 and later; `rocm::ops::linear_fp8` applies
+//! them after the GEMM where the library is older or refuses).
+//!
+//! Not done: batched GEMMs, epilogues other than the bias.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -45,11 +48,20 @@ const DESC_TRANSB: c_int = 1; // int32_t
 const DESC_EPILOGUE: c_int = 2; // uint32_t
 const DESC_BIAS_POINTER: c_int = 3; // const void*
 const DESC_BIAS_DATA_TYPE: c_int = 4; // int32_t holding a hipDataType
-                                      // Device pointers to one f32 each: D = alpha·scaleA·scaleB·op(A)·op(B), the tensorwise scales of
-                                      // an fp8 GEMM (stable from 0.8 on; the per-row vector forms moved between releases, so rowwise
-                                      // scales are applied after the GEMM instead).
+
+// Device pointers to one f32 each: D = alpha·scaleA·scaleB·op(A)·op(B), the tensorwise scales of
+// an fp8 GEMM (stable from 0.8 on), or vectors under the scale modes below.
 const DESC_A_SCALE_POINTER: c_int = 5; // const void*
 const DESC_B_SCALE_POINTER: c_int = 6; // const void*
+                                       // hipBLASLt 1.0 (ROCm 7.0) and later: how each scale pointer is read (int32_t holding a
+                                       // hipblasLtMatmulMatrixScale_t), cuBLASLt's numbers. OUTER_VEC_32F: A's pointer holds one f32
+                                       // per row of op(A), B's one per column of op(B). 0.x had vector pointers of its own at 102/103
+                                       // (`..._SCALE_POINTER_VEC_EXT`, ROCm 6.3–6.4), numbers 1.1 gave to activation arguments; that
+                                       // form is not used.
+const DESC_A_SCALE_MODE: c_int = 31;
+const DESC_B_SCALE_MODE: c_int = 32;
+const SCALE_SCALAR_32F: c_int = 0;
+const SCALE_OUTER_VEC_32F: c_int = 3;
 const EPILOGUE_DEFAULT: u32 = 1;
 // hipblaslt.h: "Bias vector length must match matrix D rows … broadcast to all columns".
 const EPILOGUE_BIAS: u32 = 4;
@@ -170,6 +182,12 @@ fn split_version(v: c_int) -> (c_int, c_int, c_int) {
     (v / 100_000, v / 100 % 1000, v % 100)
 }
 
+/// Whether hipBLASLt `v` takes the scale-mode attributes, and with them outer-vector scales:
+/// 1.0 (ROCm 7.0) and later.
+fn has_scale_modes(v: c_int) -> bool {
+    split_version(v).0 >= 1
+}
+
 /// Accepts the versions whose ABI was checked (module docs): 0.8 (ROCm 6.2) to 1.x (ROCm 7). A
 /// 2.x may change the structs above silently, so it is refused rather than trusted.
 fn check_version(v: c_int) -> Result<(), String> {
@@ -220,9 +238,11 @@ pub(crate) enum GemmType {
     F32,
     BF16,
     /// fp8 e4m3 A and B (OCP, or gfx942's fnuz), bf16 D; A·B must be op T · op N, as for
-    /// cuBLASLt.
+    /// cuBLASLt. `outer[0]` / `outer[1]`: A's / B's scale is an outer vector (one f32 per row
+    /// of op(A) / column of op(B), hipBLASLt 1.0 and later), else one f32.
     Fp8 {
         fnuz: bool,
+        outer: [bool; 2],
     },
 }
 
@@ -232,8 +252,8 @@ impl GemmType {
         match self {
             GemmType::F32 => (HIP_R_32F, HIP_R_32F),
             GemmType::BF16 => (HIP_R_16BF, HIP_R_16BF),
-            GemmType::Fp8 { fnuz: false } => (HIP_R_8F_E4M3, HIP_R_16BF),
-            GemmType::Fp8 { fnuz: true } => (HIP_R_8F_E4M3_FNUZ, HIP_R_16BF),
+            GemmType::Fp8 { fnuz: false, .. } => (HIP_R_8F_E4M3, HIP_R_16BF),
+            GemmType::Fp8 { fnuz: true, .. } => (HIP_R_8F_E4M3_FNUZ, HIP_R_16BF),
         }
     }
 }
@@ -401,6 +421,12 @@ impl BlasLt {
         })
     }
 
+    /// Whether fp8 GEMMs may take rowwise scales as outer vectors ([`GemmType::Fp8`]'s
+    /// `outer`); where not, a plan asking for them is refused.
+    pub(crate) fn outer_vec_scales(&self) -> bool {
+        has_scale_modes(self.version)
+    }
+
     /// Library name and version, for a status line.
     pub(crate) fn describe(&self) -> String {
         let (major, minor, patch) = split_version(self.version);
@@ -507,6 +533,16 @@ impl BlasLt {
         if matches!(ty, GemmType::Fp8 { .. }) && !tn {
             return Err("fp8 GEMMs take op(A) = T and op(B) = N only".into());
         }
+        let outer = match ty {
+            GemmType::Fp8 { outer, .. } => outer,
+            _ => [false; 2],
+        };
+        if outer.contains(&true) && !self.outer_vec_scales() {
+            return Err(format!(
+                "{} has no outer-vector scales (hipBLASLt 1.0 and later)",
+                self.describe()
+            ));
+        }
         let (ab_ty, d_ty) = ty.hip_types();
         let op = |t: bool| if t { OP_T } else { OP_N };
         let mut p = Plan {
@@ -530,6 +566,17 @@ impl BlasLt {
                 epilogue = EPILOGUE_BIAS;
             }
             set(api.desc_set, p.desc, DESC_EPILOGUE, &epilogue)?;
+            if outer.contains(&true) {
+                let mode = |v: bool| {
+                    if v {
+                        SCALE_OUTER_VEC_32F
+                    } else {
+                        SCALE_SCALAR_32F
+                    }
+                };
+                set(api.desc_set, p.desc, DESC_A_SCALE_MODE, &mode(outer[0]))?;
+                set(api.desc_set, p.desc, DESC_B_SCALE_MODE, &mode(outer[1]))?;
+            }
             let types = [ab_ty, ab_ty, d_ty];
             for ((l, Mat(rows, cols, ld)), t) in
                 p.layouts.iter_mut().zip([cm.a, cm.b, cm.d]).zip(types)
@@ -727,6 +774,8 @@ mod tests {
             (split_version(100_202), split_version(1203)),
             ((1, 2, 2), (0, 12, 3))
         );
+        assert!(!has_scale_modes(1400) && !has_scale_modes(1203));
+        assert!(has_scale_modes(100_000) && has_scale_modes(100_202));
         for bad in [0, 300, 600, 700, 200_000] {
             let e = check_version(bad).expect_err("refused");
             assert!(e.contains("0.8 to 1.x"), "{e}");

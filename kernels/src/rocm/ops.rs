@@ -234,13 +234,24 @@ fn fp8_fallback(shape: Fp8Shape, e: &Error) {
     }
 }
 
+/// Shapes whose rowwise scales hipBLASLt refused to take as outer vectors: they run the
+/// separate pass from then on (no failed search per call).
+fn outer_refusals() -> &'static std::sync::Mutex<std::collections::HashSet<Fp8Shape>> {
+    static REFUSED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<Fp8Shape>>> =
+        std::sync::OnceLock::new();
+    REFUSED.get_or_init(Default::default)
+}
+
 /// `out[m, n] = Σ x[m, k]·w[n, k]` on fp8 operands through hipBLASLt, bf16 out. Tensorwise
-/// scales ride on the GEMM as its A/B scale pointers; rowwise ones (per token of `x`, per
-/// output channel of `w`) are applied to the bf16 output after it (`scale_rows_cols_bf16`, as
-/// CUDA's fallback does: two roundings). Our codes are OCP e4m3fn; on gfx942, whose matrix
-/// cores take fnuz e4m3, they are passed as fnuz codes of half the value (the same bits with
-/// exponent bias 8; `e4m3fn_to_fnuz` moves the two codes that differ) and alpha = 4 undoes the
-/// halving of both operands.
+/// scales ride on the GEMM as its A/B scale pointers. Rowwise ones (per token of `x`, per
+/// output channel of `w`) too, as outer vectors, on hipBLASLt 1.0 and later (ROCm 7, which
+/// gfx950 needs): the scales meet the f32 sum before its one rounding to bf16, as on CUDA and
+/// the CPU. Where the library is older or refuses that plan for a shape (said once, kept per
+/// shape), or `WORLDLINE_FP8_ROWWISE=pass`, they are applied to the bf16 output of a unit-scale
+/// GEMM (`scale_rows_cols_bf16`: one more pass, two roundings). Our codes are OCP e4m3fn; on
+/// gfx942, whose matrix cores take fnuz e4m3, they are passed as fnuz codes of half the value
+/// (the same bits with exponent bias 8; `e4m3fn_to_fnuz` moves the two codes that differ) and
+/// alpha = 4 undoes the halving of both operands.
 pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (xs, ws) = (storage(x)?, storage(w)?);
     let dev = xs.dev.clone();
@@ -284,22 +295,71 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     };
     let ptr = |b: &DeviceBuf<u8>| b.device_ptr(&dev.stream).0;
     let (pa, pb, pd) = (ptr(wq), ptr(xq), o.device_ptr(&dev.stream).0);
-    let scales = (!rowwise).then(|| {
-        [
-            wsc.device_ptr(&dev.stream).0 as *const c_void,
-            xsc.device_ptr(&dev.stream).0 as *const c_void,
-        ]
-    });
-    let extras = Extras {
-        bias: None,
-        scales,
-        alpha: if fnuz { 4.0 } else { 1.0 },
-    };
-    let ty = GemmType::Fp8 { fnuz };
-    // SAFETY: w holds n×k codes, x m×k, out m×n bf16 (shapes checked by crate::ops::linear);
-    // the scales are one f32 each when passed (tensorwise); all live on this device's stream.
-    unsafe { matmul(&dev, ColMajor::linear(m, n, k), ty, [pa, pb, pd], extras) }?;
-    if rowwise {
+    let scales = [
+        wsc.device_ptr(&dev.stream).0 as *const c_void,
+        xsc.device_ptr(&dev.stream).0 as *const c_void,
+    ];
+    let alpha = if fnuz { 4.0 } else { 1.0 };
+    let cm = ColMajor::linear(m, n, k);
+    let shape = Fp8Shape::of(x, w);
+    let outer_ok = || dev.with_blas(|lt, _, _| Ok(lt.outer_vec_scales()));
+    let in_gemm = rowwise
+        && crate::fp8::rowwise_in_gemm()
+        && !outer_refusals().lock().is_ok_and(|r| r.contains(&shape))
+        && outer_ok()?;
+    let mut scaled = false;
+    if in_gemm {
+        // Column-major, A = w and B = x: A's vector is the weight's n scales, B's the
+        // activation's m.
+        let ty = GemmType::Fp8 {
+            fnuz,
+            outer: [*wrow, *xrow],
+        };
+        let extras = Extras {
+            bias: None,
+            scales: Some(scales),
+            alpha,
+        };
+        // SAFETY: w holds n×k codes, x m×k, out m×n bf16 (shapes checked by
+        // crate::ops::linear); the scales n (w rowwise) or 1 and m (x rowwise) or 1 f32, as
+        // `outer` says; all live on this device's stream.
+        match unsafe { matmul(&dev, cm, ty, [pa, pb, pd], extras) } {
+            Ok(()) => {
+                crate::fp8::log_rowwise("hipBLASLt", true, String::new);
+                scaled = true;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ?shape, "fp8 rowwise scales refused as outer vectors");
+                if let Ok(mut r) = outer_refusals().lock() {
+                    r.insert(shape);
+                }
+                crate::fp8::log_rowwise("hipBLASLt", false, || e.to_string());
+            }
+        }
+    } else if rowwise {
+        crate::fp8::log_rowwise("hipBLASLt", false, || {
+            if crate::fp8::rowwise_in_gemm() {
+                "hipBLASLt before 1.0, or a shape it refused".into()
+            } else {
+                "WORLDLINE_FP8_ROWWISE=pass".into()
+            }
+        });
+    }
+    if !scaled {
+        // Tensorwise scales ride on the GEMM; rowwise ones come after it (unit scales here).
+        let extras = Extras {
+            bias: None,
+            scales: (!rowwise).then_some(scales),
+            alpha,
+        };
+        let ty = GemmType::Fp8 {
+            fnuz,
+            outer: [false; 2],
+        };
+        // SAFETY: as above, with one f32 per scale when passed (tensorwise).
+        unsafe { matmul(&dev, cm, ty, [pa, pb, pd], extras) }?;
+    }
+    if rowwise && !scaled {
         let (m64, n64, xr, wr) = (m as u64, n as u64, i32::from(*xrow), i32::from(*wrow));
         launch!(&dev, "fp8", "scale_rows_cols_bf16", grid(m * n), |b| {
             b.arg(&mut *o)

@@ -7,6 +7,7 @@
 // nothing about AMD hardware, its compiler or hipBLASLt's kernels; it does catch wrong launch
 // shapes, arguments, strides and wave64 logic.
 #include <array>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdarg>
@@ -332,9 +333,12 @@ int hiprtcGetCode(Program* p, char* out) {
     return 0;
 }
 
-// ---- hipBLASLt: D = alpha·scaleA·scaleB·op(A)·op(B) + beta·C (+ bias per row of D),
+// ---- hipBLASLt 1.1: D = alpha·scaleA·scaleB·op(A)·op(B) + beta·C (+ bias per row of D),
 // column-major, f32 accumulation, f32 (0) or bf16 (14) data, or fp8 A and B (OCP e4m3 28,
-// fnuz e4m3 1000; op(A) = T and op(B) = N only, as the library's fp8 kernels) with bf16 D.
+// fnuz e4m3 1000; op(A) = T and op(B) = N only, as the library's fp8 kernels) with bf16 D. An
+// fp8 GEMM's scales are one f32 each, or under the scale mode OUTER_VEC_32F (3) one per row of
+// D (A's) or per column of D (B's). WORLDLINE_ROCM_EMU_NO_OUTER_VEC=1: a library with no kernel
+// for outer vectors (the heuristic finds none).
 struct Desc {
     int transa = 111, transb = 111;
     unsigned epilogue = 1;
@@ -342,7 +346,11 @@ struct Desc {
     int bias_type = -1;
     const float* scale_a = nullptr;
     const float* scale_b = nullptr;
+    int mode_a = 0, mode_b = 0;
 };
+// fp8 GEMMs that ran with an outer-vector scale, for the tests to see which path a call took.
+static std::atomic<uint64_t> outer_vec_gemms{0};
+uint64_t wl_emu_outer_vec_gemms() { return outer_vec_gemms.load(); }
 struct Layout {
     int type;
     uint64_t rows, cols;
@@ -391,6 +399,14 @@ int hipblasLtMatmulDescSetAttribute(Desc* d, int attr, const void* buf, size_t s
     case 4: std::memcpy(&d->bias_type, buf, 4); return 0;
     case 5: std::memcpy(&d->scale_a, buf, sizeof(void*)); return size == sizeof(void*) ? 0 : 3;
     case 6: std::memcpy(&d->scale_b, buf, sizeof(void*)); return size == sizeof(void*) ? 0 : 3;
+    case 31:
+    case 32: {
+        int mode = -1;
+        if (size == 4) std::memcpy(&mode, buf, 4);
+        if (mode != 0 && mode != 3) return 3;  // only SCALAR_32F and OUTER_VEC_32F here
+        (attr == 31 ? d->mode_a : d->mode_b) = mode;
+        return 0;
+    }
     default: return 10;  // HIPBLAS_STATUS_INVALID_ENUM
     }
 }
@@ -416,11 +432,13 @@ int hipblasLtMatmulPreferenceDestroy(void* p) {
     delete static_cast<int*>(p);
     return 0;
 }
-int hipblasLtMatmulAlgoGetHeuristic(void*, Desc*, Layout*, Layout*, Layout*, Layout*, void*, int requested,
+int hipblasLtMatmulAlgoGetHeuristic(void*, Desc* d, Layout*, Layout*, Layout*, Layout*, void*, int requested,
                                     HeuristicResult* results, int* found) {
     if (requested < 1) return 3;
     std::memset(results, 0, sizeof *results);
-    *found = 1;
+    const char* no_outer = std::getenv("WORLDLINE_ROCM_EMU_NO_OUTER_VEC");
+    const bool outer = d->mode_a == 3 || d->mode_b == 3;
+    *found = outer && no_outer && std::string(no_outer) == "1" ? 0 : 1;
     return 0;
 }
 
@@ -466,10 +484,13 @@ int hipblasLtMatmul(void*, Desc* d, const void* alpha, const void* a, Layout* la
     const bool fp8 = la->type == 28 || la->type == 1000;
     if (fp8 != (lb->type == 28 || lb->type == 1000)) return 7;
     if (fp8 && (!ta || tb || ld->type != 14)) return 7;
+    if (!fp8 && (d->mode_a || d->mode_b)) return 7;
     float al = *static_cast<const float*>(alpha);
     const float be = *static_cast<const float*>(beta);
-    if (d->scale_a) al *= *d->scale_a;
-    if (d->scale_b) al *= *d->scale_b;
+    if (d->scale_a && d->mode_a == 0) al *= *d->scale_a;
+    if (d->scale_b && d->mode_b == 0) al *= *d->scale_b;
+    if ((d->mode_a == 3 && !d->scale_a) || (d->mode_b == 3 && !d->scale_b)) return 3;
+    if (d->mode_a == 3 || d->mode_b == 3) ++outer_vec_gemms;
     const bool bias = d->epilogue == 4;
     if (bias && !d->bias) return 3;
     for (uint64_t j = 0; j < n; ++j)
@@ -481,6 +502,8 @@ int hipblasLtMatmul(void*, Desc* d, const void* alpha, const void* a, Layout* la
                 s += load(a, la->type, ai) * load(b, lb->type, bi);
             }
             float v = al * s;
+            if (d->mode_a == 3) v *= d->scale_a[i];
+            if (d->mode_b == 3) v *= d->scale_b[j];
             if (be != 0.0f) v += be * load(c, lc->type, i + j * lc->ld);
             if (bias) v += load(d->bias, d->bias_type < 0 ? ld->type : d->bias_type, i);
             store(out, ld->type, i + j * ld->ld, v);
