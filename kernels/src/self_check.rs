@@ -165,8 +165,15 @@ pub fn self_check(dev: Device) -> Result<Vec<Agreement>> {
         vec![input(&[3, 5, 7], DType::F32)?],
         Box::new(|t| t[0].permute(&[2, 0, 1])),
     ));
-    // fp8 GEMMs (on ROCm hipBLASLt's fp8 kernels, with the tensorwise scales in the GEMM and
-    // the rowwise ones after it), quantized on the device under test.
+    // fp8 GEMMs (on ROCm hipBLASLt's fp8 kernels, with the scales in the GEMM, the rowwise ones
+    // as outer vectors where the library takes them), quantized on the device under test. Rows
+    // of four magnitudes (1 to 64), so that a per-row scale read as one scale is far off.
+    let spread = |t: Tensor| -> Result<Tensor> {
+        let cols = t.dim(1);
+        let v = t.to_vec_f32().into_iter().enumerate();
+        let v = v.map(|(i, x)| x * (1u32 << (2 * (i / cols % 4))) as f32);
+        Tensor::from_vec(v.collect(), t.shape())
+    };
     for (kind, op) in [
         (ScaleKind::Rowwise, "linear fp8 rowwise"),
         (ScaleKind::Tensorwise, "linear fp8 tensorwise"),
@@ -174,7 +181,10 @@ pub fn self_check(dev: Device) -> Result<Vec<Agreement>> {
         cases.push((
             op,
             1e-2,
-            vec![input(&[37, 96], DType::F32)?, input(&[80, 96], DType::F32)?],
+            vec![
+                spread(input(&[37, 96], DType::F32)?)?,
+                spread(input(&[80, 96], DType::F32)?)?,
+            ],
             Box::new(move |t| {
                 let (xq, wq) = (
                     ops::quantize_fp8(&t[0], kind)?,
