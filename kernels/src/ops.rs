@@ -94,14 +94,21 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 
 /// `gelu_tanh(linear(x, w, b))`: the first half of the DiT's FFN. On CUDA the bias and the GELU
 /// run in cuBLASLt's epilogue (one rounding of the output instead of two; 1.37× faster at the 14B
-/// FFN shape on an H200), unless `WORLDLINE_GEMM_EPILOGUE=0` (for fp8 operands, wherever
-/// cuBLASLt takes that epilogue with their scales); elsewhere as the two ops.
+/// FFN shape on an H200), and on ROCm in hipBLASLt's where it takes them, unless
+/// `WORLDLINE_GEMM_EPILOGUE=0` (for fp8 operands, wherever the library takes that epilogue with
+/// their scales); elsewhere as the two ops.
 pub fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    if let Storage::Cuda(_) = x.storage() {
-        linear_checks(x, w, b)?;
-        return cuda::ops::linear_act(x, w, b, out_dtype(x), true);
+    match x.storage() {
+        Storage::Cuda(_) => {
+            linear_checks(x, w, b)?;
+            cuda::ops::linear_act(x, w, b, out_dtype(x), true)
+        }
+        Storage::Rocm(_) => {
+            linear_checks(x, w, b)?;
+            rocm::ops::linear_act(x, w, b, out_dtype(x), true)
+        }
+        Storage::Cpu(_) => gelu_tanh(&linear(x, w, b)?),
     }
-    gelu_tanh(&linear(x, w, b)?)
 }
 
 fn linear_checks(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<()> {

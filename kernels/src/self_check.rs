@@ -194,6 +194,33 @@ pub fn self_check(dev: Device) -> Result<Vec<Agreement>> {
             }),
         ));
     }
+    // The FFN's first linear: bias, then GELU (on ROCm in hipBLASLt's epilogue where it takes
+    // them, after the rowwise scales), in bf16 and over fp8 rowwise operands.
+    for (fp8, op) in [
+        (false, "linear_gelu bf16"),
+        (true, "linear_gelu fp8 rowwise"),
+    ] {
+        cases.push((
+            op,
+            1e-2,
+            vec![
+                spread(input(&[37, 96], DType::F32)?)?,
+                spread(input(&[80, 96], DType::F32)?)?,
+                input(&[80], DType::F32)?,
+            ],
+            Box::new(move |t| {
+                let (x, w) = if fp8 {
+                    (
+                        ops::quantize_fp8(&t[0], ScaleKind::Rowwise)?,
+                        ops::quantize_fp8(&t[1], ScaleKind::Rowwise)?,
+                    )
+                } else {
+                    (t[0].to_dtype(DType::BF16)?, t[1].to_dtype(DType::BF16)?)
+                };
+                ops::linear_gelu(&x, &w, Some(&t[2]))?.to_dtype(DType::F32)
+            }),
+        ));
+    }
     cases.push((
         "quantize_fp8 rowwise",
         1e-6,

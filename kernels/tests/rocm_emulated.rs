@@ -13,7 +13,10 @@
 #[path = "rocm_emu/harness.rs"]
 mod harness;
 
-use harness::{check, emulated_gpu, fp8_linears_match, fp8_linears_match_at, input, SERIAL};
+use harness::{
+    check, emulated_gpu, fp8_linears_match, fp8_linears_match_at, input, linear_epilogues_match,
+    SERIAL,
+};
 use kernels::{ops, AttnMask, DType, NormOut, Tensor};
 
 #[test]
@@ -362,6 +365,23 @@ fn fp8_rowwise_scales_fall_back_to_a_pass_after_the_gemm() {
     fp8_linears_match_at(dev, [23, 16, 64], false);
     // Other shapes still take the vectors.
     fp8_linears_match_at(dev, [21, 48, 32], true);
+}
+
+#[test]
+fn the_bias_and_gelu_run_in_the_gemm_epilogue_or_after_it() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    linear_epilogues_match(dev, [13, 32, 48], true);
+    std::env::set_var("WORLDLINE_GEMM_EPILOGUE", "0");
+    linear_epilogues_match(dev, [13, 32, 48], false);
+    std::env::remove_var("WORLDLINE_GEMM_EPILOGUE");
+    // A library without those epilogues: refused once per shape, which then keeps our ops.
+    std::env::set_var("WORLDLINE_ROCM_EMU_NO_EPILOGUE", "1");
+    linear_epilogues_match(dev, [11, 16, 32], false);
+    std::env::remove_var("WORLDLINE_ROCM_EMU_NO_EPILOGUE");
+    linear_epilogues_match(dev, [11, 16, 32], false);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! hipBLASLt, loaded at run time: the ROCm twin of the cuBLASLt GEMM behind `linear` in
-//! `cuda/ops.rs`, for f32 and bf16 operands with f32 accumulation and the bias fused as the BIAS
-//! epilogue.
+//! `cuda/ops.rs`, for f32, bf16 and fp8 operands with f32 accumulation, and a bias and GELU
+//! (tanh) fused as the BIAS, GELU and GELU_BIAS epilogues.
 //!
 //! Never run against a real hipBLASLt: no machine of this project (CI or test) has an AMD GPU or
 //! the library. What CI proves is that `BlasLt::new` fails naming the library, and that the
@@ -65,6 +65,9 @@ const SCALE_OUTER_VEC_32F: c_int = 3;
 const EPILOGUE_DEFAULT: u32 = 1;
 // hipblaslt.h: "Bias vector length must match matrix D rows … broadcast to all columns".
 const EPILOGUE_BIAS: u32 = 4;
+// GELU in its tanh form (hipblaslt.h: "GELU", the same form as cuBLASLt's), and bias then GELU.
+const EPILOGUE_GELU: u32 = 32;
+const EPILOGUE_GELU_BIAS: u32 = 36;
 const PREF_MAX_WORKSPACE_BYTES: c_int = 1; // uint64_t
 
 /// hipblasLtMatmulAlgo_t (hipblaslt.h): `uint8_t data[16]; size_t max_workspace_bytes;`.
@@ -258,11 +261,13 @@ impl GemmType {
     }
 }
 
-/// The optional parts of one GEMM call: a bias per row of D (D's type), the tensorwise scales
-/// of A and B (device f32 each), and alpha.
+/// The optional parts of one GEMM call: a bias per row of D (D's type), GELU (tanh) on the
+/// result, the scales of A and B (device f32: one each, or vectors as [`GemmType::Fp8`] says),
+/// and alpha.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Extras {
     pub bias: Option<*const c_void>,
+    pub gelu: bool,
     pub scales: Option<[*const c_void; 2]>,
     pub alpha: f32,
 }
@@ -271,6 +276,7 @@ impl Default for Extras {
     fn default() -> Self {
         Extras {
             bias: None,
+            gelu: false,
             scales: None,
             alpha: 1.0,
         }
@@ -333,8 +339,8 @@ impl ColMajor {
     }
 }
 
-/// (type, problem, with bias, with scales).
-type Key = (GemmType, ColMajor, bool, bool);
+/// (type, problem, with bias, with GELU, with scales).
+type Key = (GemmType, ColMajor, bool, bool, bool);
 
 /// Descriptors and the algorithm chosen for one shape; C and D share `layouts[2]`.
 struct Plan {
@@ -433,10 +439,10 @@ impl BlasLt {
         format!("hipBLASLt {major}.{minor}.{patch} ({})", self.library)
     }
 
-    /// Column-major `D = op(A)·op(B) (+ bias per row of D)` as `cm` describes it, operands
-    /// and bias of `ty`, f32 accumulation (compute type 32F; for F32 operands too), alpha 1,
-    /// beta 0, on `stream` (a hipStream_t), with `workspace`/`workspace_bytes` as the
-    /// algorithm's scratch. Pointers are HIP device pointers. Errors carry the shape and the
+    /// Column-major `D = op(A)·op(B) (+ bias per row of D) (then GELU)` as `cm` describes it,
+    /// operands and bias of `ty`, f32 accumulation (compute type 32F; for F32 operands too),
+    /// `extras`' alpha and scales, beta 0, on `stream` (a hipStream_t), with
+    /// `workspace`/`workspace_bytes` as the algorithm's scratch. Pointers are HIP device pointers. Errors carry the shape and the
     /// hipBLASLt status (as number and name). The first call at a shape asks the heuristic;
     /// later ones reuse its pick. A row-major linear is [`ColMajor::linear`] with A = w, B = x.
     ///
@@ -461,11 +467,17 @@ impl BlasLt {
     ) -> Result<(), String> {
         let Extras {
             bias,
+            gelu,
             scales,
             alpha,
         } = extras;
         let (m, n, k) = cm.mnk();
-        let plus = if bias.is_some() { " + bias" } else { "" };
+        let plus = match (bias.is_some(), gelu) {
+            (false, false) => "",
+            (true, false) => " + bias",
+            (false, true) => " then GELU",
+            (true, true) => " + bias then GELU",
+        };
         let e = |err: String| format!("hipBLASLt {ty:?} GEMM m={m} n={n} k={k}{plus}: {err}");
         if m == 0 || n == 0 {
             return Ok(());
@@ -476,7 +488,7 @@ impl BlasLt {
         if workspace_bytes > 0 && !(workspace as usize).is_multiple_of(16) {
             return Err(e("the workspace must be 16-byte aligned".into()));
         }
-        let key = (ty, cm, bias.is_some(), scales.is_some());
+        let key = (ty, cm, bias.is_some(), gelu, scales.is_some());
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         // A pick made for more workspace than this call has is made again.
         if plans
@@ -528,7 +540,7 @@ impl BlasLt {
         scales: Option<[*const c_void; 2]>,
         ws: usize,
     ) -> Result<Plan, String> {
-        let (api, (ty, cm, _, _)) = (&self.api, key);
+        let (api, (ty, cm, _, gelu, _)) = (&self.api, key);
         let tn = cm.transa && !cm.transb;
         if matches!(ty, GemmType::Fp8 { .. }) && !tn {
             return Err("fp8 GEMMs take op(A) = T and op(B) = N only".into());
@@ -558,13 +570,17 @@ impl BlasLt {
             check("hipblasLtMatmulDescCreate", rc)?;
             set(api.desc_set, p.desc, DESC_TRANSA, &op(cm.transa))?;
             set(api.desc_set, p.desc, DESC_TRANSB, &op(cm.transb))?;
-            let mut epilogue = EPILOGUE_DEFAULT;
             // The heuristic sees the real pointers; `matmul` sets them again at every call.
             set_pointers(api.desc_set, p.desc, bias, scales)?;
             if bias.is_some() {
                 set(api.desc_set, p.desc, DESC_BIAS_DATA_TYPE, &d_ty)?;
-                epilogue = EPILOGUE_BIAS;
             }
+            let epilogue = match (bias.is_some(), gelu) {
+                (false, false) => EPILOGUE_DEFAULT,
+                (true, false) => EPILOGUE_BIAS,
+                (false, true) => EPILOGUE_GELU,
+                (true, true) => EPILOGUE_GELU_BIAS,
+            };
             set(api.desc_set, p.desc, DESC_EPILOGUE, &epilogue)?;
             if outer.contains(&true) {
                 let mode = |v: bool| {

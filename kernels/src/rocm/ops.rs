@@ -140,17 +140,65 @@ unsafe fn matmul(
 }
 
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
+    linear_act(x, w, bias, out_dtype, false)
+}
+
+/// Shapes (with their epilogue) whose bias or GELU hipBLASLt refused to take in its epilogue:
+/// from then on they run as our ops after the GEMM.
+type EpilogueKey = (GemmType, [usize; 3], bool, bool);
+
+fn epilogue_refusals() -> &'static std::sync::Mutex<std::collections::HashSet<EpilogueKey>> {
+    static REFUSED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<EpilogueKey>>> =
+        std::sync::OnceLock::new();
+    REFUSED.get_or_init(Default::default)
+}
+
+/// Runs `gemm` with `extras`' bias and GELU in hipBLASLt's epilogue where it takes them (and
+/// `WORLDLINE_GEMM_EPILOGUE` is not `0`), else without them: whether they were applied. A
+/// refusal is said once and kept for the shape.
+fn with_epilogue(
+    key: (GemmType, [usize; 3]),
+    extras: Extras,
+    mut gemm: impl FnMut(Extras) -> Result<()>,
+) -> Result<bool> {
+    let key = (key.0, key.1, extras.bias.is_some(), extras.gelu);
+    let wanted = key.2 || key.3;
+    let refused = || epilogue_refusals().lock().is_ok_and(|r| r.contains(&key));
+    if wanted && crate::cuda::ops::epilogues() && !refused() {
+        match gemm(extras) {
+            Ok(()) => return Ok(true),
+            Err(e) => {
+                tracing::warn!(error = %e, ?key, "hipBLASLt refused the bias/GELU epilogue; they run after the GEMM");
+                if let Ok(mut r) = epilogue_refusals().lock() {
+                    r.insert(key);
+                }
+            }
+        }
+    }
+    gemm(Extras {
+        bias: None,
+        gelu: false,
+        ..extras
+    })?;
+    Ok(!wanted)
+}
+
+/// [`linear`], then `gelu_tanh` when `gelu`: the bias and the GELU in hipBLASLt's epilogue (bias
+/// then GELU's tanh form, before the one rounding of the output, as cuBLASLt's on CUDA) where
+/// the library takes them, else our ops after the GEMM.
+pub fn linear_act(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out_dtype: DType,
+    gelu: bool,
+) -> Result<Tensor> {
     let dev = storage(x)?.dev.clone();
     if fp8_gemm_takes(&dev, x, w) {
         let shape = Fp8Shape::of(x, w);
         if !fp8_refused(shape) {
-            match linear_fp8(x, w) {
-                Ok(mut y) => {
-                    if let Some(b) = bias {
-                        y = add(&y, b)?;
-                    }
-                    return cast(&y, out_dtype);
-                }
+            match fp8_gemm(x, w, bias, gelu) {
+                Ok((y, applied)) => return finish_linear(y, bias, gelu, applied, out_dtype),
                 // A library without fp8 kernels for this card or shape: said once, that shape
                 // kept on bf16 GEMMs from then on (no failed search per call).
                 Err(e) => fp8_fallback(shape, &e),
@@ -168,24 +216,51 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out_dtype: DType) -
     let x = cast(x, gemm_dtype)?;
     let (k, n) = (w.dim(1), w.dim(0));
     let m = x.elem_count() / k;
-    let mut out = RocmStorage::alloc(&dev, gemm_dtype, m * n)?;
-    gemm(
-        &dev,
-        ColMajor::linear(m, n, k),
-        ty,
-        (&storage(&w)?.data, 0),
-        (&storage(&x)?.data, 0),
-        (&mut out.data, 0),
-    )?;
+    let out = RocmStorage::alloc(&dev, gemm_dtype, m * n)?;
+    // In the epilogue the bias is a per-row vector of the column-major output, in its dtype.
+    let b = bias.map(|b| cast(b, gemm_dtype)).transpose()?;
+    let bias_ptr = b
+        .as_ref()
+        .map(|b| raw(&storage(b)?.data, &dev))
+        .transpose()?;
+    let (pw, px) = (
+        raw(&storage(&w)?.data, &dev)?,
+        raw(&storage(&x)?.data, &dev)?,
+    );
+    let po = raw(&out.data, &dev)?;
+    let extras = Extras {
+        bias: bias_ptr.map(|p| p as *const c_void),
+        gelu,
+        ..Extras::default()
+    };
+    let cm = ColMajor::linear(m, n, k);
+    let applied = with_epilogue((ty, [m, n, k]), extras, |e| {
+        // SAFETY: w is n×k, x m×k, out m×n elements of the GEMM's dtype, the bias n of it,
+        // all live on this device's stream.
+        unsafe { matmul(&dev, cm, ty, [pw, px, po], e) }
+    })?;
     let mut shape = x.shape().to_vec();
     *shape
         .last_mut()
         .ok_or_else(|| dev.err("linear of a scalar"))? = n;
-    // The bias is our add kernel, as on CUDA, not hipBLASLt's BIAS epilogue: its bias types
-    // differ across versions and it has never run here.
-    let mut y = wrap(out, &shape);
-    if let Some(b) = bias {
-        y = add(&y, b)?;
+    finish_linear(wrap(out, &shape), bias, gelu, applied, out_dtype)
+}
+
+/// The linear's bias and GELU as our ops where the epilogue did not apply them, then the cast.
+fn finish_linear(
+    mut y: Tensor,
+    bias: Option<&Tensor>,
+    gelu: bool,
+    applied: bool,
+    out_dtype: DType,
+) -> Result<Tensor> {
+    if !applied {
+        if let Some(b) = bias {
+            y = add(&y, b)?;
+        }
+        if gelu {
+            y = crate::ops::gelu_tanh(&y)?;
+        }
     }
     cast(&y, out_dtype)
 }
@@ -253,6 +328,12 @@ fn outer_refusals() -> &'static std::sync::Mutex<std::collections::HashSet<Fp8Sh
 /// (the same bits with exponent bias 8; `e4m3fn_to_fnuz` moves the two codes that differ) and
 /// alpha = 4 undoes the halving of both operands.
 pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    Ok(fp8_gemm(x, w, None, false)?.0)
+}
+
+/// [`linear_fp8`] with a bias (bf16 in the epilogue) and GELU in hipBLASLt's epilogue where the
+/// scales are in the GEMM and the library takes them: the output and whether they were applied.
+fn fp8_gemm(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result<(Tensor, bool)> {
     let (xs, ws) = (storage(x)?, storage(w)?);
     let dev = xs.dev.clone();
     let (k, n) = (w.dim(1), w.dim(0));
@@ -307,7 +388,23 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         && crate::fp8::rowwise_in_gemm()
         && !outer_refusals().lock().is_ok_and(|r| r.contains(&shape))
         && outer_ok()?;
-    let mut scaled = false;
+    // The epilogue's bias is in D's type, bf16.
+    let b16 = bias.map(|b| cast(b, DType::BF16)).transpose()?;
+    let bias_ptr = b16
+        .as_ref()
+        .map(|b| raw(&storage(b)?.data, &dev))
+        .transpose()?;
+    let extras = Extras {
+        bias: bias_ptr.map(|p| p as *const c_void),
+        gelu,
+        scales: Some(scales),
+        alpha,
+    };
+    // SAFETY (each GEMM below): w holds n×k codes, x m×k, out m×n bf16 (shapes checked by
+    // crate::ops::linear), the bias n bf16; the scales n (w rowwise) or 1 and m (x rowwise) or
+    // 1 f32, as the type's `outer` says, or one each; all live on this device's stream.
+    let run = |ty: GemmType, e: Extras| unsafe { matmul(&dev, cm, ty, [pa, pb, pd], e) };
+    let (mut scaled, mut applied) = (false, false);
     if in_gemm {
         // Column-major, A = w and B = x: A's vector is the weight's n scales, B's the
         // activation's m.
@@ -315,18 +412,10 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             fnuz,
             outer: [*wrow, *xrow],
         };
-        let extras = Extras {
-            bias: None,
-            scales: Some(scales),
-            alpha,
-        };
-        // SAFETY: w holds n×k codes, x m×k, out m×n bf16 (shapes checked by
-        // crate::ops::linear); the scales n (w rowwise) or 1 and m (x rowwise) or 1 f32, as
-        // `outer` says; all live on this device's stream.
-        match unsafe { matmul(&dev, cm, ty, [pa, pb, pd], extras) } {
-            Ok(()) => {
+        match with_epilogue((ty, [m, n, k]), extras, |e| run(ty, e)) {
+            Ok(a) => {
                 crate::fp8::log_rowwise("hipBLASLt", true, String::new);
-                scaled = true;
+                (scaled, applied) = (true, a);
             }
             Err(e) => {
                 tracing::warn!(error = %e, ?shape, "fp8 rowwise scales refused as outer vectors");
@@ -345,19 +434,22 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             }
         });
     }
-    if !scaled {
-        // Tensorwise scales ride on the GEMM; rowwise ones come after it (unit scales here).
-        let extras = Extras {
+    let ty = GemmType::Fp8 {
+        fnuz,
+        outer: [false; 2],
+    };
+    if !scaled && rowwise {
+        // Unit scales: the rowwise ones come after the GEMM, so the bias and GELU after them.
+        let plain = Extras {
             bias: None,
-            scales: (!rowwise).then_some(scales),
+            gelu: false,
+            scales: None,
             alpha,
         };
-        let ty = GemmType::Fp8 {
-            fnuz,
-            outer: [false; 2],
-        };
-        // SAFETY: as above, with one f32 per scale when passed (tensorwise).
-        unsafe { matmul(&dev, cm, ty, [pa, pb, pd], extras) }?;
+        run(ty, plain)?;
+    } else if !scaled {
+        // Tensorwise: the scales ride on the GEMM, before its epilogue.
+        applied = with_epilogue((ty, [m, n, k]), extras, |e| run(ty, e))?;
     }
     if rowwise && !scaled {
         let (m64, n64, xr, wr) = (m as u64, n as u64, i32::from(*xrow), i32::from(*wrow));
@@ -375,7 +467,7 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if let Some(last) = shape.last_mut() {
         *last = n;
     }
-    Ok(wrap(out, &shape))
+    Ok((wrap(out, &shape), applied))
 }
 
 /// Which kernel [`attention`] runs.

@@ -171,14 +171,77 @@ pub fn fp8_linears_match_at(dev: Device, [m, n, k]: [usize; 3], in_gemm: bool) {
 
 /// fp8 GEMMs the emulated hipBLASLt has run with an outer-vector scale so far in this process.
 pub fn outer_vec_gemms() -> u64 {
+    emulator_count(b"wl_emu_outer_vec_gemms\0")
+}
+
+/// GEMMs the emulated hipBLASLt has run with an epilogue (bias, GELU) so far in this process.
+pub fn epilogue_gemms() -> u64 {
+    emulator_count(b"wl_emu_epilogue_gemms\0")
+}
+
+/// One of the emulator's counts, `uint64_t name(void)`.
+fn emulator_count(symbol: &[u8]) -> u64 {
     let path = std::env::var("WORLDLINE_ROCM_LIBRARY").expect("the emulator is in use");
-    // SAFETY: the emulator the backend loaded (dlopen hands back the same instance);
-    // `wl_emu_outer_vec_gemms` is `uint64_t(void)` there.
+    // SAFETY: the emulator the backend loaded (dlopen hands back the same instance); its counts
+    // are `uint64_t(void)` functions.
     unsafe {
         let lib = libloading::Library::new(&path).expect("the emulator library");
         let count = lib
-            .get::<unsafe extern "C" fn() -> u64>(b"wl_emu_outer_vec_gemms\0")
+            .get::<unsafe extern "C" fn() -> u64>(symbol)
             .expect("the emulator's count");
         count()
+    }
+}
+
+/// Linears with a bias, with a bias then GELU, and with GELU alone, on `dev` against the CPU:
+/// f32, bf16 and fp8 operands (both scalings). `epilogue`: whether hipBLASLt's epilogue should
+/// apply them (the emulator counts such GEMMs: three a dtype), else our ops after the GEMM.
+pub fn linear_epilogues_match(dev: Device, [m, n, k]: [usize; 3], epilogue: bool) {
+    let x = input(50, &[m, k], DType::F32);
+    let w = input(51, &[n, k], DType::F32);
+    let b = input(52, &[n], DType::F32);
+    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16).expect("bf16");
+    let fp8 = |t: &Tensor, kind| ops::quantize_fp8(t, kind).expect("fp8");
+    let cases = [
+        ("f32", x.clone(), w.clone(), 1e-5),
+        ("bf16", bf16(&x), bf16(&w), 1e-2),
+        (
+            "fp8 tensorwise",
+            fp8(&x, ScaleKind::Tensorwise),
+            fp8(&w, ScaleKind::Tensorwise),
+            1e-2,
+        ),
+        (
+            "fp8 rowwise",
+            fp8(&x, ScaleKind::Rowwise),
+            fp8(&w, ScaleKind::Rowwise),
+            1e-2,
+        ),
+    ];
+    for (what, x, w, tol) in cases {
+        let before = epilogue_gemms();
+        check(
+            &format!("linear {what} + bias"),
+            dev,
+            tol,
+            &[&x, &w, &b],
+            |t| ops::linear(&t[0], &t[1], Some(&t[2])),
+        );
+        check(
+            &format!("linear_gelu {what} + bias"),
+            dev,
+            tol,
+            &[&x, &w, &b],
+            |t| ops::linear_gelu(&t[0], &t[1], Some(&t[2])),
+        );
+        check(&format!("linear_gelu {what}"), dev, tol, &[&x, &w], |t| {
+            ops::linear_gelu(&t[0], &t[1], None)
+        });
+        let want = if epilogue { 3 } else { 0 };
+        assert_eq!(
+            epilogue_gemms() - before,
+            want,
+            "{what}: GEMMs with an epilogue"
+        );
     }
 }

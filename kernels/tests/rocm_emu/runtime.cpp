@@ -337,8 +337,9 @@ int hiprtcGetCode(Program* p, char* out) {
 // column-major, f32 accumulation, f32 (0) or bf16 (14) data, or fp8 A and B (OCP e4m3 28,
 // fnuz e4m3 1000; op(A) = T and op(B) = N only, as the library's fp8 kernels) with bf16 D. An
 // fp8 GEMM's scales are one f32 each, or under the scale mode OUTER_VEC_32F (3) one per row of
-// D (A's) or per column of D (B's). WORLDLINE_ROCM_EMU_NO_OUTER_VEC=1: a library with no kernel
-// for outer vectors (the heuristic finds none).
+// D (A's) or per column of D (B's). Epilogues: DEFAULT (1), BIAS (4), GELU (32, tanh form) and
+// GELU_BIAS (36: bias, then GELU). WORLDLINE_ROCM_EMU_NO_OUTER_VEC=1 / _NO_EPILOGUE=1: a library
+// with no kernel for outer vectors / for an epilogue but DEFAULT (the heuristic finds none).
 struct Desc {
     int transa = 111, transb = 111;
     unsigned epilogue = 1;
@@ -351,6 +352,13 @@ struct Desc {
 // fp8 GEMMs that ran with an outer-vector scale, for the tests to see which path a call took.
 static std::atomic<uint64_t> outer_vec_gemms{0};
 uint64_t wl_emu_outer_vec_gemms() { return outer_vec_gemms.load(); }
+// GEMMs that ran with an epilogue other than DEFAULT.
+static std::atomic<uint64_t> epilogue_gemms{0};
+uint64_t wl_emu_epilogue_gemms() { return epilogue_gemms.load(); }
+static bool env_is_1(const char* name) {
+    const char* v = std::getenv(name);
+    return v && std::string(v) == "1";
+}
 struct Layout {
     int type;
     uint64_t rows, cols;
@@ -436,9 +444,10 @@ int hipblasLtMatmulAlgoGetHeuristic(void*, Desc* d, Layout*, Layout*, Layout*, L
                                     HeuristicResult* results, int* found) {
     if (requested < 1) return 3;
     std::memset(results, 0, sizeof *results);
-    const char* no_outer = std::getenv("WORLDLINE_ROCM_EMU_NO_OUTER_VEC");
     const bool outer = d->mode_a == 3 || d->mode_b == 3;
-    *found = outer && no_outer && std::string(no_outer) == "1" ? 0 : 1;
+    const bool refused = (outer && env_is_1("WORLDLINE_ROCM_EMU_NO_OUTER_VEC")) ||
+                         (d->epilogue != 1 && env_is_1("WORLDLINE_ROCM_EMU_NO_EPILOGUE"));
+    *found = refused ? 0 : 1;
     return 0;
 }
 
@@ -491,8 +500,11 @@ int hipblasLtMatmul(void*, Desc* d, const void* alpha, const void* a, Layout* la
     if (d->scale_b && d->mode_b == 0) al *= *d->scale_b;
     if ((d->mode_a == 3 && !d->scale_a) || (d->mode_b == 3 && !d->scale_b)) return 3;
     if (d->mode_a == 3 || d->mode_b == 3) ++outer_vec_gemms;
-    const bool bias = d->epilogue == 4;
+    if (d->epilogue != 1 && d->epilogue != 4 && d->epilogue != 32 && d->epilogue != 36) return 7;
+    const bool bias = d->epilogue == 4 || d->epilogue == 36;
+    const bool gelu = d->epilogue == 32 || d->epilogue == 36;
     if (bias && !d->bias) return 3;
+    if (d->epilogue != 1) ++epilogue_gemms;
     for (uint64_t j = 0; j < n; ++j)
         for (uint64_t i = 0; i < m; ++i) {
             float s = 0.0f;
@@ -506,6 +518,7 @@ int hipblasLtMatmul(void*, Desc* d, const void* alpha, const void* a, Layout* la
             if (d->mode_b == 3) v *= d->scale_b[j];
             if (be != 0.0f) v += be * load(c, lc->type, i + j * lc->ld);
             if (bias) v += load(d->bias, d->bias_type < 0 ? ld->type : d->bias_type, i);
+            if (gelu) v = 0.5f * v * (1.0f + std::tanh(0.7978846f * (v + 0.044715f * v * v * v)));
             store(out, ld->type, i + j * ld->ld, v);
         }
     return 0;
