@@ -273,6 +273,11 @@ impl Tensor {
         &self.storage
     }
 
+    /// The shared storage itself, for caches that follow a tensor's life (a weak reference).
+    pub(crate) fn storage_arc(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
     pub(crate) fn storage_mut(&mut self) -> &mut Storage {
         Arc::make_mut(&mut self.storage)
     }

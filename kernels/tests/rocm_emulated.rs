@@ -14,10 +14,10 @@
 mod harness;
 
 use harness::{
-    check, emulated_gpu, fp8_linears_match, fp8_linears_match_at, input, linear_epilogues_match,
-    SERIAL,
+    check, emulated_gpu, fp8_linears_match, fp8_linears_match_at, input, launches,
+    linear_epilogues_match, SERIAL,
 };
-use kernels::{ops, AttnMask, DType, NormOut, Tensor};
+use kernels::{ops, AttnMask, DType, Device, NormOut, Tensor};
 
 #[test]
 fn the_start_up_check_passes_on_the_emulated_gpu() {
@@ -382,6 +382,46 @@ fn the_bias_and_gelu_run_in_the_gemm_epilogue_or_after_it() {
     linear_epilogues_match(dev, [11, 16, 32], false);
     std::env::remove_var("WORLDLINE_ROCM_EMU_NO_EPILOGUE");
     linear_epilogues_match(dev, [11, 16, 32], false);
+}
+
+#[test]
+fn an_fp8_weight_is_made_fnuz_once_while_it_lives() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    let fp8 = |seed, shape: &[usize]| {
+        let t = input(seed, shape, DType::F32)
+            .to_device(dev)
+            .expect("upload");
+        ops::quantize_fp8(&t, kernels::ScaleKind::Rowwise).expect("quantize")
+    };
+    let (x, w) = (fp8(60, &[9, 32]), fp8(61, &[16, 32]));
+    let copies = || launches("e4m3fn_to_fnuz");
+    let linear = |w: &Tensor| kernels::rocm::ops::linear_fp8(&x, w).expect("fp8 linear");
+    let before = copies();
+    let first = linear(&w).to_vec_f32();
+    assert_eq!(
+        copies() - before,
+        2,
+        "the activation's copy and the weight's"
+    );
+    let same = w.clone();
+    assert_eq!(linear(&same).to_vec_f32(), first, "from the kept copy");
+    assert_eq!(copies() - before, 3, "the activation's copy only");
+    drop((w, same));
+    // Another weight (perhaps at the freed address) gets its own copy and its own result.
+    let other = fp8(62, &[16, 32]);
+    let got = linear(&other);
+    assert_eq!(copies() - before, 5);
+    let want = ops::linear(
+        &x.to_device(Device::Cpu).expect("x"),
+        &other.to_device(Device::Cpu).expect("w"),
+        None,
+    )
+    .expect("cpu");
+    let e = harness::rel_l2(&got.to_vec_f32(), &want.to_vec_f32());
+    assert!(e < 1e-2, "rel L2 {e:e}");
 }
 
 #[test]

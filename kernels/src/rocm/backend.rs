@@ -4,12 +4,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::blaslt::BlasLt;
 use super::hip::{hip, DeviceBuf, HipEvent, HipFunction, HipModule, HipStream};
 use super::ArchInfo;
-use crate::{Error, Result};
+use crate::{Error, Result, Storage};
 
 /// hipBLASLt's scratch: what its heuristics may pick from (the large-K GEMMs of the 14B model
 /// use split-K algorithms that want tens of MiB).
@@ -32,7 +32,13 @@ pub struct RocmBackend {
     modules: Mutex<HashMap<&'static str, Arc<HipModule>>>,
     profiling: AtomicBool,
     marks: Mutex<Vec<(&'static str, RocmMarker, RocmMarker)>>,
+    /// gfx942's fnuz copies of fp8 GEMM weights, by the address of the weight's storage: made
+    /// on its first GEMM, dropped once the weight is gone (see [`fnuz_weight`](Self::fnuz_weight)).
+    fnuz: Mutex<HashMap<usize, FnuzCopy>>,
 }
+
+/// A weight's storage, weakly, and its codes as fnuz.
+type FnuzCopy = (Weak<Storage>, Arc<DeviceBuf<u8>>);
 
 impl std::fmt::Debug for RocmBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -136,6 +142,7 @@ impl RocmBackend {
             modules: Mutex::new(HashMap::new()),
             profiling: AtomicBool::new(false),
             marks: Mutex::new(Vec::new()),
+            fnuz: Mutex::new(HashMap::new()),
         })
     }
 
@@ -166,6 +173,33 @@ impl RocmBackend {
         };
         m.load_function(name)
             .map_err(|e| self.err(format!("kernel {name}: {e}")))
+    }
+
+    /// `weight`'s codes as gfx942's fnuz codes (`convert` makes them), made once per weight and
+    /// kept while it lives: a 14B block's fp8 weights are ~350 MB, which every GEMM would
+    /// otherwise copy. Keyed by the address of the weight's storage and holding it weakly: the
+    /// `Weak` keeps that address from being reused while the entry exists, and a storage
+    /// written in place (`Arc::make_mut`) moves away from it, so a live entry is always the
+    /// weight's. Entries of dropped weights go at the next insertion.
+    pub(crate) fn fnuz_weight(
+        &self,
+        weight: &Arc<Storage>,
+        convert: impl FnOnce() -> Result<DeviceBuf<u8>>,
+    ) -> Result<Arc<DeviceBuf<u8>>> {
+        let key = Arc::as_ptr(weight) as usize;
+        let mut map = self
+            .fnuz
+            .lock()
+            .map_err(|_| self.err("fnuz cache lock poisoned"))?;
+        if let Some((w, codes)) = map.get(&key) {
+            if w.strong_count() > 0 {
+                return Ok(codes.clone());
+            }
+        }
+        map.retain(|_, (w, _)| w.strong_count() > 0);
+        let codes = Arc::new(convert()?);
+        map.insert(key, (Arc::downgrade(weight), codes.clone()));
+        Ok(codes)
     }
 
     /// Runs `f` with hipBLASLt and its workspace (loaded on first use), one call at a time:

@@ -354,10 +354,7 @@ fn fp8_gemm(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result
         return Err(dev.err("linear_fp8: operands are not fp8"));
     };
     let fnuz = dev.info.fp8 == Some(Fp8Format::E4m3Fnuz);
-    let as_fnuz = |codes: &DeviceBuf<u8>| -> Result<Option<DeviceBuf<u8>>> {
-        if !fnuz {
-            return Ok(None);
-        }
+    let to_fnuz = |codes: &DeviceBuf<u8>| -> Result<DeviceBuf<u8>> {
         let len = codes.len();
         // SAFETY: every element is written by the kernel below before anything reads it.
         let mut out = unsafe { dev.stream.alloc::<u8>(len) }.map_err(|e| dev.err(e))?;
@@ -365,10 +362,17 @@ fn fp8_gemm(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result
         launch!(&dev, "fp8", "e4m3fn_to_fnuz", grid(len), |b| {
             b.arg(&mut out).arg(codes).arg(&n64);
         });
-        Ok(Some(out))
+        Ok(out)
     };
-    let (xf, wf) = (as_fnuz(xq)?, as_fnuz(wq)?);
-    let (xq, wq) = (xf.as_ref().unwrap_or(xq), wf.as_ref().unwrap_or(wq));
+    // The activation's copy is made per call; the weight's once while it lives.
+    let (xf, wf) = match fnuz {
+        true => (
+            Some(to_fnuz(xq)?),
+            Some(dev.fnuz_weight(w.storage_arc(), || to_fnuz(wq))?),
+        ),
+        false => (None, None),
+    };
+    let (xq, wq) = (xf.as_ref().unwrap_or(xq), wf.as_deref().unwrap_or(wq));
     let rowwise = *xrow || *wrow;
     let mut out = RocmStorage::alloc(&dev, DType::BF16, m * n)?;
     let RocmData::BF16(o) = &mut out.data else {

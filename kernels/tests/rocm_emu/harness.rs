@@ -179,6 +179,21 @@ pub fn epilogue_gemms() -> u64 {
     emulator_count(b"wl_emu_epilogue_gemms\0")
 }
 
+/// Launches of the kernel `name` on the emulator so far in this process.
+pub fn launches(name: &str) -> u64 {
+    let path = std::env::var("WORLDLINE_ROCM_LIBRARY").expect("the emulator is in use");
+    let name = std::ffi::CString::new(name).expect("a kernel name");
+    // SAFETY: the emulator the backend loaded; `wl_emu_launches` is `uint64_t(const char*)`
+    // and reads the string only during the call.
+    unsafe {
+        let lib = libloading::Library::new(&path).expect("the emulator library");
+        let count = lib
+            .get::<unsafe extern "C" fn(*const std::ffi::c_char) -> u64>(b"wl_emu_launches\0")
+            .expect("the emulator's launch count");
+        count(name.as_ptr())
+    }
+}
+
 /// One of the emulator's counts, `uint64_t name(void)`.
 fn emulator_count(symbol: &[u8]) -> u64 {
     let path = std::env::var("WORLDLINE_ROCM_LIBRARY").expect("the emulator is in use");

@@ -16,7 +16,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <regex>
 #include <set>
 #include <string>
@@ -197,14 +199,30 @@ int hipModuleLoadData(void** module, const void* image) {
     *module = h;
     return 0;
 }
+// Launches per kernel name, for the tests to see what an op ran (wl_emu_launches).
+static std::mutex launch_mutex;
+static std::map<void*, std::string> kernel_names;
+static std::map<std::string, uint64_t> launch_counts;
+uint64_t wl_emu_launches(const char* name) {
+    std::lock_guard<std::mutex> lock(launch_mutex);
+    auto it = launch_counts.find(name);
+    return it == launch_counts.end() ? 0 : it->second;
+}
 int hipModuleGetFunction(void** f, void* module, const char* name) {
     *f = dlsym(module, (std::string("wl_emu_") + name).c_str());
-    return *f ? 0 : 500;  // hipErrorNotFound
+    if (!*f) return 500;  // hipErrorNotFound
+    std::lock_guard<std::mutex> lock(launch_mutex);
+    kernel_names[*f] = name;
+    return 0;
 }
 int hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                           unsigned smem, void*, void** params, void**) {
     const unsigned n = bx * by * bz;
     if (n == 0 || n > 1024 || gx == 0 || gy == 0 || gz == 0) return 9;  // hipErrorInvalidConfiguration
+    {
+        std::lock_guard<std::mutex> lock(launch_mutex);
+        ++launch_counts[kernel_names[f]];
+    }
     Team team(n);
     std::vector<unsigned char> dyn(smem + 16);
     Entry entry = reinterpret_cast<Entry>(f);
