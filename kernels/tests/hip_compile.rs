@@ -1,5 +1,6 @@
-//! Every GPU kernel module compiles as HIP to AMD CDNA3 (gfx942, MI300) ISA, with no GPU present:
-//! Debian's clang-19 plus the HIP 5.2 headers of `libamdhip64-dev`. CI sets
+//! Every GPU kernel module compiles as HIP to AMD CDNA3 (gfx942, MI300) and CDNA4 (gfx950,
+//! MI355X) ISA, with no GPU present: Debian's clang-19 (and clang-22 for gfx950) plus the HIP 5.2
+//! headers of `libamdhip64-dev`. CI sets
 //! `WORLDLINE_REQUIRE_HIPCC=1` and installs both, so a kernel that does not compile for HIP fails
 //! CI; elsewhere a missing toolchain skips with the reason.
 //!
@@ -7,11 +8,15 @@
 //! every kernel is type-checked, optimised and lowered to gfx942 ISA, and its metadata says wave64.
 //! Nothing is linked: Debian's `rocm-device-libs` 5.2 has no gfx942 bitcode, so calls into the
 //! device libraries (`__ockl_get_local_id`, `__ocml_tanh_f32`, …) stay unresolved (`-nogpulib`).
-//! gfx950 (MI350) is not compiled: clang 19 does not know it (clang ≥ 20 does; set
-//! `WORLDLINE_HIP_CLANG` to one and it is compiled too).
+//! gfx950 (MI350/MI355X, our users' card) needs clang ≥ 20, which clang 19 is not: the units are
+//! compiled for it a second time by a newer clang where there is one (Debian 12 has clang-22 in
+//! bookworm-security; CI installs it), with the same HIP 5.2 headers.
 //!
-//! Environment: `WORLDLINE_HIP_CLANG` (default `clang++-19`), `WORLDLINE_ROCM_PATH` (default
-//! `/usr`: where `include/hip/hip_runtime.h` is), `WORLDLINE_REQUIRE_HIPCC=1` (fail, not skip).
+//! Environment: `WORLDLINE_HIP_CLANG` (default `clang++-19`; gfx942, and gfx950 too if it is
+//! clang ≥ 20), `WORLDLINE_HIP_CLANG_GFX950` (default: the first of `clang++-22`, `-21`, `-20`
+//! that runs), `WORLDLINE_ROCM_PATH` (default `/usr`: where `include/hip/hip_runtime.h` is),
+//! `WORLDLINE_REQUIRE_HIPCC=1` (fail, not skip), `WORLDLINE_REQUIRE_GFX950=1` (fail if no clang
+//! compiles gfx950).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -28,6 +33,29 @@ struct Toolchain {
 /// The clang to use and its major version, or why there is none.
 fn toolchain() -> Result<Toolchain, String> {
     let clang = std::env::var("WORLDLINE_HIP_CLANG").unwrap_or_else(|_| "clang++-19".into());
+    toolchain_of(clang)
+}
+
+/// A clang that knows gfx950 (≥ 20), or why there is none.
+fn gfx950_toolchain() -> Result<Toolchain, String> {
+    let names = match std::env::var("WORLDLINE_HIP_CLANG_GFX950") {
+        Ok(c) => vec![c],
+        Err(_) => ["clang++-22", "clang++-21", "clang++-20"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let mut why = Vec::new();
+    for name in names {
+        match toolchain_of(name) {
+            Ok(tc) if tc.major >= 20 => return Ok(tc),
+            Ok(tc) => why.push(format!("{} is clang {}", tc.clang, tc.major)),
+            Err(e) => why.push(e),
+        }
+    }
+    Err(why.join("; "))
+}
+
+fn toolchain_of(clang: String) -> Result<Toolchain, String> {
     let rocm = std::env::var("WORLDLINE_ROCM_PATH").unwrap_or_else(|_| "/usr".into());
     let out = Command::new(&clang)
         .arg("--version")
@@ -107,6 +135,9 @@ fn compile(tc: &Toolchain, src: &Path, arch: &str) -> Result<String, String> {
         .args(["-x", "hip", "-std=c++17"])
         .arg(format!("--offload-arch={arch}"))
         .arg(format!("--rocm-path={}", tc.rocm))
+        // HIP 5.2's headers size `warpSize` by this macro, which clang 22 no longer defines
+        // (gfx9, the only targets here, is wave64 only).
+        .args(["-U__AMDGCN_WAVEFRONT_SIZE", "-D__AMDGCN_WAVEFRONT_SIZE=64"])
         // hipRTC makes the HIP runtime API visible without an #include; so does this.
         .args(["-include", "hip/hip_runtime.h"])
         .args([
@@ -167,7 +198,7 @@ fn check_asm(asm: &str, arch: &str, expected: &[String]) -> Result<(), String> {
 }
 
 #[test]
-fn every_kernel_module_compiles_for_gfx942() {
+fn every_kernel_module_compiles_for_gfx942_and_gfx950() {
     let required = std::env::var("WORLDLINE_REQUIRE_HIPCC").is_ok_and(|v| v == "1");
     let tc = match toolchain() {
         Ok(tc) => tc,
@@ -177,23 +208,33 @@ fn every_kernel_module_compiles_for_gfx942() {
         }
         Err(e) => panic!("HIP toolchain required (WORLDLINE_REQUIRE_HIPCC=1): {e}"),
     };
-    let mut archs = vec!["gfx942"];
-    if tc.major >= 20 {
-        archs.push("gfx950");
+    // (toolchain, archs) pairs: the main clang for gfx942, and gfx950 by it or by a newer one.
+    let mut runs = vec![(tc, vec!["gfx942"])];
+    if runs[0].0.major >= 20 {
+        runs[0].1.push("gfx950");
     } else {
-        println!(
-            "gfx950 not compiled: {} is clang {}, which does not know gfx950 (clang >= 20 does)",
-            tc.clang, tc.major
-        );
+        match gfx950_toolchain() {
+            Ok(new) => runs.push((new, vec!["gfx950"])),
+            Err(e) if std::env::var("WORLDLINE_REQUIRE_GFX950").is_ok_and(|v| v == "1") => {
+                panic!("a clang for gfx950 required (WORLDLINE_REQUIRE_GFX950=1): {e}")
+            }
+            Err(e) => println!("gfx950 not compiled: no clang >= 20 ({e})"),
+        }
     }
+    for (tc, archs) in &runs {
+        compile_all(tc, archs);
+    }
+}
 
+/// Compiles every module with `tc` for each of `archs`, checking each assembly.
+fn compile_all(tc: &Toolchain, archs: &[&str]) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hip_compile");
     std::fs::create_dir_all(&dir).expect("a folder for the HIP units");
     let results: Vec<Result<String, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = MODULES
             .iter()
             .map(|(module, _)| {
-                let (tc, dir, archs) = (&tc, &dir, &archs);
+                let dir = &dir;
                 s.spawn(move || -> Result<String, String> {
                     let fail = |e: String| format!("{module}: {e}");
                     let text = unit(Vendor::Hip, module).ok_or_else(|| fail("no unit".into()))?;
@@ -209,9 +250,10 @@ fn every_kernel_module_compiles_for_gfx942() {
                         check_asm(&asm, arch, &names).map_err(|e| fail(format!("{arch}: {e}")))?;
                     }
                     Ok(format!(
-                        "{module}: {} kernels compiled for {}, wave64",
+                        "{module}: {} kernels compiled for {} by {}, wave64",
                         names.len(),
-                        archs.join(", ")
+                        archs.join(", "),
+                        tc.clang
                     ))
                 })
             })
