@@ -396,6 +396,11 @@ WL_FLASH(32)
 // and the rescale needs no exchange. Q stays in registers (8 fragments per half).
 // Single-buffered and not tuned: never run on an AMD GPU (checked on the CPU emulation of
 // kernels/tests/rocm_emu and at every worker start on ROCm).
+//
+// KW, the bf16 of K a lane holds per operand: 4 for v_mfma_f32_16x16x16_bf16 (gfx90a on), 8 for
+// gfx950's v_mfma_f32_16x16x32_bf16 (the `*_mfma32_*` kernels), which covers 32 keys a product
+// in Oᵀ = Vᵀ·Pᵀ: a lane's probabilities are then keys 4·grp .. +3 of two 16-key score blocks,
+// so V is staged with each 32-key group permuted (fm_vt_pos) to make them one 16-byte read.
 #define FM_D 128
 #define FM_BC 64
 #define FM_KP (FM_D + 8)
@@ -405,6 +410,33 @@ struct FmState {
     wl_f32x4 o[2][FM_D / 16];  // Oᵀ: dims 16·j + 4·grp .. +3 of this lane's query, per half
     float m[2], l[2];          // running max (scaled, base 2) and this lane's share of the sum
 };
+
+// One lane's operand of KW bf16 and the product that takes it.
+template <int KW>
+struct FmFrag;
+template <>
+struct FmFrag<4> {
+    typedef wl_bf16x4 T;
+    static WL_DEVICE T ld(const wl_bf16* p) { return wl_ld_bf16x4(p); }
+    static WL_DEVICE wl_f32x4 mma(T a, T b, wl_f32x4 c) { return wl_mfma_16x16x16_bf16(a, b, c); }
+};
+#if defined(WL_HAS_MFMA_K32)
+template <>
+struct FmFrag<8> {
+    typedef wl_bf16x8 T;
+    static WL_DEVICE T ld(const wl_bf16* p) { return wl_ld_bf16x8(p); }
+    static WL_DEVICE wl_f32x4 mma(T a, T b, wl_f32x4 c) { return wl_mfma_16x16x32_bf16(a, b, c); }
+};
+#endif
+
+// Where key r of a tile sits in the transposed V: within each group of 4·KW keys, key
+// 16·q + 4·g + e (q < KW/4, g < 4, e < 4) at KW·g + 4·q + e, the order of lane group g's
+// probabilities in the B operand (the identity for KW = 4).
+template <int KW>
+WL_DEVICE int fm_vt_pos(int r) {
+    const int base = r & ~(4 * KW - 1), q = (r & (4 * KW - 1)) >> 4, g = (r >> 2) & 3, e = r & 3;
+    return base + KW * g + 4 * q + e;
+}
 
 WL_DEVICE void fm_init(FmState& st) {
 #pragma unroll
@@ -418,25 +450,28 @@ WL_DEVICE void fm_init(FmState& st) {
 }
 
 // The Q fragments of a lane's two queries (tokens `tok`, zeros where not `valid`): the B operand
-// of Sᵀ, dims 4·grp .. +3 of every 16-dim step.
-WL_DEVICE void fm_load_q(wl_bf16x4 (&qf)[2][FM_D / 16], const wl_bf16* q, const int* tok, const bool* valid,
-                         wl_u64 row, int h, int grp) {
+// of Sᵀ, dims KW·grp .. +KW-1 of every 4·KW-dim step.
+template <int KW>
+WL_DEVICE void fm_load_q(typename FmFrag<KW>::T (&qf)[2][FM_D / (4 * KW)], const wl_bf16* q, const int* tok,
+                         const bool* valid, wl_u64 row, int h, int grp) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-        for (int kk = 0; kk < FM_D / 16; ++kk) {
+        for (int kk = 0; kk < FM_D / (4 * KW); ++kk) {
             if (valid[hh]) {
-                qf[hh][kk] = wl_ld_bf16x4(q + (wl_u64)tok[hh] * row + (wl_u64)h * FM_D + kk * 16 + grp * 4);
+                qf[hh][kk] = FmFrag<KW>::ld(q + (wl_u64)tok[hh] * row + (wl_u64)h * FM_D + kk * 4 * KW + grp * KW);
             } else {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) qf[hh][kk][e] = 0;
+                for (int e = 0; e < KW; ++e) qf[hh][kk][e] = 0;
             }
         }
 }
 
 // Stages `count` (≤ FM_BC) key rows, tokens first .. first+count-1 or, with `order`, the tokens
 // order[first ..]; the rest of the tile is zeros (a masked key's probability is 0, and 0 · garbage
-// could be NaN). The whole block takes part; the caller syncs after.
+// could be NaN). V goes transposed, its keys at fm_vt_pos. The whole block takes part; the caller
+// syncs after.
+template <int KW>
 WL_DEVICE void fm_stage(wl_bf16* ks, wl_bf16* vt, const wl_bf16* k, const wl_bf16* v, const int* order, int first,
                         int count, wl_u64 row, int h) {
     for (int i = threadIdx.x; i < FM_BC * FM_D / 8; i += blockDim.x) {
@@ -451,13 +486,16 @@ WL_DEVICE void fm_stage(wl_bf16* ks, wl_bf16* vt, const wl_bf16* k, const wl_bf1
         *(uint4*)(ks + r * FM_KP + c8) = kw;
         const unsigned int w[4] = {vw.x, vw.y, vw.z, vw.w};
 #pragma unroll
-        for (int e = 0; e < 8; ++e) vt[(c8 + e) * FM_VP + r] = (wl_bf16)(w[e / 2] >> (16 * (e % 2)));
+        for (int e = 0; e < 8; ++e) vt[(c8 + e) * FM_VP + fm_vt_pos<KW>(r)] = (wl_bf16)(w[e / 2] >> (16 * (e % 2)));
     }
 }
 
 // One staged tile into the state: keys at or past vis[hh] of the tile are masked for half hh.
-WL_DEVICE void fm_step(FmState& st, const wl_bf16* ks, const wl_bf16* vt, const wl_bf16x4 (&qf)[2][FM_D / 16],
-                       const int* vis, float scale2, int col, int grp) {
+template <int KW>
+WL_DEVICE void fm_step(FmState& st, const wl_bf16* ks, const wl_bf16* vt,
+                       const typename FmFrag<KW>::T (&qf)[2][FM_D / (4 * KW)], const int* vis, float scale2, int col,
+                       int grp) {
+    typedef FmFrag<KW> F;
     // Sᵀ: lane (col, grp) gets keys 16·t + 4·grp .. +3 of query col of each half.
     wl_f32x4 s[2][FM_BC / 16];
 #pragma unroll
@@ -469,10 +507,10 @@ WL_DEVICE void fm_step(FmState& st, const wl_bf16* ks, const wl_bf16* vt, const 
 #pragma unroll
     for (int t = 0; t < FM_BC / 16; ++t) {
 #pragma unroll
-        for (int kk = 0; kk < FM_D / 16; ++kk) {
-            const wl_bf16x4 a = wl_ld_bf16x4(ks + (t * 16 + col) * FM_KP + kk * 16 + grp * 4);
+        for (int kk = 0; kk < FM_D / (4 * KW); ++kk) {
+            const typename F::T a = F::ld(ks + (t * 16 + col) * FM_KP + kk * 4 * KW + grp * KW);
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) s[hh][t] = wl_mfma_16x16x16_bf16(a, qf[hh][kk], s[hh][t]);
+            for (int hh = 0; hh < 2; ++hh) s[hh][t] = F::mma(a, qf[hh][kk], s[hh][t]);
         }
     }
     // Online softmax per query; the max is taken on raw scores (scale > 0).
@@ -509,19 +547,20 @@ WL_DEVICE void fm_step(FmState& st, const wl_bf16* ks, const wl_bf16* vt, const 
 #pragma unroll
             for (int e = 0; e < 4; ++e) st.o[hh][j][e] *= corr;
     }
-    // Oᵀ += Vᵀ·Pᵀ, 16 keys a step: the step's probabilities as bf16 are the B operand.
+    // Oᵀ += Vᵀ·Pᵀ, 4·KW keys a step: the probabilities of KW/4 score blocks as bf16 are the B
+    // operand.
 #pragma unroll
-    for (int t = 0; t < FM_BC / 16; ++t) {
-        wl_bf16x4 p[2];
+    for (int t = 0; t < FM_BC / (4 * KW); ++t) {
+        typename F::T p[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) p[hh][e] = (short)wl_to_bf16(s[hh][t][e]);
+            for (int e = 0; e < KW; ++e) p[hh][e] = (short)wl_to_bf16(s[hh][t * (KW / 4) + e / 4][e % 4]);
 #pragma unroll
         for (int j = 0; j < FM_D / 16; ++j) {
-            const wl_bf16x4 a = wl_ld_bf16x4(vt + (j * 16 + col) * FM_VP + t * 16 + grp * 4);
+            const typename F::T a = F::ld(vt + (j * 16 + col) * FM_VP + t * 4 * KW + grp * KW);
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) st.o[hh][j] = wl_mfma_16x16x16_bf16(a, p[hh], st.o[hh][j]);
+            for (int hh = 0; hh < 2; ++hh) st.o[hh][j] = F::mma(a, p[hh], st.o[hh][j]);
         }
     }
 }
@@ -539,6 +578,7 @@ WL_DEVICE float fm_inv_sum(const FmState& st, int hh) {
 #define FM_WAVES 4
 #define FM_BR (32 * FM_WAVES)
 
+template <int KW>
 WL_DEVICE void flash_mfma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq,
                                int kv_len, int heads, int block_tokens, float scale) {
     __align__(16) __shared__ wl_bf16 ks[FM_BC * FM_KP];
@@ -555,17 +595,17 @@ WL_DEVICE void flash_mfma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k,
         valid[hh] = qi[hh] < lq;
         lim[hh] = block_tokens > 0 ? min(kv_len, (qi[hh] / block_tokens + 1) * block_tokens) : kv_len;
     }
-    wl_bf16x4 qf[2][FM_D / 16];
-    fm_load_q(qf, q, qi, valid, row, h, grp);
+    typename FmFrag<KW>::T qf[2][FM_D / (4 * KW)];
+    fm_load_q<KW>(qf, q, qi, valid, row, h, grp);
     int block_end = kv_len;
     if (block_tokens > 0) block_end = min(kv_len, (min(lq - 1, qb + FM_BR - 1) / block_tokens + 1) * block_tokens);
     FmState st;
     fm_init(st);
     for (int kb = 0; kb < block_end; kb += FM_BC) {
-        fm_stage(ks, vt, k, v, nullptr, kb, min(FM_BC, kv_len - kb), row, h);
+        fm_stage<KW>(ks, vt, k, v, nullptr, kb, min(FM_BC, kv_len - kb), row, h);
         __syncthreads();
         const int vis[2] = {lim[0] - kb, lim[1] - kb};
-        fm_step(st, ks, vt, qf, vis, scale * 1.4426950408889634f, col, grp);
+        fm_step<KW>(st, ks, vt, qf, vis, scale * 1.4426950408889634f, col, grp);
         // The tile is restaged next: everyone must be done reading it.
         __syncthreads();
     }
@@ -585,18 +625,25 @@ WL_DEVICE void flash_mfma_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k,
 WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
     flash_mfma_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq, int kv_len,
                          int heads, int block_tokens, float scale) {
-    flash_mfma_d128(out, q, k, v, lq, kv_len, heads, block_tokens, scale);
+    flash_mfma_d128<4>(out, q, k, v, lq, kv_len, heads, block_tokens, scale);
 }
+#if defined(WL_HAS_MFMA_K32)
+WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
+    flash_mfma32_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, int lq, int kv_len,
+                           int heads, int block_tokens, float scale) {
+    flash_mfma_d128<8>(out, q, k, v, lq, kv_len, heads, block_tokens, scale);
+}
+#endif
 
 // VSA's fine branch (vsa.cu's portable vsa_fine, same arguments but q_offsets/q_sizes for
 // q_tile): a block of 2 wavefronts takes one query tile (≤ 64 tokens, gathered through
 // q_order) of one head and runs the kernel above over its top_k kept key tiles (≤ 64 tokens
 // each, gathered through k_order); out = fine + gate · coarse (gate 1 when absent).
-WL_KERNEL void __launch_bounds__(128)
-    vsa_fine_mfma_bf16_d128(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, const wl_bf16* gate,
-                            int has_gate, const float* coarse, const int* kept, const int* q_order,
-                            const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
-                            const int* k_sizes, int heads, int top_k, float scale) {
+template <int KW>
+WL_DEVICE void vsa_fine_mfma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, const wl_bf16* gate,
+                             int has_gate, const float* coarse, const int* kept, const int* q_order,
+                             const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
+                             const int* k_sizes, int heads, int top_k, float scale) {
     __align__(16) __shared__ wl_bf16 ks[FM_BC * FM_KP];
     __align__(16) __shared__ wl_bf16 vt[FM_D * FM_VP];
     const int wave = threadIdx.x / 64, lane = threadIdx.x % 64;
@@ -612,17 +659,17 @@ WL_KERNEL void __launch_bounds__(128)
         valid[hh] = slot < qn;
         tok[hh] = valid[hh] ? q_order[qfirst + slot] : 0;
     }
-    wl_bf16x4 qf[2][FM_D / 16];
-    fm_load_q(qf, q, tok, valid, row, h, grp);
+    typename FmFrag<KW>::T qf[2][FM_D / (4 * KW)];
+    fm_load_q<KW>(qf, q, tok, valid, row, h, grp);
     FmState st;
     fm_init(st);
     const int* mine = kept + ((wl_u64)tile * heads + h) * top_k;
     for (int t = 0; t < top_k; ++t) {
         const int j = mine[t], n = k_sizes[j];
-        fm_stage(ks, vt, k, v, k_order, k_offsets[j], n, row, h);
+        fm_stage<KW>(ks, vt, k, v, k_order, k_offsets[j], n, row, h);
         __syncthreads();
         const int vis[2] = {n, n};
-        fm_step(st, ks, vt, qf, vis, scale * 1.4426950408889634f, col, grp);
+        fm_step<KW>(st, ks, vt, qf, vis, scale * 1.4426950408889634f, col, grp);
         __syncthreads();
     }
     const float* c = coarse + ((wl_u64)tile * heads + h) * FM_D + grp * 4;
@@ -643,6 +690,19 @@ WL_KERNEL void __launch_bounds__(128)
         }
     }
 }
+
+#define WL_VSA_FINE_MFMA(name, kw)                                                                                   \
+    WL_KERNEL void __launch_bounds__(128)                                                                            \
+        name(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, const wl_bf16* gate, int has_gate, \
+             const float* coarse, const int* kept, const int* q_order, const int* q_offsets, const int* q_sizes,     \
+             const int* k_order, const int* k_offsets, const int* k_sizes, int heads, int top_k, float scale) {      \
+        vsa_fine_mfma<kw>(out, q, k, v, gate, has_gate, coarse, kept, q_order, q_offsets, q_sizes, k_order,         \
+                          k_offsets, k_sizes, heads, top_k, scale);                                                  \
+    }
+WL_VSA_FINE_MFMA(vsa_fine_mfma_bf16_d128, 4)
+#if defined(WL_HAS_MFMA_K32)
+WL_VSA_FINE_MFMA(vsa_fine_mfma32_bf16_d128, 8)
+#endif
 #endif
 
 #if defined(WL_HAS_WGMMA)

@@ -77,9 +77,9 @@ fn toolchain_of(clang: String) -> Result<Toolchain, String> {
     Ok(Toolchain { clang, rocm, major })
 }
 
-/// The kernels a unit defines, from its preprocessed text: with `-nogpuinc` nothing defines
-/// `__global__`, so each kernel reads `extern "C" __global__ void name(`.
-fn kernel_names(tc: &Toolchain, src: &Path) -> Result<Vec<String>, String> {
+/// The kernels a unit defines for `arch`, from its preprocessed text: with `-nogpuinc` nothing
+/// defines `__global__`, so each kernel reads `extern "C" __global__ void name(`.
+fn kernel_names(tc: &Toolchain, src: &Path, arch: &str) -> Result<Vec<String>, String> {
     let out = Command::new(&tc.clang)
         .args([
             "-x",
@@ -90,7 +90,7 @@ fn kernel_names(tc: &Toolchain, src: &Path) -> Result<Vec<String>, String> {
             "-nogpulib",
             "--cuda-device-only",
         ])
-        .arg("--offload-arch=gfx942")
+        .arg(format!("--offload-arch={arch}"))
         .arg(src)
         .output()
         .map_err(|e| format!("{}: {e}", tc.clang))?;
@@ -240,19 +240,20 @@ fn compile_all(tc: &Toolchain, archs: &[&str]) {
                     let text = unit(Vendor::Hip, module).ok_or_else(|| fail("no unit".into()))?;
                     let src = dir.join(format!("{module}.hip"));
                     std::fs::write(&src, text).map_err(|e| fail(e.to_string()))?;
-                    let names = kernel_names(tc, &src).map_err(fail)?;
-                    if names.is_empty() {
-                        return Err(fail("no kernels found in the source".into()));
-                    }
+                    let mut counts = Vec::new();
                     for arch in archs {
+                        let names = kernel_names(tc, &src, arch).map_err(fail)?;
+                        if names.is_empty() {
+                            return Err(fail("no kernels found in the source".into()));
+                        }
                         let asm = compile(tc, &src, arch)
                             .map_err(|e| fail(format!("clang failed for {arch}:\n{e}")))?;
                         check_asm(&asm, arch, &names).map_err(|e| fail(format!("{arch}: {e}")))?;
+                        counts.push(format!("{} kernels for {arch}", names.len()));
                     }
                     Ok(format!(
-                        "{module}: {} kernels compiled for {} by {}, wave64",
-                        names.len(),
-                        archs.join(", "),
+                        "{module}: {} compiled by {}, wave64",
+                        counts.join(", "),
                         tc.clang
                     ))
                 })

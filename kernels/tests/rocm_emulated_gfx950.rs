@@ -6,7 +6,7 @@
 #[path = "rocm_emu/harness.rs"]
 mod harness;
 
-use harness::{check, emulated_gpu, fp8_linears_match, input, SERIAL};
+use harness::{check, emulated_gpu, fp8_linears_match, input, launches, SERIAL};
 use kernels::{ops, AttnMask, DType, ScaleKind};
 
 #[test]
@@ -24,23 +24,90 @@ fn attention_takes_the_mfma_kernel() {
     let Some(dev) = emulated_gpu("gfx950") else {
         return;
     };
-    use kernels::rocm::ops::{attention_path, AttentionPath};
+    use kernels::rocm::ops::{attention_path, mfma_k32, AttentionPath};
     assert_eq!(
         attention_path("gfx950", 40, 128, 90, 0),
         AttentionPath::Mfma
     );
+    assert!(mfma_k32("gfx950") && !mfma_k32("gfx942"));
     let (q, k, v) = (
         input(50, &[40, 2, 128], DType::BF16),
         input(51, &[96, 2, 128], DType::BF16),
         input(52, &[96, 2, 128], DType::BF16),
     );
+    // gfx950's 16x16x32 products by default, the 16x16x16 ones when asked: the same results.
+    for (forced, kernel) in [
+        (None, "flash_mfma32_bf16_d128"),
+        (Some("16"), "flash_mfma_bf16_d128"),
+    ] {
+        match forced {
+            Some(k) => std::env::set_var("WORLDLINE_ROCM_MFMA_K", k),
+            None => std::env::remove_var("WORLDLINE_ROCM_MFMA_K"),
+        }
+        let before = launches(kernel);
+        check(
+            &format!("attention d128, 40 queries over 90 of 96 keys ({kernel})"),
+            dev,
+            1e-2,
+            &[&q, &k, &v],
+            |t| ops::attention(&t[0], &t[1], &t[2], 90, AttnMask::None),
+        );
+        // Block-causal: each half of a wavefront's queries sees a different share of a tile.
+        let (qb, kb, vb) = (
+            input(53, &[96, 2, 128], DType::BF16),
+            input(54, &[96, 2, 128], DType::BF16),
+            input(55, &[96, 2, 128], DType::BF16),
+        );
+        check(
+            &format!("attention d128, block-causal 24 ({kernel})"),
+            dev,
+            1e-2,
+            &[&qb, &kb, &vb],
+            |t| {
+                ops::attention(
+                    &t[0],
+                    &t[1],
+                    &t[2],
+                    96,
+                    AttnMask::BlockCausal { block_tokens: 24 },
+                )
+            },
+        );
+        assert_eq!(launches(kernel) - before, 2, "{kernel}");
+    }
+    std::env::remove_var("WORLDLINE_ROCM_MFMA_K");
+}
+
+#[test]
+fn vsa_fine_takes_the_16x16x32_products() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx950") else {
+        return;
+    };
+    // As rocm_emulated.rs's gfx942 case: partial tiles on every axis, with and without the gate.
+    let (qg, kg) = ([3, 6, 9], [9, 6, 9]);
+    let (q, k, v, gate) = (
+        input(60, &[162, 1, 128], DType::BF16),
+        input(61, &[486, 1, 128], DType::BF16),
+        input(62, &[486, 1, 128], DType::BF16),
+        input(63, &[162, 1, 128], DType::BF16),
+    );
+    let before = launches("vsa_fine_mfma32_bf16_d128");
     check(
-        "attention d128, 40 queries over 90 of 96 keys (MFMA)",
+        "vsa d 128 top-5 (MFMA 16x16x32)",
         dev,
         1e-2,
         &[&q, &k, &v],
-        |t| ops::attention(&t[0], &t[1], &t[2], 90, AttnMask::None),
+        |t| kernels::vsa::attention(&t[0], &t[1], &t[2], None, qg, kg, 5),
     );
+    check(
+        "vsa d 128 top-3 gated (MFMA 16x16x32)",
+        dev,
+        1e-2,
+        &[&q, &k, &v, &gate],
+        |t| kernels::vsa::attention(&t[0], &t[1], &t[2], Some(&t[3]), qg, kg, 3),
+    );
+    assert_eq!(launches("vsa_fine_mfma32_bf16_d128") - before, 2);
 }
 
 #[test]

@@ -250,8 +250,14 @@ fn choose_gpus(args: &ModelArgs, device: Device) -> Result<Vec<usize>> {
 /// it has never run on the project's machines, so a wrong result stops the worker here.
 fn rocm_self_check(ordinal: usize) -> Result<()> {
     let started = std::time::Instant::now();
-    let all = kernels::self_check(Device::Rocm(ordinal))
-        .with_context(|| format!("rocm:{ordinal}: start-up check against the CPU reference"))?;
+    let all = kernels::self_check(Device::Rocm(ordinal)).with_context(|| {
+        format!(
+            "rocm:{ordinal}: start-up check against the CPU reference (never-run paths can be \
+             set aside to find the culprit: WORLDLINE_ROCM_ATTENTION=gemm, WORLDLINE_ROCM_MFMA_K=16 \
+             on gfx950, WORLDLINE_ROCM_FP8_GEMM=0, WORLDLINE_FP8_ROWWISE=pass, \
+             WORLDLINE_GEMM_EPILOGUE=0)"
+        )
+    })?;
     kernels::rocm::note_self_check(ordinal, all.len());
     let worst = all
         .iter()

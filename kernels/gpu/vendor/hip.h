@@ -44,4 +44,32 @@ WL_DEVICE wl_f32x4 wl_mfma_16x16x16_bf16(wl_bf16x4 a, wl_bf16x4 b, wl_f32x4 c) {
     return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
 }
 #endif
+
+// gfx950 (MI350, MI355X) adds v_mfma_f32_16x16x32_bf16: twice the K per instruction, and the
+// rate of CDNA4's bf16 peak (its 16x16x16 form runs at half of it). Lane l holds A[l%16][8·(l/16)
+// + i] and B[8·(l/16) + i][l%16] for i = 0..7 (eight bf16 of K, 16 bytes), D as above. The
+// emulation implements the same layout; attention.cu's `*_mfma32_*` kernels take it.
+#if defined(__gfx950__)
+#define WL_HAS_MFMA_K32 1
+#if defined(WL_EMU)
+typedef WlEmuBf16x8 wl_bf16x8;
+WL_DEVICE wl_bf16x8 wl_ld_bf16x8(const unsigned short* p) {
+    wl_bf16x8 r;
+    std::memcpy(&r, p, sizeof r);
+    return r;
+}
+WL_DEVICE wl_f32x4 wl_mfma_16x16x32_bf16(wl_bf16x8 a, wl_bf16x8 b, wl_f32x4 c) {
+    return wl_emu_mfma_16x16x32_bf16(a, b, c);
+}
+#else
+typedef short wl_bf16x8 __attribute__((ext_vector_type(8)));
+typedef __bf16 wl_bf16x8_hw __attribute__((ext_vector_type(8)));
+// Eight consecutive bf16 from a 16-byte aligned address: one 128-bit load.
+WL_DEVICE wl_bf16x8 wl_ld_bf16x8(const unsigned short* p) { return *(const wl_bf16x8*)p; }
+WL_DEVICE wl_f32x4 wl_mfma_16x16x32_bf16(wl_bf16x8 a, wl_bf16x8 b, wl_f32x4 c) {
+    return __builtin_amdgcn_mfma_f32_16x16x32_bf16(__builtin_bit_cast(wl_bf16x8_hw, a),
+                                                   __builtin_bit_cast(wl_bf16x8_hw, b), c, 0, 0, 0);
+}
+#endif
+#endif
 #endif

@@ -519,6 +519,14 @@ pub fn attention_path(
     }
 }
 
+/// Whether the MFMA kernels on `arch` take gfx950's v_mfma_f32_16x16x32_bf16 (the `*_mfma32_*`
+/// kernels: CDNA4 runs the 16x16x16 form at half its bf16 rate), unless `WORLDLINE_ROCM_MFMA_K=16`
+/// asks for the 16x16x16 kernels there too.
+pub fn mfma_k32(arch: &str) -> bool {
+    arch.split(':').next() == Some("gfx950")
+        && std::env::var("WORLDLINE_ROCM_MFMA_K").map_or(true, |v| v != "16")
+}
+
 /// Head dim of the MFMA kernel (attention.cu's `FM_D`).
 pub const FLASH_HEAD_DIM: usize = 128;
 
@@ -575,7 +583,11 @@ fn flash_attention(
         block_dim: (FLASH_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch!(&dev, "attention", "flash_mfma_bf16_d128", cfg, |b| {
+    let name = match mfma_k32(&dev.arch) {
+        true => "flash_mfma32_bf16_d128",
+        false => "flash_mfma_bf16_d128",
+    };
+    launch!(&dev, "attention", name, cfg, |b| {
         push_mut(b, &mut out.data);
         push(b, &qs.data);
         push(b, &ks.data);
@@ -720,7 +732,11 @@ pub(crate) fn vsa_fine_fast(
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch!(kind = "vsa fine"; &dev, "attention", "vsa_fine_mfma_bf16_d128", cfg, |b| {
+    let name = match mfma_k32(&dev.arch) {
+        true => "vsa_fine_mfma32_bf16_d128",
+        false => "vsa_fine_mfma_bf16_d128",
+    };
+    launch!(kind = "vsa fine"; &dev, "attention", name, cfg, |b| {
         push_mut(b, &mut out.data);
         push(b, &s.data);
         push(b, &ks.data);

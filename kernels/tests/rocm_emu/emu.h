@@ -130,6 +130,30 @@ inline WlEmuF32x4 wl_emu_mfma_16x16x16_bf16(WlEmuBf16x4 a, WlEmuBf16x4 b, WlEmuF
     return d;
 }
 
+// gfx950's v_mfma_f32_16x16x32_bf16 (vendor/hip.h's wl_mfma_16x16x32_bf16), from the same
+// description: lane l holds A[l%16][8·(l/16)+i] and B[8·(l/16)+i][l%16] for i = 0..7, D as above.
+struct WlEmuBf16x8 {
+    short v[8];
+    short& operator[](int i) { return v[i]; }
+    short operator[](int i) const { return v[i]; }
+};
+inline WlEmuF32x4 wl_emu_mfma_16x16x32_bf16(WlEmuBf16x8 a, WlEmuBf16x8 b, WlEmuF32x4 c) {
+    struct Operands {
+        WlEmuBf16x8 a, b;
+    } mine{a, b}, all[64];
+    wl_emu_ctx->gather(wl_emu_ctx->team, threadIdx.x, &mine, all, (int)sizeof(Operands));
+    const int lane = (int)(threadIdx.x % 64), col = lane % 16, grp = lane / 16;
+    WlEmuF32x4 d = c;
+    for (int i = 0; i < 4; ++i) {
+        const int row = 4 * grp + i;
+        float acc = c[i];
+        for (int k = 0; k < 32; ++k)
+            acc += wl_emu_bf16_value(all[row + 16 * (k / 8)].a[k % 8]) * wl_emu_bf16_value(all[col + 16 * (k / 8)].b[k % 8]);
+        d[i] = acc;
+    }
+    return d;
+}
+
 // A kernel's entry for the runtime: set this thread's indices, unpack the launch's argument
 // pointers into the kernel's parameters.
 inline void wl_emu_enter(const WlEmuCtx* c) {

@@ -285,7 +285,14 @@ static std::string run_capture(const std::string& cmd) {
 
 // The unit as plain C++ against emu.h: dynamic shared arrays become the launch's buffer, and
 // every `extern "C"` kernel (found in the preprocessed text) gets a runtime entry.
-int hiprtcCompileProgram(Program* p, int, const char* const*) {
+int hiprtcCompileProgram(Program* p, int n_options, const char* const* options) {
+    // As hipRTC does for the device, `--offload-arch=gfxN` defines __gfxN__ (arch-specific
+    // paths such as gfx950's MFMA forms key on it).
+    std::string arch_define;
+    for (int i = 0; i < n_options; ++i) {
+        const std::string o = options[i], key = "--offload-arch=";
+        if (o.rfind(key, 0) == 0) arch_define = " -D__" + o.substr(key.size()) + "__";
+    }
     const char* dir = std::getenv("WORLDLINE_ROCM_EMU_DIR");
     const char* cxx = std::getenv("WORLDLINE_ROCM_EMU_CXX");
     if (!dir || !cxx) {
@@ -296,7 +303,7 @@ int hiprtcCompileProgram(Program* p, int, const char* const*) {
     std::string src = std::regex_replace(p->src, dyn, "$2* $3 = WL_EMU_DYN_SMEM($2);");
     const std::string base = temp_dir() + "/wl-emu-" + std::to_string(getpid()) + "-" + std::to_string((uintptr_t)p);
     const std::string cpp = base + ".cpp", pre = base + ".i", so = base + ".so";
-    const std::string flags = std::string(" -std=c++17 -include ") + dir + "/emu.h -x c++ ";
+    const std::string flags = std::string(" -std=c++17") + arch_define + " -include " + dir + "/emu.h -x c++ ";
     auto put = [](const std::string& path, const std::string& text) {
         FILE* f = std::fopen(path.c_str(), "w");
         if (!f) return false;
