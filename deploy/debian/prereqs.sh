@@ -38,4 +38,15 @@ fi
 # `cargo build -p worker --no-default-features`.
 if [ "${WORLDLINE_NO_MEDIA:-0}" != 1 ]; then
   apt_install pkg-config libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
+  # bindgen takes the newest libclang it finds, and libclang 22 (which comes with the clang-22
+  # that compiles the kernels for gfx950 in CI) gives ffmpeg-sys-next's bindgen wrong struct
+  # layouts: keep it on libclang-dev's, unless the caller chose one.
+  if [ -z "${LIBCLANG_PATH:-}" ]; then
+    # libclang-dev depends on libclang-N-dev, whose libclang.so is in /usr/lib/llvm-N/lib.
+    llvm_major="$(dpkg-query -W -f='${Depends}' libclang-dev 2>/dev/null |
+      sed -n 's/^libclang-\([0-9][0-9]*\)-dev.*/\1/p')"
+    if [ -n "$llvm_major" ] && [ -e "/usr/lib/llvm-$llvm_major/lib/libclang.so" ]; then
+      export LIBCLANG_PATH="/usr/lib/llvm-$llvm_major/lib"
+    fi
+  fi
 fi
