@@ -174,31 +174,13 @@ pub fn self_check(dev: Device) -> Result<Vec<Agreement>> {
         let v = v.map(|(i, x)| x * (1u32 << (2 * (i / cols % 4))) as f32);
         Tensor::from_vec(v.collect(), t.shape())
     };
-    for (kind, op) in [
-        (ScaleKind::Rowwise, "linear fp8 rowwise"),
-        (ScaleKind::Tensorwise, "linear fp8 tensorwise"),
-    ] {
-        cases.push((
-            op,
-            1e-2,
-            vec![
-                spread(input(&[37, 96], DType::F32)?)?,
-                spread(input(&[80, 96], DType::F32)?)?,
-            ],
-            Box::new(move |t| {
-                let (xq, wq) = (
-                    ops::quantize_fp8(&t[0], kind)?,
-                    ops::quantize_fp8(&t[1], kind)?,
-                );
-                ops::linear(&xq, &wq, None)?.to_dtype(DType::F32)
-            }),
-        ));
-    }
-    // The FFN's first linear: bias, then GELU (on ROCm in hipBLASLt's epilogue where it takes
+    // Then the FFN's first linear, bias and GELU (on ROCm in hipBLASLt's epilogue where it takes
     // them, after the rowwise scales), in bf16 and over fp8 rowwise operands.
-    for (fp8, op) in [
-        (false, "linear_gelu bf16"),
-        (true, "linear_gelu fp8 rowwise"),
+    for (op, kind, ffn) in [
+        ("linear fp8 rowwise", Some(ScaleKind::Rowwise), false),
+        ("linear fp8 tensorwise", Some(ScaleKind::Tensorwise), false),
+        ("linear_gelu bf16", None, true),
+        ("linear_gelu fp8 rowwise", Some(ScaleKind::Rowwise), true),
     ] {
         cases.push((
             op,
@@ -209,15 +191,16 @@ pub fn self_check(dev: Device) -> Result<Vec<Agreement>> {
                 input(&[80], DType::F32)?,
             ],
             Box::new(move |t| {
-                let (x, w) = if fp8 {
-                    (
-                        ops::quantize_fp8(&t[0], ScaleKind::Rowwise)?,
-                        ops::quantize_fp8(&t[1], ScaleKind::Rowwise)?,
-                    )
-                } else {
-                    (t[0].to_dtype(DType::BF16)?, t[1].to_dtype(DType::BF16)?)
+                let operand = |x: &Tensor| match kind {
+                    Some(kind) => ops::quantize_fp8(x, kind),
+                    None => x.to_dtype(DType::BF16),
                 };
-                ops::linear_gelu(&x, &w, Some(&t[2]))?.to_dtype(DType::F32)
+                let (x, w) = (operand(&t[0])?, operand(&t[1])?);
+                let y = match ffn {
+                    true => ops::linear_gelu(&x, &w, Some(&t[2]))?,
+                    false => ops::linear(&x, &w, None)?,
+                };
+                y.to_dtype(DType::F32)
             }),
         ));
     }

@@ -93,9 +93,8 @@ inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
-// CDNA's matrix-core operands and v_mfma_f32_16x16x16_bf16 (vendor/hip.h's wl_mfma_16x16x16_bf16)
-// written from AMD's register layout: lane l holds A[l%16][4·(l/16)+i], B[4·(l/16)+i][l%16] and
-// D[4·(l/16)+i][l%16] for i = 0..3. Products of bf16 are exact in f32; sums go in K order.
+// CDNA's matrix-core operands and products (vendor/hip.h's wl_mfma_16x16x16_bf16 and gfx950's
+// wl_mfma_16x16x32_bf16), written from AMD's register layout (below).
 #define WL_EMU 1
 struct WlEmuBf16x4 {
     short v[4];
@@ -113,9 +112,13 @@ inline float wl_emu_bf16_value(short b) {
     std::memcpy(&f, &u, 4);
     return f;
 }
-inline WlEmuF32x4 wl_emu_mfma_16x16x16_bf16(WlEmuBf16x4 a, WlEmuBf16x4 b, WlEmuF32x4 c) {
+// D = A·B + C over one 16×16 output, K = 4·KW: lane l holds A[l%16][KW·(l/16)+i] and
+// B[KW·(l/16)+i][l%16] for i < KW, D[4·(l/16)+i][l%16] for i < 4. Products of bf16 are exact
+// in f32; sums go in K order.
+template <int KW, typename Frag>
+inline WlEmuF32x4 wl_emu_mfma_16x16(Frag a, Frag b, WlEmuF32x4 c) {
     struct Operands {
-        WlEmuBf16x4 a, b;
+        Frag a, b;
     } mine{a, b}, all[64];
     wl_emu_ctx->gather(wl_emu_ctx->team, threadIdx.x, &mine, all, (int)sizeof(Operands));
     const int lane = (int)(threadIdx.x % 64), col = lane % 16, grp = lane / 16;
@@ -123,35 +126,25 @@ inline WlEmuF32x4 wl_emu_mfma_16x16x16_bf16(WlEmuBf16x4 a, WlEmuBf16x4 b, WlEmuF
     for (int i = 0; i < 4; ++i) {
         const int row = 4 * grp + i;
         float acc = c[i];
-        for (int k = 0; k < 16; ++k)
-            acc += wl_emu_bf16_value(all[row + 16 * (k / 4)].a[k % 4]) * wl_emu_bf16_value(all[col + 16 * (k / 4)].b[k % 4]);
+        for (int k = 0; k < 4 * KW; ++k)
+            acc += wl_emu_bf16_value(all[row + 16 * (k / KW)].a[k % KW]) *
+                   wl_emu_bf16_value(all[col + 16 * (k / KW)].b[k % KW]);
         d[i] = acc;
     }
     return d;
 }
+inline WlEmuF32x4 wl_emu_mfma_16x16x16_bf16(WlEmuBf16x4 a, WlEmuBf16x4 b, WlEmuF32x4 c) {
+    return wl_emu_mfma_16x16<4>(a, b, c);
+}
 
-// gfx950's v_mfma_f32_16x16x32_bf16 (vendor/hip.h's wl_mfma_16x16x32_bf16), from the same
-// description: lane l holds A[l%16][8·(l/16)+i] and B[8·(l/16)+i][l%16] for i = 0..7, D as above.
+// gfx950's v_mfma_f32_16x16x32_bf16: eight bf16 of K per lane.
 struct WlEmuBf16x8 {
     short v[8];
     short& operator[](int i) { return v[i]; }
     short operator[](int i) const { return v[i]; }
 };
 inline WlEmuF32x4 wl_emu_mfma_16x16x32_bf16(WlEmuBf16x8 a, WlEmuBf16x8 b, WlEmuF32x4 c) {
-    struct Operands {
-        WlEmuBf16x8 a, b;
-    } mine{a, b}, all[64];
-    wl_emu_ctx->gather(wl_emu_ctx->team, threadIdx.x, &mine, all, (int)sizeof(Operands));
-    const int lane = (int)(threadIdx.x % 64), col = lane % 16, grp = lane / 16;
-    WlEmuF32x4 d = c;
-    for (int i = 0; i < 4; ++i) {
-        const int row = 4 * grp + i;
-        float acc = c[i];
-        for (int k = 0; k < 32; ++k)
-            acc += wl_emu_bf16_value(all[row + 16 * (k / 8)].a[k % 8]) * wl_emu_bf16_value(all[col + 16 * (k / 8)].b[k % 8]);
-        d[i] = acc;
-    }
-    return d;
+    return wl_emu_mfma_16x16<8>(a, b, c);
 }
 
 // A kernel's entry for the runtime: set this thread's indices, unpack the launch's argument

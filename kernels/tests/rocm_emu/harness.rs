@@ -169,6 +169,19 @@ pub fn fp8_linears_match_at(dev: Device, [m, n, k]: [usize; 3], in_gemm: bool) {
     }
 }
 
+/// Launches of the kernel `name` on the emulator so far in this process.
+pub fn launches(name: &str) -> u64 {
+    let name = std::ffi::CString::new(name).expect("a kernel name");
+    // SAFETY: `wl_emu_launches` is `uint64_t(const char*)` and reads the string only during
+    // the call.
+    with_emulator(|lib| unsafe {
+        let count = lib
+            .get::<unsafe extern "C" fn(*const std::ffi::c_char) -> u64>(b"wl_emu_launches\0")
+            .expect("the emulator's launch count");
+        count(name.as_ptr())
+    })
+}
+
 /// fp8 GEMMs the emulated hipBLASLt has run with an outer-vector scale so far in this process.
 pub fn outer_vec_gemms() -> u64 {
     emulator_count(b"wl_emu_outer_vec_gemms\0")
@@ -179,33 +192,23 @@ pub fn epilogue_gemms() -> u64 {
     emulator_count(b"wl_emu_epilogue_gemms\0")
 }
 
-/// Launches of the kernel `name` on the emulator so far in this process.
-pub fn launches(name: &str) -> u64 {
-    let path = std::env::var("WORLDLINE_ROCM_LIBRARY").expect("the emulator is in use");
-    let name = std::ffi::CString::new(name).expect("a kernel name");
-    // SAFETY: the emulator the backend loaded; `wl_emu_launches` is `uint64_t(const char*)`
-    // and reads the string only during the call.
-    unsafe {
-        let lib = libloading::Library::new(&path).expect("the emulator library");
-        let count = lib
-            .get::<unsafe extern "C" fn(*const std::ffi::c_char) -> u64>(b"wl_emu_launches\0")
-            .expect("the emulator's launch count");
-        count(name.as_ptr())
-    }
-}
-
 /// One of the emulator's counts, `uint64_t name(void)`.
 fn emulator_count(symbol: &[u8]) -> u64 {
-    let path = std::env::var("WORLDLINE_ROCM_LIBRARY").expect("the emulator is in use");
-    // SAFETY: the emulator the backend loaded (dlopen hands back the same instance); its counts
-    // are `uint64_t(void)` functions.
-    unsafe {
-        let lib = libloading::Library::new(&path).expect("the emulator library");
+    // SAFETY: the emulator's counts are `uint64_t(void)` functions.
+    with_emulator(|lib| unsafe {
         let count = lib
             .get::<unsafe extern "C" fn() -> u64>(symbol)
             .expect("the emulator's count");
         count()
-    }
+    })
+}
+
+/// `f` on the emulator library the backend loaded (dlopen hands back the same instance).
+fn with_emulator<R>(f: impl FnOnce(&libloading::Library) -> R) -> R {
+    let path = std::env::var("WORLDLINE_ROCM_LIBRARY").expect("the emulator is in use");
+    // SAFETY: the library is already loaded (by the backend); loading it again runs nothing.
+    let lib = unsafe { libloading::Library::new(&path) }.expect("the emulator library");
+    f(&lib)
 }
 
 /// Linears with a bias, with a bias then GELU, and with GELU alone, on `dev` against the CPU:
