@@ -490,30 +490,10 @@ WL_DEVICE void fm_stage(wl_bf16* ks, wl_bf16* vt, const wl_bf16* k, const wl_bf1
     }
 }
 
-// One staged tile into the state: keys at or past vis[hh] of the tile are masked for half hh.
-template <int KW>
-WL_DEVICE void fm_step(FmState& st, const wl_bf16* ks, const wl_bf16* vt,
-                       const typename FmFrag<KW>::T (&qf)[2][FM_D / (4 * KW)], const int* vis, float scale2, int col,
-                       int grp) {
-    typedef FmFrag<KW> F;
-    // Sᵀ: lane (col, grp) gets keys 16·t + 4·grp .. +3 of query col of each half.
-    wl_f32x4 s[2][FM_BC / 16];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int t = 0; t < FM_BC / 16; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[hh][t][e] = 0.0f;
-#pragma unroll
-    for (int t = 0; t < FM_BC / 16; ++t) {
-#pragma unroll
-        for (int kk = 0; kk < FM_D / (4 * KW); ++kk) {
-            const typename F::T a = F::ld(ks + (t * 16 + col) * FM_KP + kk * 4 * KW + grp * KW);
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) s[hh][t] = F::mma(a, qf[hh][kk], s[hh][t]);
-        }
-    }
-    // Online softmax per query; the max is taken on raw scores (scale > 0).
+// One tile's online softmax per query, in the Sᵀ layout (lane (col, grp) holds keys 16·t + 4·grp
+// .. +3 of query col of each half): keys at or past vis[hh] are masked, the state's O rescaled,
+// and s left holding the probabilities. The max is taken on raw scores (scale2 > 0).
+WL_DEVICE void fm_softmax(FmState& st, wl_f32x4 (&s)[2][FM_BC / 16], const int* vis, float scale2, int grp) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         float mx = -WL_INF;
@@ -547,6 +527,32 @@ WL_DEVICE void fm_step(FmState& st, const wl_bf16* ks, const wl_bf16* vt,
 #pragma unroll
             for (int e = 0; e < 4; ++e) st.o[hh][j][e] *= corr;
     }
+}
+
+// One staged tile into the state: keys at or past vis[hh] of the tile are masked for half hh.
+template <int KW>
+WL_DEVICE void fm_step(FmState& st, const wl_bf16* ks, const wl_bf16* vt,
+                       const typename FmFrag<KW>::T (&qf)[2][FM_D / (4 * KW)], const int* vis, float scale2, int col,
+                       int grp) {
+    typedef FmFrag<KW> F;
+    // Sᵀ: lane (col, grp) gets keys 16·t + 4·grp .. +3 of query col of each half.
+    wl_f32x4 s[2][FM_BC / 16];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int t = 0; t < FM_BC / 16; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[hh][t][e] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < FM_BC / 16; ++t) {
+#pragma unroll
+        for (int kk = 0; kk < FM_D / (4 * KW); ++kk) {
+            const typename F::T a = F::ld(ks + (t * 16 + col) * FM_KP + kk * 4 * KW + grp * KW);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) s[hh][t] = F::mma(a, qf[hh][kk], s[hh][t]);
+        }
+    }
+    fm_softmax(st, s, vis, scale2, grp);
     // Oᵀ += Vᵀ·Pᵀ, 4·KW keys a step: the probabilities of KW/4 score blocks as bf16 are the B
     // operand.
 #pragma unroll

@@ -123,6 +123,131 @@ WL_DEVICE void fp8_kv_store(unsigned char* k8, float* ks, unsigned char* vt, flo
 WL_FP8_TILES(float, f32)
 WL_FP8_TILES(wl_bf16, bf16)
 
+#if defined(WL_HAS_MFMA_FP8)
+// The same attention on gfx950's matrix cores (v_mfma_f32_16x16x32_fp8_fp8, OCP e4m3: our codes),
+// laid out as attention.cu's bf16 MFMA kernel with eight elements of K a lane: Sᵀ = K·Qᵀ keeps a
+// query's softmax state in one lane, and its probabilities, as e4m3, are the B operand of
+// Oᵀ = Vᵀ·Pᵀ. A block of 4 wavefronts takes one 128-query tile of one head, so q's tile scale is
+// the block's; a staged tile of 64 keys lies in one 128-key tile, so k's scale joins the step's
+// score scale, and P is quantized as the Hopper kernel's w = 448·p·(vs_j / vmax). Vᵀ is staged
+// from the store's Hopper order (fp8_vt_key) into the one this operand reads (fm_vt_pos<8>).
+// Never run on an AMD GPU (checked on the CPU emulation of kernels/tests/rocm_emu).
+#define F8M_KP (128 + 16)
+#define F8M_VP (FM_BC + 16)
+
+// Stages keys [first, first + count) of head h: K codes row-major, Vᵀ codes permuted; zeros past
+// count. The whole block takes part; the caller syncs after.
+WL_DEVICE void f8m_stage(unsigned char* ks, unsigned char* vt, const unsigned char* k8, const unsigned char* vt8,
+                         int first, int count, int heads, int h, int cap) {
+    for (int i = threadIdx.x; i < FM_BC * 8; i += blockDim.x) {
+        const int r = i / 8, c16 = (i % 8) * 16;
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (r < count) w = *(const uint4*)(k8 + ((wl_u64)(first + r) * heads + h) * 128 + c16);
+        *(uint4*)(ks + r * F8M_KP + c16) = w;
+    }
+    for (int i = threadIdx.x; i < 128 * (FM_BC / 16); i += blockDim.x) {
+        const int d = i / (FM_BC / 16), s0 = (i % (FM_BC / 16)) * 16;
+        const uint4 w = *(const uint4*)(vt8 + ((wl_u64)h * 128 + d) * cap + first + s0);
+        const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int b = 0; b < 16; ++b) {
+            const int slot = s0 + b, key = (slot & ~31) | fp8_vt_key(slot & 31);
+            const unsigned char c = key < count ? (unsigned char)(ws[b / 4] >> (8 * (b % 4))) : 0;
+            vt[d * F8M_VP + fm_vt_pos<8>(key)] = c;
+        }
+    }
+}
+
+WL_DEVICE wl_fp8x8 f8m_load(const unsigned char* p) {
+    wl_fp8x8 r;
+    __builtin_memcpy(&r, p, sizeof r);
+    return r;
+}
+
+WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
+    flash_fp8_mfma_d128(wl_bf16* out, const unsigned char* q8, const float* qs, const unsigned char* k8,
+                        const float* ksc, const unsigned char* vt8, const float* vsc, int lq, int kv_len, int heads,
+                        int cap, float scale) {
+    __align__(16) __shared__ unsigned char ks[FM_BC * F8M_KP];
+    __align__(16) __shared__ unsigned char vt[128 * F8M_VP];
+    __shared__ float scratch[32];
+    const int wave = threadIdx.x / 64, lane = threadIdx.x % 64;
+    const int col = lane % 16, grp = lane / 16;
+    const int tile = blockIdx.x, h = blockIdx.y, k_tiles = cap / F8_TILE;
+    const wl_u64 row = (wl_u64)heads * 128;
+    // The largest v tile scale of the keys attended: P's unit.
+    float vm = 0.0f;
+    for (int j = threadIdx.x; j < (kv_len + F8_TILE - 1) / F8_TILE; j += blockDim.x) vm = fmaxf(vm, vsc[h * k_tiles + j]);
+    const float vmax = fmaxf(wl_block_max(vm, scratch), 1e-30f);
+    const float sq = qs[h * gridDim.x + tile];
+    int qi[2];
+    wl_fp8x8 qf[2][4];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        // The codes hold whole tiles (zeros past lq).
+        qi[hh] = tile * F8_TILE + wave * 32 + hh * 16 + col;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) qf[hh][kk] = f8m_load(q8 + (wl_u64)qi[hh] * row + (wl_u64)h * 128 + kk * 32 + grp * 8);
+    }
+    FmState st;
+    fm_init(st);
+    for (int kb = 0; kb < kv_len; kb += FM_BC) {
+        f8m_stage(ks, vt, k8, vt8, kb, min(FM_BC, kv_len - kb), heads, h, cap);
+        __syncthreads();
+        const int kt = h * k_tiles + kb / F8_TILE;
+        wl_f32x4 s[2][FM_BC / 16];
+#pragma unroll
+        for (int t = 0; t < FM_BC / 16; ++t) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[hh][t][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const wl_fp8x8 a = f8m_load(ks + (t * 16 + col) * F8M_KP + kk * 32 + grp * 8);
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) s[hh][t] = wl_mfma_16x16x32_fp8(a, qf[hh][kk], s[hh][t]);
+            }
+        }
+        const int vis[2] = {kv_len - kb, kv_len - kb};
+        fm_softmax(st, s, vis, scale * 1.4426950408889634f * sq * ksc[kt], grp);
+        // P as e4m3 in units of vmax / 448: two score blocks' probabilities make a lane's eight.
+        const float g = 448.0f * vsc[kt] / vmax;
+#pragma unroll
+        for (int t2 = 0; t2 < FM_BC / 32; ++t2) {
+            wl_fp8x8 p[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const float w[8] = {s[hh][2 * t2][0],     s[hh][2 * t2][1],     s[hh][2 * t2][2],
+                                    s[hh][2 * t2][3],     s[hh][2 * t2 + 1][0], s[hh][2 * t2 + 1][1],
+                                    s[hh][2 * t2 + 1][2], s[hh][2 * t2 + 1][3]};
+                const unsigned long long lo = wl_pack_e4m3_lean(w, g), hi = wl_pack_e4m3_lean(w + 4, g);
+                const unsigned long long both = lo | (hi << 32);
+                __builtin_memcpy(&p[hh], &both, sizeof both);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const wl_fp8x8 a = f8m_load(vt + (j * 16 + col) * F8M_VP + t2 * 32 + grp * 8);
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) st.o[hh][j] = wl_mfma_16x16x32_fp8(a, p[hh], st.o[hh][j]);
+            }
+        }
+        // The tile is restaged next: everyone must be done reading it.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const float inv = fm_inv_sum(st, hh) * vmax / 448.0f;
+        if (qi[hh] >= lq) continue;
+        wl_bf16* dst = out + (wl_u64)qi[hh] * row + (wl_u64)h * 128 + grp * 4;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            *(uint2*)(dst + j * 16) = make_uint2(wl_pack_bf16(st.o[hh][j][0] * inv, st.o[hh][j][1] * inv),
+                                                 wl_pack_bf16(st.o[hh][j][2] * inv, st.o[hh][j][3] * inv));
+    }
+}
+#endif
+
 #if defined(WL_HAS_WGMMA)
 // The dense TMA kernel of attention.cu with e4m3 operands: the same producer / two ping-ponging
 // consumers and the same tail split, 128 keys a tile. Per tile a K tile (128 keys × 128 dims) and

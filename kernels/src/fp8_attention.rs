@@ -251,13 +251,81 @@ pub fn attention_fp8(q: &Tensor, kv: &Fp8Kv, kv_len: usize) -> Result<Tensor> {
     match q.storage() {
         Storage::Cpu(_) => attention_cpu(q, kv, kv_len),
         Storage::Cuda(_) => cuda::ops::attention_fp8(q, kv, kv_len),
-        Storage::Rocm(_) => Err(Error::Invalid {
-            op: "attention_fp8",
-            msg: "the fp8 attention kernel is Hopper's (wgmma); the ROCm backend has none yet: \
-                  run attention in bf16 there"
-                .into(),
-        }),
+        Storage::Rocm(_) => crate::rocm::ops::attention_fp8(q, kv, kv_len),
     }
+}
+
+/// Whether [`attention_fp8`] runs on `device`: the CPU (the reference), a Hopper GPU (sm_90a's
+/// wgmma kernel) or a gfx950 (its MFMA kernel). Elsewhere it errors, saying so; a device that
+/// does not open answers false.
+pub fn supported(device: Device) -> bool {
+    match device {
+        Device::Cpu => true,
+        Device::Cuda(i) => cuda::backend(i).is_ok_and(|b| b.arch == "sm_90a"),
+        Device::Rocm(i) => {
+            crate::rocm::backend(i).is_ok_and(|b| crate::rocm::ops::has_fp8_attention(&b.arch))
+        }
+    }
+}
+
+/// Runs [`attention_fp8`] on `device` and on the CPU over the same small store (150 queries, 300
+/// keys written in two pieces, 2 heads, fixed pseudo-random values with key tiles at different
+/// magnitudes) and returns the relative L2 distance; an error if it exceeds 4e-2 (the e4m3
+/// rounding of P is ~2.5 % here; a wrong layout or scale is order one). For backends that have
+/// never run on the project's machines (ROCm), before a model takes the path.
+pub fn check(device: Device) -> Result<f64> {
+    let (lq, kv_len, heads) = (150, 300, 2);
+    let mut seed = 0x5eed_u64;
+    let mut values = |n: usize, gain: &dyn Fn(usize) -> f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * gain(i)
+            })
+            .collect()
+    };
+    let row = heads * FP8_HEAD_DIM;
+    let tile_gain = |g: [f32; 3]| move |i: usize| g[i / row / FP8_TILE];
+    let q = Tensor::from_vec(values(lq * row, &|_| 1.0), &[lq, heads, FP8_HEAD_DIM])?
+        .to_dtype(DType::BF16)?;
+    let k = Tensor::from_vec(
+        values(kv_len * row, &tile_gain([1.0, 2.0, 0.5])),
+        &[kv_len, heads, FP8_HEAD_DIM],
+    )?
+    .to_dtype(DType::BF16)?;
+    let v = Tensor::from_vec(
+        values(kv_len * row, &tile_gain([1.0, 4.0, 0.25])),
+        &[kv_len, heads, FP8_HEAD_DIM],
+    )?
+    .to_dtype(DType::BF16)?;
+    let mut cpu = Fp8Kv::new(kv_len, heads, Device::Cpu)?;
+    let mut dev = Fp8Kv::new(kv_len, heads, device)?;
+    let (kd, vd) = (k.to_device(device)?, v.to_device(device)?);
+    for (a, b) in [(0, 213), (213, kv_len)] {
+        cpu.requantize(&k, &v, a..b, b)?;
+        dev.requantize(&kd, &vd, a..b, b)?;
+    }
+    let want = attention_fp8(&q, &cpu, kv_len)?.to_vec_f32();
+    let got = attention_fp8(&q.to_device(device)?, &dev, kv_len)?.to_vec_f32();
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(&want) {
+        num += (f64::from(*g) - f64::from(*w)).powi(2);
+        den += f64::from(*w).powi(2);
+    }
+    let rel = (num / den.max(1e-30)).sqrt();
+    // NaN fails too.
+    if rel.is_nan() || rel > 4e-2 {
+        return Err(Error::Device {
+            device: device.to_string(),
+            msg: format!(
+                "fp8 attention check: relative L2 {rel:.3e} from the CPU reference exceeds 4e-2; \
+                 this GPU computes wrong results on that path: run attention in bf16"
+            ),
+        });
+    }
+    Ok(rel)
 }
 
 /// The reference: every operand dequantized from its codes, then the f32 attention of the CPU

@@ -685,6 +685,84 @@ pub fn vsa_mfma_fits(
     bf16 && d == FLASH_HEAD_DIM && has_mfma_bf16(arch) && small(qt) && small(kt)
 }
 
+/// Whether `arch` has the fp8 attention kernel (attention_fp8.cu's `flash_fp8_mfma_d128`):
+/// gfx950, whose matrix cores take OCP e4m3, the store's codes (gfx942's take fnuz).
+pub fn has_fp8_attention(arch: &str) -> bool {
+    arch.split(':').next() == Some("gfx950")
+}
+
+/// The fp8 attention over the cache's fp8 store on gfx950's matrix cores: q quantized per
+/// (128-row tile, head) by `fp8_q_tiles` (the Hopper kernel's), then `flash_fp8_mfma_d128`, a
+/// block per (query tile, head). Head dim 128; bf16 out, returned in q's dtype.
+pub fn attention_fp8(
+    q: &Tensor,
+    kv: &crate::fp8_attention::Fp8Kv,
+    kv_len: usize,
+) -> Result<Tensor> {
+    use crate::fp8_attention::{FP8_HEAD_DIM, FP8_TILE};
+    let s = storage(q)?;
+    let dev = s.dev.clone();
+    if !has_fp8_attention(&dev.arch) {
+        return Err(Error::Invalid {
+            op: "attention_fp8",
+            msg: format!(
+                "the ROCm fp8 attention kernel runs on gfx950 (OCP e4m3 matrix cores); this GPU \
+                 is {}: run attention in bf16 there",
+                dev.arch
+            ),
+        });
+    }
+    let (lq, heads, cap) = (q.dim(0), q.dim(1), kv.capacity());
+    let i32_of = |what: &str, n: usize| {
+        i32::try_from(n).map_err(|_| dev.err(format!("attention_fp8: {what} {n} exceeds 32 bits")))
+    };
+    let (lq32, kv32, h32, cap32) = (
+        i32_of("queries", lq)?,
+        i32_of("keys", kv_len)?,
+        i32_of("heads", heads)?,
+        i32_of("capacity", cap)?,
+    );
+    let q_tiles = lq.div_ceil(FP8_TILE);
+    // SAFETY: fp8_q_tiles writes every code of every tile (zeros past lq) and every scale.
+    let mut q_codes = unsafe {
+        dev.stream
+            .alloc::<u8>(q_tiles * FP8_TILE * heads * FP8_HEAD_DIM)
+    }
+    .map_err(|e| dev.err(e))?;
+    let mut q_scales =
+        unsafe { dev.stream.alloc::<f32>(q_tiles * heads) }.map_err(|e| dev.err(e))?;
+    let tiles_cfg = LaunchConfig {
+        grid_dim: (q_tiles as u32, heads as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let name = format!("fp8_q_tiles_{}", suffix(q.dtype())?);
+    launch!(kind = "fp8"; &dev, "attention", &name, tiles_cfg, |b| {
+        b.arg(&mut q_codes).arg(&mut q_scales);
+        push(b, &s.data);
+        b.arg(&lq32).arg(&h32);
+    });
+    let [k8, ksc, vt, vsc] = kv.parts();
+    let (k8, ksc, vt, vsc) = (storage(k8)?, storage(ksc)?, storage(vt)?, storage(vsc)?);
+    let mut out = RocmStorage::alloc(&dev, DType::BF16, q.elem_count())?;
+    let scale = 1.0f32 / (FP8_HEAD_DIM as f32).sqrt();
+    let cfg = LaunchConfig {
+        grid_dim: (q_tiles as u32, heads as u32, 1),
+        block_dim: (FLASH_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(&dev, "attention", "flash_fp8_mfma_d128", cfg, |b| {
+        push_mut(b, &mut out.data);
+        b.arg(&q_codes).arg(&q_scales);
+        push(b, &k8.data);
+        push(b, &ksc.data);
+        push(b, &vt.data);
+        push(b, &vsc.data);
+        b.arg(&lq32).arg(&kv32).arg(&h32).arg(&cap32).arg(&scale);
+    });
+    cast(&wrap(out, q.shape()), q.dtype())
+}
+
 /// VSA's fine branch on the matrix cores (attention.cu's `vsa_fine_mfma_bf16_d128`): bf16
 /// operands at head dim 128 with tiles of at most 64 tokens on an MFMA architecture; `None`
 /// leaves the call to the portable kernel.

@@ -147,6 +147,33 @@ inline WlEmuF32x4 wl_emu_mfma_16x16x32_bf16(WlEmuBf16x8 a, WlEmuBf16x8 b, WlEmuF
     return wl_emu_mfma_16x16<8>(a, b, c);
 }
 
+// gfx950's v_mfma_f32_16x16x32_fp8_fp8: eight OCP e4m3 codes of K per lane in a 64-bit word
+// (byte i is element i), the lanes as above; each code decoded from the format's definition.
+inline float wl_emu_e4m3_value(unsigned c) {
+    if ((c & 0x7f) == 0x7f) return std::nanf("");
+    const int e = (c >> 3) & 15, m = c & 7;
+    const float mag = e == 0 ? std::ldexp((float)m / 8.0f, -6) : std::ldexp(1.0f + (float)m / 8.0f, e - 7);
+    return (c & 0x80) ? -mag : mag;
+}
+inline WlEmuF32x4 wl_emu_mfma_16x16x32_fp8(unsigned long long a, unsigned long long b, WlEmuF32x4 c) {
+    struct Operands {
+        unsigned long long a, b;
+    } mine{a, b}, all[64];
+    wl_emu_ctx->gather(wl_emu_ctx->team, threadIdx.x, &mine, all, (int)sizeof(Operands));
+    const int lane = (int)(threadIdx.x % 64), col = lane % 16, grp = lane / 16;
+    auto code = [](unsigned long long w, int i) { return (unsigned)((w >> (8 * i)) & 0xff); };
+    WlEmuF32x4 d = c;
+    for (int i = 0; i < 4; ++i) {
+        const int row = 4 * grp + i;
+        float acc = c[i];
+        for (int k = 0; k < 32; ++k)
+            acc += wl_emu_e4m3_value(code(all[row + 16 * (k / 8)].a, k % 8)) *
+                   wl_emu_e4m3_value(code(all[col + 16 * (k / 8)].b, k % 8));
+        d[i] = acc;
+    }
+    return d;
+}
+
 // A kernel's entry for the runtime: set this thread's indices, unpack the launch's argument
 // pointers into the kernel's parameters.
 inline void wl_emu_enter(const WlEmuCtx* c) {

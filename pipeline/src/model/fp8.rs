@@ -31,8 +31,9 @@ impl WanModel {
 
     /// Runs self-attention over the KV cache with e4m3 operands (`kernels::attention_fp8`: q,
     /// k and v with one scale per 128-row tile and head, the softmax weights rounded to e4m3):
-    /// CUDA's Hopper kernel, or the CPU's reference. Head dim 128 only; the ROCm backend has no
-    /// such kernel, so the model refuses there rather than fail at the first chunk.
+    /// CUDA's Hopper kernel, gfx950's MFMA kernel, or the CPU's reference. Head dim 128 only.
+    /// Elsewhere the model refuses rather than fail at the first chunk; on ROCm, whose kernel
+    /// has never run on an AMD GPU, the op is first checked against the CPU on this device.
     pub fn use_fp8_attention(&mut self) -> Result<()> {
         let hd = self.cfg.head_dim();
         if hd != kernels::fp8_attention::FP8_HEAD_DIM {
@@ -42,12 +43,15 @@ impl WanModel {
                 self.cfg.name
             )));
         }
-        if let kernels::Device::Rocm(_) = self.device() {
-            return Err(Error::Config(
-                "fp8 attention has no ROCm kernel yet (Hopper's wgmma kernel, or the CPU's \
-                 reference): run attention in bf16 on ROCm"
-                    .into(),
-            ));
+        let device = self.device();
+        if !kernels::fp8_attention::supported(device) {
+            return Err(Error::Config(format!(
+                "fp8 attention has no kernel on {device} (Hopper's wgmma kernel, gfx950's MFMA \
+                 kernel, or the CPU's reference): run attention in bf16 there"
+            )));
+        }
+        if let kernels::Device::Rocm(_) = device {
+            kernels::fp8_attention::check(device)?;
         }
         self.fp8_attention = true;
         Ok(())
