@@ -124,7 +124,8 @@ WL_FP8_TILES(float, f32)
 WL_FP8_TILES(wl_bf16, bf16)
 
 #if defined(WL_HAS_MFMA_FP8)
-// The same attention on gfx950's matrix cores (v_mfma_f32_16x16x32_fp8_fp8, OCP e4m3: our codes),
+// The same attention on CDNA3/4 matrix cores (v_mfma_f32_16x16x32_fp8_fp8; gfx950's OCP e4m3 is
+// our codes, gfx94x's fnuz takes them as codes of half the value, f8m_device below),
 // laid out as attention.cu's bf16 MFMA kernel with eight elements of K a lane: Sᵀ = K·Qᵀ keeps a
 // query's softmax state in one lane, and its probabilities, as e4m3, are the B operand of
 // Oᵀ = Vᵀ·Pᵀ. A block of 4 wavefronts takes one 128-query tile of one head, so q's tile scale is
@@ -135,6 +136,31 @@ WL_FP8_TILES(wl_bf16, bf16)
 #define F8M_KP (128 + 16)
 #define F8M_VP (FM_BC + 16)
 
+#if defined(WL_MFMA_FP8_FNUZ)
+// Our e4m3fn code as the matrix cores' fnuz code of half its value: the same bits (exponent bias
+// 8 against 7), but for -0 (0x80, fnuz's NaN) → 0 and NaN (S.1111.111) → 0x80. Products of two
+// such operands are a quarter of ours: F8M_UNIT² undoes it.
+WL_DEVICE unsigned char f8m_device(unsigned char c) {
+    return c == 0x80 ? 0 : (c & 0x7f) == 0x7f ? 0x80 : c;
+}
+#define F8M_UNIT 2.0f
+#else
+WL_DEVICE unsigned char f8m_device(unsigned char c) { return c; }
+#define F8M_UNIT 1.0f
+#endif
+// Eight codes at once (byte i is element i).
+WL_DEVICE unsigned long long f8m_device8(unsigned long long w) {
+    unsigned long long r = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r |= (unsigned long long)f8m_device((unsigned char)(w >> (8 * i))) << (8 * i);
+    return r;
+}
+WL_DEVICE uint4 f8m_device16(uint4 w) {
+    const unsigned long long lo = f8m_device8(w.x | ((unsigned long long)w.y << 32));
+    const unsigned long long hi = f8m_device8(w.z | ((unsigned long long)w.w << 32));
+    return make_uint4((unsigned int)lo, (unsigned int)(lo >> 32), (unsigned int)hi, (unsigned int)(hi >> 32));
+}
+
 // Stages keys [first, first + count) of head h: K codes row-major, Vᵀ codes permuted; zeros past
 // count. The whole block takes part; the caller syncs after.
 WL_DEVICE void f8m_stage(unsigned char* ks, unsigned char* vt, const unsigned char* k8, const unsigned char* vt8,
@@ -142,7 +168,7 @@ WL_DEVICE void f8m_stage(unsigned char* ks, unsigned char* vt, const unsigned ch
     for (int i = threadIdx.x; i < FM_BC * 8; i += blockDim.x) {
         const int r = i / 8, c16 = (i % 8) * 16;
         uint4 w = make_uint4(0, 0, 0, 0);
-        if (r < count) w = *(const uint4*)(k8 + ((wl_u64)(first + r) * heads + h) * 128 + c16);
+        if (r < count) w = f8m_device16(*(const uint4*)(k8 + ((wl_u64)(first + r) * heads + h) * 128 + c16));
         *(uint4*)(ks + r * F8M_KP + c16) = w;
     }
     for (int i = threadIdx.x; i < 128 * (FM_BC / 16); i += blockDim.x) {
@@ -152,7 +178,7 @@ WL_DEVICE void f8m_stage(unsigned char* ks, unsigned char* vt, const unsigned ch
 #pragma unroll
         for (int b = 0; b < 16; ++b) {
             const int slot = s0 + b, key = (slot & ~31) | fp8_vt_key(slot & 31);
-            const unsigned char c = key < count ? (unsigned char)(ws[b / 4] >> (8 * (b % 4))) : 0;
+            const unsigned char c = key < count ? f8m_device((unsigned char)(ws[b / 4] >> (8 * (b % 4)))) : 0;
             vt[d * F8M_VP + fm_vt_pos<8>(key)] = c;
         }
     }
@@ -187,7 +213,12 @@ WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
         // The codes hold whole tiles (zeros past lq).
         qi[hh] = tile * F8_TILE + wave * 32 + hh * 16 + col;
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) qf[hh][kk] = f8m_load(q8 + (wl_u64)qi[hh] * row + (wl_u64)h * 128 + kk * 32 + grp * 8);
+        for (int kk = 0; kk < 4; ++kk) {
+            unsigned long long w;
+            __builtin_memcpy(&w, q8 + (wl_u64)qi[hh] * row + (wl_u64)h * 128 + kk * 32 + grp * 8, sizeof w);
+            w = f8m_device8(w);
+            __builtin_memcpy(&qf[hh][kk], &w, sizeof w);
+        }
     }
     FmState st;
     fm_init(st);
@@ -210,7 +241,7 @@ WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
             }
         }
         const int vis[2] = {kv_len - kb, kv_len - kb};
-        fm_softmax(st, s, vis, scale * 1.4426950408889634f * sq * ksc[kt], grp);
+        fm_softmax(st, s, vis, scale * 1.4426950408889634f * sq * ksc[kt] * (F8M_UNIT * F8M_UNIT), grp);
         // P as e4m3 in units of vmax / 448: two score blocks' probabilities make a lane's eight.
         const float g = 448.0f * vsc[kt] / vmax;
 #pragma unroll
@@ -222,7 +253,7 @@ WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
                                     s[hh][2 * t2][3],     s[hh][2 * t2 + 1][0], s[hh][2 * t2 + 1][1],
                                     s[hh][2 * t2 + 1][2], s[hh][2 * t2 + 1][3]};
                 const unsigned long long lo = wl_pack_e4m3_lean(w, g), hi = wl_pack_e4m3_lean(w + 4, g);
-                const unsigned long long both = lo | (hi << 32);
+                const unsigned long long both = f8m_device8(lo | (hi << 32));
                 __builtin_memcpy(&p[hh], &both, sizeof both);
             }
 #pragma unroll
@@ -237,7 +268,7 @@ WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
     }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-        const float inv = fm_inv_sum(st, hh) * vmax / 448.0f;
+        const float inv = fm_inv_sum(st, hh) * vmax / 448.0f * (F8M_UNIT * F8M_UNIT);
         if (qi[hh] >= lq) continue;
         wl_bf16* dst = out + (wl_u64)qi[hh] * row + (wl_u64)h * 128 + grp * 4;
 #pragma unroll

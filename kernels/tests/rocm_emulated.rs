@@ -14,8 +14,8 @@
 mod harness;
 
 use harness::{
-    check, emulated_gpu, fp8_linears_match, fp8_linears_match_at, input, launches,
-    linear_epilogues_match, SERIAL,
+    check, emulated_gpu, fp8_attention_matches, fp8_linears_match, fp8_linears_match_at, input,
+    launches, linear_epilogues_match, SERIAL,
 };
 use kernels::{ops, AttnMask, DType, Device, NormOut, Tensor};
 
@@ -461,8 +461,7 @@ fn vsa_fine_runs_on_the_matrix_cores() {
 }
 
 /// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as
-/// the CPU writes it, code for code; the attention itself has no kernel on gfx942 (its matrix
-/// cores take fnuz e4m3) and says so.
+/// the CPU writes it, code for code.
 #[test]
 fn the_fp8_kv_store_matches_the_cpu_on_the_emulated_gpu() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -497,9 +496,15 @@ fn the_fp8_kv_store_matches_the_cpu_on_the_emulated_gpu() {
             g.len()
         );
     }
-    let q = input(43, &[10, 2, 128], DType::BF16)
-        .to_device(dev)
-        .expect("q");
-    let e = kernels::attention_fp8(&q, &gpu, 300).expect_err("no gfx942 kernel");
-    assert!(e.to_string().contains("ROCm"), "{e}");
+}
+
+/// The fp8 attention on gfx942's fp8 matrix cores, which take fnuz e4m3: the store's OCP codes
+/// pass as fnuz codes of half the value (`harness::fp8_attention_matches`).
+#[test]
+fn fp8_attention_runs_on_fnuz_matrix_cores() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    fp8_attention_matches(dev);
 }

@@ -6,7 +6,9 @@
 #[path = "rocm_emu/harness.rs"]
 mod harness;
 
-use harness::{check, emulated_gpu, fp8_linears_match, input, launches, SERIAL};
+use harness::{
+    check, emulated_gpu, fp8_attention_matches, fp8_linears_match, input, launches, SERIAL,
+};
 use kernels::{ops, AttnMask, DType, ScaleKind};
 
 #[test]
@@ -136,54 +138,13 @@ fn a_library_without_fp8_kernels_falls_back_to_bf16() {
     assert!(e.to_string().contains("hipBLASLt"), "{e}");
 }
 
-/// The fp8 attention on gfx950's fp8 matrix cores against the CPU's reference, over a store
-/// written as a cache fills (two unaligned writes): as `backend_consistency`'s Hopper case, 4e-2
-/// (the e4m3 rounding of P is ~3 % on random inputs; a wrong layout or scale gives order one),
-/// and within 8e-2 of f32 attention on the unquantized inputs.
+/// The fp8 attention on gfx950's fp8 matrix cores (OCP e4m3, the store's codes) against the
+/// CPU's reference (`harness::fp8_attention_matches`).
 #[test]
 fn fp8_attention_runs_on_the_fp8_matrix_cores() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(dev) = emulated_gpu("gfx950") else {
         return;
     };
-    assert!(kernels::fp8_attention::supported(dev));
-    let (lq, kv_len, heads) = (150, 300, 2);
-    // Key tiles of 128 at different magnitudes, so that each tile's scale matters.
-    let tiled = |seed, gain: [f32; 3]| {
-        let x = harness::values(seed, kv_len * heads * 128);
-        let x = x
-            .iter()
-            .enumerate()
-            .map(|(i, v)| v * gain[i / (heads * 128) / 128]);
-        kernels::Tensor::from_vec(x.collect(), &[kv_len, heads, 128])
-            .and_then(|t| t.to_dtype(DType::BF16))
-            .expect("input")
-    };
-    let q = input(80, &[lq, heads, 128], DType::BF16);
-    let k = tiled(81, [1.0, 2.0, 0.5]);
-    let v = tiled(82, [1.0, 4.0, 0.25]);
-    let (kd, vd) = (k.to_device(dev).expect("k"), v.to_device(dev).expect("v"));
-    let mut cpu = kernels::Fp8Kv::new(kv_len + 37, heads, kernels::Device::Cpu).expect("store");
-    let mut gpu = kernels::Fp8Kv::new(kv_len + 37, heads, dev).expect("store");
-    for w in [0, 213, kv_len].windows(2) {
-        cpu.requantize(&k, &v, w[0]..w[1], w[1]).expect("cpu write");
-        gpu.requantize(&kd, &vd, w[0]..w[1], w[1])
-            .expect("gpu write");
-    }
-    let before = launches("flash_fp8_mfma_d128");
-    let want = kernels::attention_fp8(&q, &cpu, kv_len).expect("cpu");
-    let got = kernels::attention_fp8(&q.to_device(dev).expect("q"), &gpu, kv_len)
-        .expect("fp8 attention on the emulated gfx950")
-        .to_vec_f32();
-    assert_eq!(launches("flash_fp8_mfma_d128") - before, 1);
-    let e = harness::rel_l2(&got, &want.to_vec_f32());
-    println!("fp8 attention {lq}x{kv_len}x{heads} (MFMA fp8): rel L2 {e:.2e} against the CPU");
-    assert!(e < 4e-2, "rel L2 {e:.3e}");
-    let exact = ops::attention(&q, &k, &v, kv_len, AttnMask::None).expect("f32");
-    let e = harness::rel_l2(&got, &exact.to_vec_f32());
-    println!("fp8 attention against unquantized attention: rel L2 {e:.2e}");
-    assert!(e < 8e-2, "rel L2 {e:.3e}");
-    // The check a model runs before it takes the path on ROCm.
-    let e = kernels::fp8_attention::check(dev).expect("the device check passes");
-    assert!(e > 0.0 && e < 4e-2, "{e:e}");
+    fp8_attention_matches(dev);
 }

@@ -61,10 +61,6 @@ WL_DEVICE wl_bf16x8 wl_ld_bf16x8(const unsigned short* p) {
 WL_DEVICE wl_f32x4 wl_mfma_16x16x32_bf16(wl_bf16x8 a, wl_bf16x8 b, wl_f32x4 c) {
     return wl_emu_mfma_16x16x32_bf16(a, b, c);
 }
-typedef unsigned long long wl_fp8x8;
-WL_DEVICE wl_f32x4 wl_mfma_16x16x32_fp8(wl_fp8x8 a, wl_fp8x8 b, wl_f32x4 c) {
-    return wl_emu_mfma_16x16x32_fp8(a, b, c);
-}
 #else
 typedef short wl_bf16x8 __attribute__((ext_vector_type(8)));
 typedef __bf16 wl_bf16x8_hw __attribute__((ext_vector_type(8)));
@@ -74,14 +70,32 @@ WL_DEVICE wl_f32x4 wl_mfma_16x16x32_bf16(wl_bf16x8 a, wl_bf16x8 b, wl_f32x4 c) {
     return __builtin_amdgcn_mfma_f32_16x16x32_bf16(__builtin_bit_cast(wl_bf16x8_hw, a),
                                                    __builtin_bit_cast(wl_bf16x8_hw, b), c, 0, 0, 0);
 }
-// v_mfma_f32_16x16x32_fp8_fp8: eight e4m3 codes of K a lane in 64 bits (byte i is element i), the
-// same lane layout; gfx950's fp8 is OCP e4m3fn, our codes (gfx942's is fnuz, so it has no
-// fp8 attention kernel here).
+#endif
+#endif
+
+// v_mfma_f32_16x16x32_fp8_fp8 (gfx940 on): eight e4m3 codes of K a lane in 64 bits (byte i is
+// element i), the lanes as the bf16 16x16x32 form. gfx950's e4m3 is OCP e4m3fn, our codes;
+// gfx94x's is fnuz (exponent bias 8, NaN at 0x80): WL_MFMA_FP8_FNUZ, and the kernels pass our
+// codes as fnuz codes of half the value (attention_fp8.cu's f8m_device).
+#if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__)
+#define WL_HAS_MFMA_FP8 1
+#if !defined(__gfx950__)
+#define WL_MFMA_FP8_FNUZ 1
+#endif
+#if defined(WL_EMU)
+typedef unsigned long long wl_fp8x8;
+WL_DEVICE wl_f32x4 wl_mfma_16x16x32_fp8(wl_fp8x8 a, wl_fp8x8 b, wl_f32x4 c) {
+#if defined(WL_MFMA_FP8_FNUZ)
+    return wl_emu_mfma_16x16x32_fp8(a, b, c, true);
+#else
+    return wl_emu_mfma_16x16x32_fp8(a, b, c, false);
+#endif
+}
+#else
 typedef long wl_fp8x8;
 WL_DEVICE wl_f32x4 wl_mfma_16x16x32_fp8(wl_fp8x8 a, wl_fp8x8 b, wl_f32x4 c) {
     return __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(a, b, c, 0, 0, 0);
 }
 #endif
-#define WL_HAS_MFMA_FP8 1
 #endif
 #endif

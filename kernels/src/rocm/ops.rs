@@ -685,13 +685,17 @@ pub fn vsa_mfma_fits(
     bf16 && d == FLASH_HEAD_DIM && has_mfma_bf16(arch) && small(qt) && small(kt)
 }
 
-/// Whether `arch` has the fp8 attention kernel (attention_fp8.cu's `flash_fp8_mfma_d128`):
-/// gfx950, whose matrix cores take OCP e4m3, the store's codes (gfx942's take fnuz).
+/// Whether `arch` has the fp8 attention kernel (attention_fp8.cu's `flash_fp8_mfma_d128`): the
+/// fp8 matrix cores of gfx950 (OCP e4m3, the store's codes) and gfx94x (fnuz: the kernel passes
+/// the codes as fnuz codes of half the value).
 pub fn has_fp8_attention(arch: &str) -> bool {
-    arch.split(':').next() == Some("gfx950")
+    matches!(
+        arch.split(':').next().unwrap_or(arch),
+        "gfx940" | "gfx941" | "gfx942" | "gfx950"
+    )
 }
 
-/// The fp8 attention over the cache's fp8 store on gfx950's matrix cores: q quantized per
+/// The fp8 attention over the cache's fp8 store on the fp8 matrix cores: q quantized per
 /// (128-row tile, head) by `fp8_q_tiles` (the Hopper kernel's), then `flash_fp8_mfma_d128`, a
 /// block per (query tile, head). Head dim 128; bf16 out, returned in q's dtype.
 pub fn attention_fp8(
@@ -706,8 +710,8 @@ pub fn attention_fp8(
         return Err(Error::Invalid {
             op: "attention_fp8",
             msg: format!(
-                "the ROCm fp8 attention kernel runs on gfx950 (OCP e4m3 matrix cores); this GPU \
-                 is {}: run attention in bf16 there",
+                "the ROCm fp8 attention kernel runs on gfx94x and gfx950 (fp8 matrix cores); \
+                 this GPU is {}: run attention in bf16 there",
                 dev.arch
             ),
         });

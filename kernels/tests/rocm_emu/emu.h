@@ -147,15 +147,16 @@ inline WlEmuF32x4 wl_emu_mfma_16x16x32_bf16(WlEmuBf16x8 a, WlEmuBf16x8 b, WlEmuF
     return wl_emu_mfma_16x16<8>(a, b, c);
 }
 
-// gfx950's v_mfma_f32_16x16x32_fp8_fp8: eight OCP e4m3 codes of K per lane in a 64-bit word
-// (byte i is element i), the lanes as above; each code decoded from the format's definition.
-inline float wl_emu_e4m3_value(unsigned c) {
-    if ((c & 0x7f) == 0x7f) return std::nanf("");
-    const int e = (c >> 3) & 15, m = c & 7;
-    const float mag = e == 0 ? std::ldexp((float)m / 8.0f, -6) : std::ldexp(1.0f + (float)m / 8.0f, e - 7);
+// v_mfma_f32_16x16x32_fp8_fp8: eight e4m3 codes of K per lane in a 64-bit word (byte i is
+// element i), the lanes as above; each code decoded from the format's definition: OCP (gfx950;
+// bias 7, NaN at S.1111.111) or fnuz (gfx94x; bias 8, NaN only at 0x80, no negative zero).
+inline float wl_emu_e4m3_value(unsigned c, bool fnuz) {
+    if (fnuz ? c == 0x80 : (c & 0x7f) == 0x7f) return std::nanf("");
+    const int e = (c >> 3) & 15, m = c & 7, bias = fnuz ? 8 : 7;
+    const float mag = e == 0 ? std::ldexp((float)m / 8.0f, 1 - bias) : std::ldexp(1.0f + (float)m / 8.0f, e - bias);
     return (c & 0x80) ? -mag : mag;
 }
-inline WlEmuF32x4 wl_emu_mfma_16x16x32_fp8(unsigned long long a, unsigned long long b, WlEmuF32x4 c) {
+inline WlEmuF32x4 wl_emu_mfma_16x16x32_fp8(unsigned long long a, unsigned long long b, WlEmuF32x4 c, bool fnuz) {
     struct Operands {
         unsigned long long a, b;
     } mine{a, b}, all[64];
@@ -167,8 +168,8 @@ inline WlEmuF32x4 wl_emu_mfma_16x16x32_fp8(unsigned long long a, unsigned long l
         const int row = 4 * grp + i;
         float acc = c[i];
         for (int k = 0; k < 32; ++k)
-            acc += wl_emu_e4m3_value(code(all[row + 16 * (k / 8)].a, k % 8)) *
-                   wl_emu_e4m3_value(code(all[col + 16 * (k / 8)].b, k % 8));
+            acc += wl_emu_e4m3_value(code(all[row + 16 * (k / 8)].a, k % 8), fnuz) *
+                   wl_emu_e4m3_value(code(all[col + 16 * (k / 8)].b, k % 8), fnuz);
         d[i] = acc;
     }
     return d;
