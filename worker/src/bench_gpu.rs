@@ -476,7 +476,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         }
         // The same attention with e4m3 operands over the cache's fp8 copy (per-token scales),
         // and what keeping that copy costs: quantizing one chunk's keys and values into it.
-        if matches!(dev, Device::Cuda(_)) {
+        if kernels::fp8_attention::supported(dev) {
             let mut kv = kernels::Fp8Kv::new(lk, heads, dev)?;
             kv.requantize(&k, &v, 0..lk, lk)?;
             let t8 = time(dev, heavy, || {
@@ -601,9 +601,10 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         // `--dtype fp8` runs the engine.
         let mut fp8_block = block.clone();
         fp8_block.quantize_linears_fp8()?;
-        // And with the attention in fp8 too, over the cache's fp8 copy (CUDA's Hopper kernel).
+        // And with the attention in fp8 too, over the cache's fp8 copy (Hopper's and CDNA3/4's
+        // kernels).
         let mut cache8 = cache.clone().with_fp8_attention()?;
-        let fp8_attention = matches!(dev, Device::Cuda(_));
+        let fp8_attention = kernels::fp8_attention::supported(dev);
         let blocks = [
             ("", "bf16", &block, false),
             (" fp8 linears", "fp8 linears", &fp8_block, false),
