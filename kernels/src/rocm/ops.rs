@@ -474,6 +474,11 @@ fn fp8_gemm(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result
     Ok((wrap(out, &shape), applied))
 }
 
+/// `n` as a kernel's 32-bit argument, or an error naming the op and the quantity.
+fn i32_arg(dev: &Backend, op: &str, what: &str, n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| dev.err(format!("{op}: {what} {n} exceeds 32 bits")))
+}
+
 /// Which kernel [`attention`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionPath {
@@ -561,9 +566,7 @@ fn flash_attention(
 ) -> Result<Tensor> {
     let dev = storage(q)?.dev.clone();
     let (lq, heads) = (q.dim(0), q.dim(1));
-    let i32_of = |what: &str, n: usize| {
-        i32::try_from(n).map_err(|_| dev.err(format!("attention: {what} {n} exceeds 32 bits")))
-    };
+    let i32_of = |what: &str, n: usize| i32_arg(&dev, "attention", what, n);
     let (lq32, kv32, h32, bt) = (
         i32_of("queries", lq)?,
         i32_of("keys", kv_len)?,
@@ -717,9 +720,7 @@ pub fn attention_fp8(
         });
     }
     let (lq, heads, cap) = (q.dim(0), q.dim(1), kv.capacity());
-    let i32_of = |what: &str, n: usize| {
-        i32::try_from(n).map_err(|_| dev.err(format!("attention_fp8: {what} {n} exceeds 32 bits")))
-    };
+    let i32_of = |what: &str, n: usize| i32_arg(&dev, "attention_fp8", what, n);
     let (lq32, kv32, h32, cap32) = (
         i32_of("queries", lq)?,
         i32_of("keys", kv_len)?,
@@ -792,9 +793,7 @@ pub(crate) fn vsa_fine_fast(
     if !vsa_mfma_fits(&dev.arch, bf16, d, qt, kt) {
         return Ok(None);
     }
-    let i32_of = |what: &str, n: usize| {
-        i32::try_from(n).map_err(|_| dev.err(format!("vsa: {what} {n} exceeds 32 bits")))
-    };
+    let i32_of = |what: &str, n: usize| i32_arg(&dev, "vsa", what, n);
     let (h32, k32, has_gate) = (
         i32_of("heads", heads)?,
         i32_of("top_k", top_k)?,
