@@ -425,6 +425,32 @@ fn an_fp8_weight_is_made_fnuz_once_while_it_lives() {
 }
 
 #[test]
+fn a_fast_path_that_fails_the_start_up_check_is_set_aside() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    // A hipBLASLt that misreads outer-vector scales: the check fails with the fast paths, passes
+    // without them, and the process keeps to the latter.
+    std::env::set_var("WORLDLINE_ROCM_EMU_BAD_OUTER_VEC", "1");
+    let checked = kernels::rocm::self_check_with_fallback(0);
+    std::env::remove_var("WORLDLINE_ROCM_EMU_BAD_OUTER_VEC");
+    let conservative = kernels::rocm::conservative_paths();
+    if conservative {
+        // While they are on: the rowwise scales in a pass after the GEMM, none as vectors.
+        fp8_linears_match_at(dev, [27, 32, 48], false);
+    }
+    kernels::rocm::set_conservative_paths(false);
+    let (all, failed) = checked.expect("the check passes without the fast paths");
+    let failed = failed.expect("the fast paths failed it").to_string();
+    assert!(failed.contains("linear fp8 rowwise"), "{failed}");
+    assert!(conservative && all.len() >= 17, "{all:?}");
+    // Without the fault the fast paths stay on.
+    let (_, failed) = kernels::rocm::self_check_with_fallback(0).expect("check");
+    assert!(failed.is_none() && !kernels::rocm::conservative_paths());
+}
+
+#[test]
 fn vsa_fine_runs_on_the_matrix_cores() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(dev) = emulated_gpu("gfx942") else {

@@ -81,6 +81,26 @@ fn attention_takes_the_mfma_kernel() {
 }
 
 #[test]
+fn wrong_16x16x32_products_fall_back_to_the_16x16x16_kernels() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx950") else {
+        return;
+    };
+    // Were the 16x16x32 lane layout not as assumed, the start-up check fails with it and passes
+    // on the 16x16x16 kernels, which the process then keeps.
+    std::env::set_var("WORLDLINE_ROCM_EMU_BAD_MFMA32", "1");
+    let checked = kernels::rocm::self_check_with_fallback(0);
+    let on_k16 = !kernels::rocm::ops::mfma_k32("gfx950");
+    std::env::remove_var("WORLDLINE_ROCM_EMU_BAD_MFMA32");
+    kernels::rocm::set_conservative_paths(false);
+    let (_, failed) = checked.expect("the check passes on the 16x16x16 kernels");
+    let failed = failed.expect("the 16x16x32 kernels failed it").to_string();
+    assert!(failed.contains("attention d128"), "{failed}");
+    assert!(on_k16);
+    let _ = dev;
+}
+
+#[test]
 fn vsa_fine_takes_the_16x16x32_products() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(dev) = emulated_gpu("gfx950") else {

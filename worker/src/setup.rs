@@ -250,14 +250,25 @@ fn choose_gpus(args: &ModelArgs, device: Device) -> Result<Vec<usize>> {
 /// it has never run on the project's machines, so a wrong result stops the worker here.
 fn rocm_self_check(ordinal: usize) -> Result<()> {
     let started = std::time::Instant::now();
-    let all = kernels::self_check(Device::Rocm(ordinal)).with_context(|| {
-        format!(
-            "rocm:{ordinal}: start-up check against the CPU reference (never-run paths can be \
-             set aside to find the culprit: WORLDLINE_ROCM_ATTENTION=gemm, WORLDLINE_ROCM_MFMA_K=16 \
-             on gfx950, WORLDLINE_ROCM_FP8_GEMM=0, WORLDLINE_FP8_ROWWISE=pass, \
-             WORLDLINE_GEMM_EPILOGUE=0)"
+    // Where the newer fast paths fail the check and the forms they replaced pass it, the
+    // process keeps to the latter (kernels::rocm::conservative_paths), says so, and serves.
+    let (all, fast_failed) =
+        kernels::rocm::self_check_with_fallback(ordinal).with_context(|| {
+            format!(
+            "rocm:{ordinal}: start-up check against the CPU reference, with the fast paths and \
+             without them (other never-run paths can be set aside to find the culprit: \
+             WORLDLINE_ROCM_ATTENTION=gemm, WORLDLINE_ROCM_FP8_GEMM=0)"
         )
-    })?;
+        })?;
+    if let Some(e) = fast_failed {
+        tracing::warn!(
+            device = %Device::Rocm(ordinal),
+            error = %e,
+            "ROCm start-up check failed with the fast paths (gfx950's 16x16x32 MFMA kernels, \
+             rowwise fp8 scales and bias/GELU in hipBLASLt's GEMM) and passed without them: \
+             running without them"
+        );
+    }
     kernels::rocm::note_self_check(ordinal, all.len());
     let worst = all
         .iter()

@@ -196,6 +196,45 @@ pub fn probe() -> Result<Probe, String> {
     })
 }
 
+/// Whether the ROCm backend keeps off its newer never-run fast paths: gfx950's 16x16x32 MFMA
+/// kernels, rowwise fp8 scales inside hipBLASLt, and hipBLASLt's bias/GELU epilogues. It then
+/// runs the forms they replaced (the 16x16x16 kernels, the pass after the GEMM, our ops after
+/// it). [`self_check_with_fallback`] turns it on when the start-up check fails with those paths
+/// and passes without them.
+static CONSERVATIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_conservative_paths(on: bool) {
+    CONSERVATIVE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn conservative_paths() -> bool {
+    CONSERVATIVE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The start-up check (`kernels::self_check`) on `rocm:ordinal`; where it fails with the fast
+/// paths on, once more with [`conservative_paths`] (which then stay on for the process). The
+/// agreements, and the first failure when the second run passed (so the caller can say which
+/// op the fast paths got wrong).
+pub fn self_check_with_fallback(
+    ordinal: usize,
+) -> crate::Result<(Vec<crate::Agreement>, Option<crate::Error>)> {
+    let dev = crate::Device::Rocm(ordinal);
+    match crate::self_check(dev) {
+        Ok(all) => Ok((all, None)),
+        Err(first) if !conservative_paths() => {
+            set_conservative_paths(true);
+            match crate::self_check(dev) {
+                Ok(all) => Ok((all, Some(first))),
+                Err(_) => {
+                    set_conservative_paths(false);
+                    Err(first)
+                }
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// What `/status` says of the op backend: it is built, and has never run on an AMD GPU.
 pub const UNRUN: &str = "the ROCm op backend is built but has never run on an AMD GPU (unverified)";
 
@@ -227,7 +266,7 @@ pub fn status_line() -> String {
                 .collect()
         })
         .unwrap_or_default();
-    let backend = if passed.is_empty() {
+    let mut backend = if passed.is_empty() {
         UNRUN.to_string()
     } else {
         format!(
@@ -236,6 +275,12 @@ pub fn status_line() -> String {
             passed.join(", ")
         )
     };
+    if conservative_paths() {
+        backend.push_str(
+            " with the conservative paths (it failed with the fast ones: gfx950's 16x16x32 \
+             MFMA kernels, rowwise fp8 scales and bias/GELU in hipBLASLt's GEMM)",
+        );
+    }
     let rtc = match compile::hiprtc_version() {
         Ok((lib, major, minor)) => format!("hipRTC {major}.{minor} ({lib})"),
         Err(_) => "no hipRTC".to_string(),

@@ -164,7 +164,7 @@ fn with_epilogue(
     let key = (key.0, key.1, extras.bias.is_some(), extras.gelu);
     let wanted = key.2 || key.3;
     let refused = || epilogue_refusals().lock().is_ok_and(|r| r.contains(&key));
-    if wanted && crate::cuda::ops::epilogues() && !refused() {
+    if wanted && crate::cuda::ops::epilogues() && !super::conservative_paths() && !refused() {
         match gemm(extras) {
             Ok(()) => return Ok(true),
             Err(e) => {
@@ -390,6 +390,7 @@ fn fp8_gemm(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result
     let outer_ok = || dev.with_blas(|lt, _, _| Ok(lt.outer_vec_scales()));
     let in_gemm = rowwise
         && crate::fp8::rowwise_in_gemm()
+        && !super::conservative_paths()
         && !outer_refusals().lock().is_ok_and(|r| r.contains(&shape))
         && outer_ok()?;
     // The epilogue's bias is in D's type, bf16.
@@ -431,10 +432,12 @@ fn fp8_gemm(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result
         }
     } else if rowwise {
         crate::fp8::log_rowwise("hipBLASLt", false, || {
-            if crate::fp8::rowwise_in_gemm() {
-                "hipBLASLt before 1.0, or a shape it refused".into()
-            } else {
+            if !crate::fp8::rowwise_in_gemm() {
                 "WORLDLINE_FP8_ROWWISE=pass".into()
+            } else if super::conservative_paths() {
+                "the conservative paths (the start-up check failed with the fast ones)".into()
+            } else {
+                "hipBLASLt before 1.0, or a shape it refused".into()
             }
         });
     }
@@ -529,6 +532,7 @@ pub fn attention_path(
 /// asks for the 16x16x16 kernels there too.
 pub fn mfma_k32(arch: &str) -> bool {
     arch.split(':').next() == Some("gfx950")
+        && !super::conservative_paths()
         && std::env::var("WORLDLINE_ROCM_MFMA_K").map_or(true, |v| v != "16")
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -144,6 +145,11 @@ struct WlEmuBf16x8 {
     short operator[](int i) const { return v[i]; }
 };
 inline WlEmuF32x4 wl_emu_mfma_16x16x32_bf16(WlEmuBf16x8 a, WlEmuBf16x8 b, WlEmuF32x4 c) {
+    // WORLDLINE_ROCM_EMU_BAD_MFMA32=1: hardware whose lane layout is not the one assumed (A's
+    // eight values in the other order), for the start-up check's fallback test.
+    const char* bad = std::getenv("WORLDLINE_ROCM_EMU_BAD_MFMA32");
+    if (bad && bad[0] == '1')
+        for (int i = 0; i < 4; ++i) std::swap(a.v[i], a.v[7 - i]);
     return wl_emu_mfma_16x16<8>(a, b, c);
 }
 

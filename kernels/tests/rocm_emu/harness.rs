@@ -44,7 +44,16 @@ pub fn emulated_gpu(arch: &str) -> Option<Device> {
         std::env::set_var("WORLDLINE_ROCM_EMU_DIR", &src);
         std::env::set_var("WORLDLINE_ROCM_EMU_CXX", &cxx);
         std::env::set_var("WORLDLINE_ROCM_ARCH", arch);
-        std::env::set_var("WORLDLINE_KERNEL_CACHE", out.join("cache"));
+        // The compiled units depend on emu.h too, which the backend's cache key (the unit's
+        // source, the arch, the compiler's version) does not see: a cache per emu.h.
+        let emu = std::fs::read(src.join("emu.h")).map_err(|e| format!("emu.h: {e}"))?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&emu, &mut h);
+        let tag = std::hash::Hasher::finish(&h);
+        std::env::set_var(
+            "WORLDLINE_KERNEL_CACHE",
+            out.join(format!("cache-{tag:016x}")),
+        );
         std::env::set_var("WORLDLINE_POISON", "1");
         Ok(())
     });

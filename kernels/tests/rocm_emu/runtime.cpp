@@ -525,6 +525,7 @@ int hipblasLtMatmul(void*, Desc* d, const void* alpha, const void* a, Layout* la
     if (d->scale_b && d->mode_b == 0) al *= *d->scale_b;
     if ((d->mode_a == 3 && !d->scale_a) || (d->mode_b == 3 && !d->scale_b)) return 3;
     if (d->mode_a == 3 || d->mode_b == 3) ++outer_vec_gemms;
+    const bool bad_outer = env_is_1("WORLDLINE_ROCM_EMU_BAD_OUTER_VEC");
     if (d->epilogue != 1 && d->epilogue != 4 && d->epilogue != 32 && d->epilogue != 36) return 7;
     const bool bias = d->epilogue == 4 || d->epilogue == 36;
     const bool gelu = d->epilogue == 32 || d->epilogue == 36;
@@ -539,8 +540,11 @@ int hipblasLtMatmul(void*, Desc* d, const void* alpha, const void* a, Layout* la
                 s += load(a, la->type, ai) * load(b, lb->type, bi);
             }
             float v = al * s;
-            if (d->mode_a == 3) v *= d->scale_a[i];
-            if (d->mode_b == 3) v *= d->scale_b[j];
+            // WORLDLINE_ROCM_EMU_BAD_OUTER_VEC=1: a library that reads an outer vector's first
+            // value as the scale of every row (wrong results, no error: what the start-up
+            // check is for).
+            if (d->mode_a == 3) v *= d->scale_a[bad_outer ? 0 : i];
+            if (d->mode_b == 3) v *= d->scale_b[bad_outer ? 0 : j];
             if (be != 0.0f) v += be * load(c, lc->type, i + j * lc->ld);
             if (bias) v += load(d->bias, d->bias_type < 0 ? ld->type : d->bias_type, i);
             if (gelu) v = 0.5f * v * (1.0f + std::tanh(0.7978846f * (v + 0.044715f * v * v * v)));
