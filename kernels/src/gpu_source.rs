@@ -18,13 +18,16 @@ pub const MODULES: [(&str, &str); 8] = [
     ("elementwise", include_str!("../gpu/elementwise.cu")),
     ("norm", include_str!("../gpu/norm.cu")),
     ("rope", include_str!("../gpu/rope.cu")),
-    // The fp8 attention shares the dense kernels' softmax step, rescale and split combine.
+    // The fp8 attention and VSA's TMA fine kernels share the dense kernels' softmax step and
+    // rescale (and the fp8 one the split combine).
     (
         "attention",
         concat!(
             include_str!("../gpu/attention.cu"),
             "\n",
-            include_str!("../gpu/attention_fp8.cu")
+            include_str!("../gpu/attention_fp8.cu"),
+            "\n",
+            include_str!("../gpu/attention_vsa.cu")
         ),
     ),
     ("layout", include_str!("../gpu/layout.cu")),

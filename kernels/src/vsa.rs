@@ -185,6 +185,87 @@ fn coarse_dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(-0.0, |acc, (x, y)| x.mul_add(*y, acc))
 }
 
+/// Query tile mean `qi` against every key tile mean in `kc`, scaled.
+fn coarse_scores(qi: &[f32], kc: &[f32], scale: f32) -> Vec<f32> {
+    kc.chunks(qi.len())
+        .map(|kj| coarse_dot(qi, kj) * scale)
+        .collect()
+}
+
+/// The `top_k` best-scoring key tiles, ties to the lower tile index, in increasing index order.
+fn keep(scores: &[f32], top_k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    let mut keep = idx[..top_k].to_vec();
+    keep.sort_unstable();
+    keep
+}
+
+/// The key tiles each query tile keeps, as `[head][query tile]`, each list increasing: the
+/// selection [`attention`] makes (the GPU kernels reproduce these scores bit for bit, so theirs
+/// is the same). Inputs anywhere; computed on the CPU.
+pub fn selection(
+    q: &Tensor,
+    k: &Tensor,
+    q_grid: [usize; 3],
+    k_grid: [usize; 3],
+    top_k: usize,
+) -> Result<Vec<Vec<Vec<usize>>>> {
+    let ok = q.rank() == 3
+        && k.rank() == 3
+        && q.dim(1) == k.dim(1)
+        && q.dim(2) == k.dim(2)
+        && q.dim(0) == q_grid.iter().product::<usize>()
+        && k.dim(0) == k_grid.iter().product::<usize>();
+    let key_tiles = tiles(k_grid, TILE);
+    if !ok || top_k == 0 || top_k > key_tiles {
+        return Err(shape_err(
+            "vsa selection",
+            format!(
+                "q {:?} on {q_grid:?}, k {:?} on {k_grid:?}, top_k {top_k} of {key_tiles}",
+                q.shape(),
+                k.shape()
+            ),
+        ));
+    }
+    // cpu_f32 downloads device tensors.
+    let (qf, kf) = (q.cpu_f32(), k.cpu_f32());
+    let (qt, kt) = (Tiling::new(q_grid, TILE), Tiling::new(k_grid, TILE));
+    let (heads, d) = (q.dim(1), q.dim(2));
+    let scale = 1.0 / (d as f32).sqrt();
+    Ok((0..heads)
+        .map(|h| {
+            let (qc, kc) = (
+                tile_means(&qf, &qt, heads, d, h),
+                tile_means(&kf, &kt, heads, d, h),
+            );
+            qc.par_chunks(d)
+                .map(|qi| keep(&coarse_scores(qi, &kc, scale), top_k))
+                .collect()
+        })
+        .collect())
+}
+
+/// Key tiles loaded by VSA's two Hopper fine kernels for a selection ([`selection`]'s
+/// `[head][query tile]` lists): `(union, split)`. The union kernel loads, per block of query
+/// tiles 2b and 2b + 1, the union of their lists; the split kernel each list apart (an odd last
+/// tile's block runs it twice, its second consumer only keeping time).
+pub fn pair_loads(sel: &[Vec<Vec<usize>>]) -> (usize, usize) {
+    let (mut union, mut split) = (0, 0);
+    for pair in sel.iter().flat_map(|rows| rows.chunks(2)) {
+        let (u, s) = match pair {
+            [a, b] => {
+                let shared = a.iter().filter(|j| b.binary_search(j).is_ok()).count();
+                (a.len() + b.len() - shared, a.len() + b.len())
+            }
+            _ => (pair[0].len(), 2 * pair[0].len()),
+        };
+        union += u;
+        split += s;
+    }
+    (union, split)
+}
+
 fn cpu(
     q: &[f32],
     k: &[f32],
@@ -208,7 +289,7 @@ fn cpu(
             .into_par_iter()
             .map(|i| {
                 let qi = &qc[i * d..][..d];
-                let scores: Vec<f32> = kc.chunks(d).map(|kj| coarse_dot(qi, kj) * scale).collect();
+                let scores = coarse_scores(qi, &kc, scale);
                 // Coarse branch: softmax over every key tile.
                 let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
                 let p: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
@@ -220,11 +301,7 @@ fn cpu(
                         .zip(vj)
                         .for_each(|(c, &x)| *c += pj / sum * x);
                 }
-                // Top-k by score; ties go to the lower tile index. Visited in index order.
-                let mut idx: Vec<usize> = (0..scores.len()).collect();
-                idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-                let mut keep = idx[..top_k].to_vec();
-                keep.sort_unstable();
+                let keep = keep(&scores, top_k);
                 let tokens = &qt.order[qt.offsets[i]..qt.offsets[i] + qt.sizes[i]];
                 tokens
                     .iter()

@@ -250,3 +250,66 @@ fn refuses_bad_shapes_and_top_k() {
     assert!(msg(vsa::attention(&q, &k, &v, None, c.q_grid, c.k_grid, 2)).contains("top_k"));
     assert!(msg(vsa::attention(&q, &k, &q, None, c.q_grid, c.k_grid, 1)).contains("vsa"));
 }
+
+/// `selection` is the definition's top-k (f64 scores, sorted, ties to the lower tile), each list
+/// increasing, on a device-free input.
+#[test]
+fn selection_is_the_definitions_top_k() {
+    let mut rng = Rng::new(34);
+    let c = Case {
+        q_grid: [3, 6, 9],
+        k_grid: [9, 6, 9],
+        heads: 2,
+        d: 16,
+    };
+    let [q, k, _, _] = inputs(&mut rng, &c);
+    let (qt, kt) = (Tiling::new(c.q_grid, TILE), Tiling::new(c.k_grid, TILE));
+    let top_k = vsa::top_k(0.75, kt.tiles());
+    let sel = vsa::selection(&q, &k, c.q_grid, c.k_grid, top_k).expect("selection");
+    assert_eq!(sel.len(), c.heads);
+    let (qv, kv) = (q.to_vec_f32(), k.to_vec_f32());
+    let mean = |x: &[f32], t: &Tiling, j: usize, h: usize| -> Vec<f64> {
+        let toks = &t.order[t.offsets[j]..t.offsets[j] + t.sizes[j]];
+        (0..c.d)
+            .map(|e| {
+                let s: f64 = toks
+                    .iter()
+                    .map(|&g| x[(g * c.heads + h) * c.d + e] as f64)
+                    .sum();
+                s / toks.len() as f64
+            })
+            .collect()
+    };
+    for (h, rows) in sel.iter().enumerate() {
+        assert_eq!(rows.len(), qt.tiles());
+        for (i, got) in rows.iter().enumerate() {
+            let qm = mean(&qv, &qt, i, h);
+            let s: Vec<f64> = (0..kt.tiles())
+                .map(|j| {
+                    qm.iter()
+                        .zip(mean(&kv, &kt, j, h))
+                        .map(|(a, b)| a * b)
+                        .sum()
+                })
+                .collect();
+            let mut order: Vec<usize> = (0..s.len()).collect();
+            order.sort_by(|&a, &b| s[b].partial_cmp(&s[a]).expect("finite").then(a.cmp(&b)));
+            let mut want = order[..top_k].to_vec();
+            want.sort_unstable();
+            assert_eq!(got, &want, "head {h}, query tile {i}");
+        }
+    }
+    assert!(vsa::selection(&q, &k, c.q_grid, c.k_grid, 0).is_err());
+}
+
+/// What the two Hopper fine kernels load for a selection, on lists worked out by hand.
+#[test]
+fn pair_loads_count_unions_and_lists() {
+    // Blocks (0, 1) and (2, odd last): {0,1,2} ∪ {1,2,3} is 4 tiles of 6 listed; the odd tile's
+    // block loads its 1 tile once as a union, twice split.
+    let sel = vec![vec![vec![0, 1, 2], vec![1, 2, 3], vec![5]]];
+    assert_eq!(vsa::pair_loads(&sel), (5, 8));
+    // Two heads, one disjoint pair each.
+    let sel = vec![vec![vec![0], vec![7]], vec![vec![3, 4], vec![5, 6]]];
+    assert_eq!(vsa::pair_loads(&sel), (6, 6));
+}

@@ -1,0 +1,408 @@
+// VSA's fine branch on Hopper, fed by TMA as the dense kernel is. Compiled as part of the
+// attention unit (gpu_source.rs appends this file to attention.cu), so it shares fw_softmax,
+// fw_rescale and the wgmma helpers.
+//
+// A producer warpgroup and two consumer warpgroups, each consumer a query tile of its own (same
+// head). A 4×4×4 tile of tokens is one box of a five-dimensional map over [t, h, w, heads, dims]
+// (64 rows in the tiling's t → h → w order), so tiles need no gather and V no transposed copy;
+// the slots of an edge tile that fall outside the grid arrive as zeros and are masked (keys) or
+// not written (queries). Per kept key tile, S = Q·Kᵀ and the previous tile's P·V are issued
+// together and the two consumers take turns on the tensor cores.
+//
+// Two kernels: `vsa_fine_tma_bf16_d128` gives each consumer a ring of its own, and
+// `vsa_fine_tma_union_bf16_d128` walks the union of the block's two kept lists through one ring,
+// so a key tile both query tiles keep is loaded once (see there).
+#if defined(WL_HAS_WGMMA)
+#define VT_STAGES 3
+#define VT_TB (64 * 256)  // bytes of one tile of K, V or Q (two 64-dim halves)
+struct vsa_grid {
+    int t, h, w;  // tokens per axis
+    int nh, nw;   // tiles per axis (h, w)
+};
+// Tile j's origin (t, h, w).
+WL_DEVICE void vt_origin(const vsa_grid& g, int j, int* o) {
+    o[0] = j / (g.nh * g.nw) * 4;
+    o[1] = j / g.nw % g.nh * 4;
+    o[2] = j % g.nw * 4;
+}
+// Tile j's tokens per axis inside the grid (each 1..4), packed t | h << 3 | w << 6.
+#define VT_WHOLE (4 | 4 << 3 | 4 << 6)
+WL_DEVICE int vt_extent(const vsa_grid& g, int j) {
+    int o[3];
+    vt_origin(g, j, o);
+    return min(4, g.t - o[0]) | min(4, g.h - o[1]) << 3 | min(4, g.w - o[2]) << 6;
+}
+
+// Both halves (64 dims each) of token tile `j` of `map`, head h, into `dst`, counted on `bar`.
+WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g, int j, int h, void* bar) {
+    int o[3];
+    vt_origin(g, j, o);
+    wl_tma_load_5d(dst, map, 0, h, o[2], o[1], o[0], bar);
+    wl_tma_load_5d(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar);
+}
+
+// S (64 × 64) = Q·Kᵀ for the query tile at descriptor dq and the key tile at dk.
+WL_DEVICE void vt_scores(float* sc, unsigned long long dq, unsigned long long dk) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const int at = kk / 4 * (VT_TB / 2) + (kk % 4) * 32;
+        wl_wgmma_64x64x16_ss(sc, wl_desc_plus(dq, at), wl_desc_plus(dk, at), kk);
+    }
+}
+// O += P·V, with P as vt_pack leaves it in registers and V at descriptor dv.
+WL_DEVICE void vt_pv(float* o, const unsigned int (*pa)[4], unsigned long long dv) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_desc_plus(dv, kk * 2048));
+}
+// Masks the slots of a key tile (its extent as vt_extent packs it) outside the key grid, then
+// the softmax step. A step's issue slots are what these kernels run short of (two consumers'
+// softmax against 64-key products), so whole tiles, most of them, skip the masking: the branch
+// is uniform over the warpgroup and touches no register a wgmma in flight writes.
+WL_DEVICE void vt_softmax(float* sc, const float* m, float* nm, float* corr, float* sum, int ext, int r0, int cq,
+                          float scale2) {
+    if (ext != VT_WHOLE) {
+        const int lt = ext & 7, lh = (ext >> 3) & 7, lw = ext >> 6;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int slot = jj * 8 + cq + c;
+                const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
+            }
+    }
+    fw_softmax<64, false, FW_LAZY>(sc, m, nm, corr, sum, 0, r0, cq, 64, 0, scale2);
+}
+// P (the softmax weights in sc) as bf16 pairs, the A operand of vt_pv.
+WL_DEVICE void vt_pack(unsigned int (*pa)[4], const float* sc) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+}
+// out = O / l + gate · coarse for this thread's rows r0, r0 + 8 of query tile i (those inside the
+// query grid).
+WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* l, const float* coarse, const wl_bf16* gate,
+                        int has_gate, const vsa_grid& qg, int i, int h, int heads, int r0, int cq) {
+    int qo[3];
+    vt_origin(qg, i, qo);
+    const float* cv = coarse + ((wl_u64)i * heads + h) * 128;
+    const wl_u64 row = (wl_u64)heads * 128;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        float tl = l[e];
+        tl += wl_shfl_xor(tl, 1);
+        tl += wl_shfl_xor(tl, 2);
+        const float inv = 1.0f / tl;
+        const int r = r0 + e * 8;
+        const int tt = qo[0] + (r >> 4), yy = qo[1] + ((r >> 2) & 3), xx = qo[2] + (r & 3);
+        if (tt < qg.t && yy < qg.h && xx < qg.w) {
+            const wl_u64 base = (((wl_u64)tt * qg.h + yy) * qg.w + xx) * row + (wl_u64)h * 128;
+#pragma unroll
+            for (int jj = 0; jj < 16; ++jj) {
+                const int dim = jj * 8 + cq;
+                const float g0 = has_gate ? wl_ld(gate, base + dim) : 1.0f;
+                const float g1 = has_gate ? wl_ld(gate, base + dim + 1) : 1.0f;
+                *(unsigned int*)(out + base + dim) = wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv + g0 * cv[dim],
+                                                                   o[4 * jj + 2 * e + 1] * inv + g1 * cv[dim + 1]);
+            }
+        }
+    }
+}
+
+// The kept key tiles' extents 32 at a time: lane l holds entry base + l's, so a step takes its
+// tile's by one shuffle and no step divides; the next 32 indices load a chunk ahead.
+struct vt_extents {
+    int ext, ahead;
+    WL_DEVICE void init(const vsa_grid& kg, const int* kl, int top_k, int lane) {
+        ext = vt_extent(kg, lane < top_k ? kl[lane] : 0);
+        ahead = 32 + lane < top_k ? kl[32 + lane] : 0;
+    }
+    // Entry u's extent (u in this batch of 32).
+    WL_DEVICE int at(int u) const { return wl_shfl(ext, u & 31); }
+    // After entry u: the next batch where u ends this one (off the path of the products in flight).
+    WL_DEVICE void after(const vsa_grid& kg, const int* kl, int top_k, int lane, int u) {
+        if ((u & 31) == 31) {
+            ext = vt_extent(kg, ahead);
+            ahead = u + 33 + lane < top_k ? kl[u + 33 + lane] : 0;
+        }
+    }
+};
+
+WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
+                            const wl_bf16* gate, int has_gate, const float* coarse, const int* kept, vsa_grid qg,
+                            vsa_grid kg, int nq, int heads, int top_k, float scale) {
+    constexpr int TB = VT_TB;
+    constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
+    extern __shared__ __align__(1024) unsigned char vt_smem[];
+    unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);  // per consumer: full, empty, q
+    // The warpgroup index through a shuffle, as CUTLASS takes it: the compiler then knows it is
+    // uniform and keeps the wgmma descriptors built from it in uniform registers, where each
+    // product of a step otherwise paid register-to-uniform moves (~70 issue slots a step).
+    const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
+    const int h = blockIdx.y;
+    if (threadIdx.x == 0) {
+        for (int c = 0; c < 2; ++c) {
+            unsigned long long* b = bars + c * (2 * VT_STAGES + 1);
+            for (int s = 0; s < VT_STAGES; ++s) wl_mbar_init(b + s, 1), wl_mbar_init(b + VT_STAGES + s, 1);
+            wl_mbar_init(b + 2 * VT_STAGES, 1);
+        }
+        wl_mbar_init_fence();
+    }
+    __syncthreads();
+    if (wg == 2) {
+        WL_SETMAXNREG_DEC(40);
+        if (t == 0) {
+            int tile[2];
+            for (int c = 0; c < 2; ++c) {
+                tile[c] = min(blockIdx.x * 2 + c, nq - 1);
+                unsigned long long* qbar = bars + c * (2 * VT_STAGES + 1) + 2 * VT_STAGES;
+                wl_mbar_expect_tx(qbar, TB);
+                vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
+            }
+            for (int u = 0; u < top_k; ++u) {
+                for (int c = 0; c < 2; ++c) {
+                    const int s = u % VT_STAGES;
+                    unsigned long long* full = bars + c * (2 * VT_STAGES + 1);
+                    unsigned long long* empty = full + VT_STAGES;
+                    if (u >= VT_STAGES) wl_mbar_wait(empty + s, (u / VT_STAGES - 1) & 1);
+                    unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
+                    const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
+                    wl_mbar_expect_tx(full + s, 2 * TB);
+                    vt_load(ks, tk, kg, j, h, full + s);
+                    vt_load(ks + TB, tv, kg, j, h, full + s);
+                }
+            }
+        }
+        return;
+    }
+    WL_SETMAXNREG_INC(232);
+    const int i = min(blockIdx.x * 2 + wg, nq - 1);
+    const bool mine = blockIdx.x * 2 + wg < nq;  // the odd block's second consumer only keeps time
+    unsigned char* qs = vt_smem + wg * CB;
+    unsigned char* stages = qs + TB;
+    unsigned long long* full = bars + wg * (2 * VT_STAGES + 1);
+    unsigned long long* empty = full + VT_STAGES;
+    const int* kl = kept + ((wl_u64)i * heads + h) * top_k;
+    const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 (tile slots)
+    const int cq = (lane % 4) * 2;
+    const float scale2 = scale * 1.4426950408889634f;
+    // Descriptors of the query tile and of stage 0's K and V (the others are offsets).
+    const unsigned long long dq = wl_wgmma_desc_sw128(qs), dk0 = wl_wgmma_desc_sw128(stages);
+    const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
+    float o[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    unsigned int pa[4][4];
+    vt_extents ex;
+    ex.init(kg, kl, top_k, lane);
+    wl_mbar_wait(full + 2 * VT_STAGES, 0);
+    wl_mbar_wait(full, 0);
+    if (wg == 1) wl_named_arrive(1, 256);
+    {
+        float sc[32];
+        wl_named_sync(1 + wg, 256);
+        wl_wgmma_fence();
+        vt_scores(sc, dq, dk0);
+        wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
+        wl_wgmma_wait_all();
+        float nm[2], corr[2], sum[2];
+        vt_softmax(sc, m, nm, corr, sum, ex.at(0), r0, cq, scale2);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
+        vt_pack(pa, sc);
+    }
+    for (int u = 1; u < top_k; ++u) {
+        const int s = u % VT_STAGES, prev = (u - 1) % VT_STAGES;
+        wl_mbar_wait(full + s, (u / VT_STAGES) & 1);
+        float sc[32];
+        wl_named_sync(1 + wg, 256);
+        wl_wgmma_fence();
+        vt_scores(sc, dq, wl_desc_plus(dk0, s * 2 * TB));
+        wl_wgmma_commit();
+        vt_pv(o, pa, wl_desc_plus(dv0, prev * 2 * TB));
+        wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
+        wl_wgmma_wait_one();
+        float nm[2], corr[2], sum[2];
+        vt_softmax(sc, m, nm, corr, sum, ex.at(u), r0, cq, scale2);
+        wl_wgmma_wait_all();
+        if (t == 0) wl_mbar_arrive(empty + prev);
+        fw_rescale(o, m, l, nm, corr, sum);
+        vt_pack(pa, sc);
+        ex.after(kg, kl, top_k, lane, u);
+    }
+    if (wg == 0) wl_named_sync(1, 256);
+    wl_wgmma_fence();
+    vt_pv(o, pa, wl_desc_plus(dv0, (top_k - 1) % VT_STAGES * 2 * TB));
+    wl_wgmma_commit();
+    wl_wgmma_wait_all();
+    if (mine) vt_store(out, o, l, coarse, gate, has_gate, qg, i, h, heads, r0, cq);
+}
+
+// q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; two query
+// tiles per block.
+WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
+    vsa_fine_tma_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
+                           const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int has_gate, const float* coarse,
+                           const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
+    vsa_fine_tma(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
+}
+
+// ---- The union kernel. Each kept list is increasing (vsa.cu's selection writes it in index
+// order), so the producer merges the block's two lists and loads each key tile of the union once,
+// into one ring of VU_STAGES stages, with a word per stage saying which consumers keep it (bit c
+// for consumer c; 0 ends the walk). Both consumers step through every entry in order, taking
+// turns as above; a consumer computes with the entries it keeps and releases the others at once.
+// A consumer's P·V trails its scores by one of its own entries, so the stage of its last entry
+// stays held while it passes the other's entries: when the walk is VU_STAGES entries past it the
+// producer would wait for that stage, so the product is finished there first (the "flush").
+// Random queries keep nearly independent lists (~top_k²/tiles shared, 5 % at sparsity 0.9), and
+// this loads about what the kernel above does; where neighbouring query tiles keep the same
+// tiles, as video with local structure makes them, each shared tile is loaded once for both.
+#define VU_STAGES 6
+WL_DEVICE void vsa_fine_tma_union(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
+                                  const wl_bf16* gate, int has_gate, const float* coarse, const int* kept,
+                                  vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
+    constexpr int TB = VT_TB;
+    // [Q0 | Q1 | stage 0: K, V | …], then the barriers full[], empty[], q[2], then who[].
+    extern __shared__ __align__(1024) unsigned char vt_smem[];
+    unsigned char* stages = vt_smem + 2 * TB;
+    unsigned long long* full = (unsigned long long*)(stages + VU_STAGES * 2 * TB);
+    unsigned long long* empty = full + VU_STAGES;
+    unsigned long long* qbar = empty + VU_STAGES;
+    volatile int* who = (volatile int*)(qbar + 2);
+    const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
+    const int h = blockIdx.y;
+    const int tile0 = min(blockIdx.x * 2, nq - 1), tile1 = min(blockIdx.x * 2 + 1, nq - 1);
+    if (threadIdx.x == 0) {
+        // Both consumers release every entry, kept or not.
+        for (int s = 0; s < VU_STAGES; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
+        wl_mbar_init(qbar, 1), wl_mbar_init(qbar + 1, 1);
+        wl_mbar_init_fence();
+    }
+    __syncthreads();
+    if (wg == 2) {
+        WL_SETMAXNREG_DEC(40);
+        if (t == 0) {
+            for (int c = 0; c < 2; ++c) {
+                wl_mbar_expect_tx(qbar + c, TB);
+                vt_load(vt_smem + c * TB, tq, qg, c ? tile1 : tile0, h, qbar + c);
+            }
+            const int* a = kept + ((wl_u64)tile0 * heads + h) * top_k;
+            const int* b = kept + ((wl_u64)tile1 * heads + h) * top_k;
+            constexpr int END = 0x7fffffff;
+            int ia = 0, ib = 0;
+            for (int e = 0;; ++e) {
+                const int x = ia < top_k ? a[ia] : END, y = ib < top_k ? b[ib] : END;
+                const int j = min(x, y), s = e % VU_STAGES;
+                if (e >= VU_STAGES) wl_mbar_wait(empty + s, (e / VU_STAGES - 1) & 1);
+                if (j == END) {
+                    who[s] = 0;
+                    wl_mbar_arrive(full + s);
+                    break;
+                }
+                who[s] = (x == j) | (y == j) << 1;
+                ia += x == j;
+                ib += y == j;
+                unsigned char* ks = stages + s * 2 * TB;
+                wl_mbar_expect_tx(full + s, 2 * TB);
+                vt_load(ks, tk, kg, j, h, full + s);
+                vt_load(ks + TB, tv, kg, j, h, full + s);
+            }
+        }
+        return;
+    }
+    WL_SETMAXNREG_INC(232);
+    const int i = wg ? tile1 : tile0;
+    const bool mine = blockIdx.x * 2 + wg < nq;  // the odd block's second consumer only keeps time
+    const int* kl = kept + ((wl_u64)i * heads + h) * top_k;
+    const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 (tile slots)
+    const int cq = (lane % 4) * 2;
+    const float scale2 = scale * 1.4426950408889634f;
+    const unsigned long long dq = wl_wgmma_desc_sw128(vt_smem + wg * TB), dk0 = wl_wgmma_desc_sw128(stages);
+    const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
+    float o[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+    // P of the pending entry (its stage still held), or zeros: a product with zero P adds nothing,
+    // so every kept entry issues the same two products and no wgmma sits behind a branch.
+    unsigned int pa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = 0u;
+    int pend = -1;  // the union entry whose P·V is still to come
+    int u = 0;      // own entries done
+    vt_extents ex;
+    ex.init(kg, kl, top_k, lane);
+    wl_mbar_wait(qbar + wg, 0);
+    if (wg == 1) wl_named_arrive(1, 256);
+    for (int e = 0;; ++e) {
+        const int s = e % VU_STAGES;
+        if (pend >= 0 && e - pend >= VU_STAGES) {
+            // The flush: the producer needs the pending entry's stage for entry e.
+            wl_wgmma_fence();
+            vt_pv(o, pa, wl_desc_plus(dv0, pend % VU_STAGES * 2 * TB));
+            wl_wgmma_commit();
+            wl_wgmma_wait_all();
+            if (t == 0) wl_mbar_arrive(empty + pend % VU_STAGES);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) pa[kk][r] = 0u;
+            pend = -1;
+        }
+        wl_mbar_wait(full + s, (e / VU_STAGES) & 1);
+        const int users = who[s];
+        if (users == 0) break;
+        wl_named_sync(1 + wg, 256);
+        if (!((users >> wg) & 1)) {
+            wl_named_arrive(2 - wg, 256);
+            if (t == 0) wl_mbar_arrive(empty + s);
+            continue;
+        }
+        // With nothing pending the zero P runs over this entry's own V (loaded, finite as the
+        // inputs are), never over a stage another entry is being loaded into.
+        const int pv_stage = pend >= 0 ? pend % VU_STAGES : s;
+        float sc[32];
+        wl_wgmma_fence();
+        vt_scores(sc, dq, wl_desc_plus(dk0, s * 2 * TB));
+        wl_wgmma_commit();
+        vt_pv(o, pa, wl_desc_plus(dv0, pv_stage * 2 * TB));
+        wl_wgmma_commit();
+        wl_named_arrive(2 - wg, 256);
+        wl_wgmma_wait_one();
+        float nm[2], corr[2], sum[2];
+        vt_softmax(sc, m, nm, corr, sum, ex.at(u), r0, cq, scale2);
+        wl_wgmma_wait_all();
+        if (pend >= 0 && t == 0) wl_mbar_arrive(empty + pend % VU_STAGES);
+        fw_rescale(o, m, l, nm, corr, sum);
+        vt_pack(pa, sc);
+        ex.after(kg, kl, top_k, lane, u);
+        pend = e;
+        ++u;
+    }
+    if (wg == 0) wl_named_sync(1, 256);
+    // A flush may have taken the last entry's product already.
+    if (pend >= 0) {
+        wl_wgmma_fence();
+        vt_pv(o, pa, wl_desc_plus(dv0, pend % VU_STAGES * 2 * TB));
+        wl_wgmma_commit();
+        wl_wgmma_wait_all();
+    }
+    if (mine) vt_store(out, o, l, coarse, gate, has_gate, qg, i, h, heads, r0, cq);
+}
+
+WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
+    vsa_fine_tma_union_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq,
+                                 const __grid_constant__ wl_tmap tk, const __grid_constant__ wl_tmap tv,
+                                 const wl_bf16* gate, int has_gate, const float* coarse, const int* kept,
+                                 vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
+    vsa_fine_tma_union(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
+}
+#endif
