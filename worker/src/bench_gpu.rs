@@ -13,6 +13,10 @@ use pipeline::rng::NormalRng;
 use pipeline::{flops, ModelConfig, WeightStore};
 use serde::Serialize;
 
+mod vsa;
+pub use vsa::run_vsa;
+use vsa::vsa_rows;
+
 #[derive(Debug, Serialize)]
 struct Row {
     what: String,
@@ -184,128 +188,6 @@ fn profile_line(p: &kernels::cuda::Profile) -> String {
         kinds.join(", "),
         ms(p.unmarked())
     )
-}
-
-/// VSA at sparsity 0.9 over `q, k, v` on these grids, timed as `time` does: the kept key
-/// tiles, the key tiles and the time.
-fn time_vsa(
-    dev: Device,
-    repeat: usize,
-    [q, k, v]: [&Tensor; 3],
-    q_grid: [usize; 3],
-    k_grid: [usize; 3],
-) -> Result<(usize, usize, Duration)> {
-    let tiles = kernels::vsa::tiles(k_grid, kernels::vsa::TILE);
-    let top_k = kernels::vsa::top_k(0.9, tiles);
-    let t = time(dev, repeat, || {
-        kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k)?;
-        Ok(())
-    })?;
-    Ok((top_k, tiles, t))
-}
-
-/// The VSA rows of `bench kernels` and `bench vsa`, beside our dense attention (`dense`, timed
-/// on `q, k, v` by the caller): VSA at sparsity 0.9 on the same shape, the chunk's 3×30×52
-/// latent grid against the window's 18×30×52 (issue target: ≥ 4× faster than our dense); the
-/// same at a 4-frame chunk, dense and sparse; and one profiled call.
-fn vsa_rows(
-    dev: Device,
-    heavy: usize,
-    [q, k, v]: [&Tensor; 3],
-    dense: Duration,
-    push: &mut dyn FnMut(String, Duration, f64),
-) -> Result<()> {
-    let (lq, heads, d) = (q.dim(0), q.dim(1), q.dim(2));
-    let lk = k.dim(0);
-    let (q_grid, k_grid) = ([3, 30, 52], [18, 30, 52]);
-    let (top_k, tiles, t_vsa) = time_vsa(dev, heavy, [q, k, v], q_grid, k_grid)?;
-    println!(
-        "vsa sparsity 0.9 ({top_k} of {tiles} key tiles): {:.3} ms = {:.2}x faster than dense",
-        t_vsa.as_secs_f64() * 1e3,
-        dense.as_secs_f64() / t_vsa.as_secs_f64()
-    );
-    push(
-        format!("vsa bf16 sparsity 0.9 {lq}q x {lk}k x {heads}h x {d}"),
-        t_vsa,
-        0.0,
-    );
-    // 4-latent chunks over a 20-frame window (FlashDreams' 4-frame LingBot preset, with a window
-    // that is whole tiles in time): every query tile then spans four frames, where the 3-frame
-    // chunk above fills at most three of its four, so this row shows what the tile fill costs
-    // the 4× target.
-    {
-        let (q_grid, k_grid) = ([4, 30, 52], [20, 30, 52]);
-        let (lq4, lk4) = (4 * 30 * 52, 20 * 30 * 52);
-        let q4 = rand(dev, 6, &[lq4, heads, d], 1.0, DType::BF16)?;
-        let k4 = rand(dev, 7, &[lk4, heads, d], 1.0, DType::BF16)?;
-        let v4 = rand(dev, 8, &[lk4, heads, d], 1.0, DType::BF16)?;
-        let dense = time(dev, heavy, || {
-            ops::attention(&q4, &k4, &v4, lk4, AttnMask::None)?;
-            Ok(())
-        })?;
-        let (top_k, tiles, sparse) = time_vsa(dev, heavy, [&q4, &k4, &v4], q_grid, k_grid)?;
-        println!(
-            "vsa sparsity 0.9, 4-frame chunk ({top_k} of {tiles} key tiles): {:.3} ms = {:.2}x \
-             faster than our dense {:.3} ms",
-            sparse.as_secs_f64() * 1e3,
-            dense.as_secs_f64() / sparse.as_secs_f64(),
-            dense.as_secs_f64() * 1e3
-        );
-        push(
-            format!("attention bf16 {lq4}q x {lk4}k x {heads}h x {d} (4-frame chunk)"),
-            dense,
-            flops::attention(lq4, lk4, heads * d),
-        );
-        push(
-            format!("vsa bf16 sparsity 0.9 {lq4}q x {lk4}k x {heads}h x {d} (4-frame chunk)"),
-            sparse,
-            0.0,
-        );
-    }
-    // Where one VSA call's time goes: stream time per kind of launch (tile means and the coarse
-    // stage are `vsa`; V's transpose and the wgmma fine stage `attention`), and the stream's idle
-    // time between them.
-    if let Device::Cuda(i) = dev {
-        let b = kernels::cuda::backend(i)?;
-        b.synchronize()?;
-        b.profile(true);
-        let ran = kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k);
-        b.profile(false);
-        ran?;
-        println!(
-            "vsa profile (one call, events around each launch): {}",
-            profile_line(&b.take_profile()?)
-        );
-    }
-    Ok(())
-}
-
-/// `bench vsa`: our dense attention and the VSA rows of [`vsa_rows`] at 40 and 12 heads, alone
-/// (the VSA part of `bench kernels`, for quick turns on the sparse path).
-pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
-    let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(!dev.is_cpu(), "bench vsa needs a GPU: pass --device cuda");
-    dev.ensure_available()?;
-    let heavy = repeat.max(PEER_REPEAT);
-    let mut rows = Vec::new();
-    let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
-    for heads in [40, 12] {
-        let (lq, lk, d) = (4680, 28080, 128);
-        let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
-        let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
-        let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
-        let t = time(dev, heavy, || {
-            ops::attention(&q, &k, &v, lk, AttnMask::None)?;
-            Ok(())
-        })?;
-        push(
-            format!("attention bf16 {lq}q x {lk}k x {heads}h x {d}"),
-            t,
-            flops::attention(lq, lk, heads * d),
-        );
-        vsa_rows(dev, heavy, [&q, &k, &v], t, &mut push)?;
-    }
-    write_rows(json, &rows)
 }
 
 fn rand(dev: Device, seed: u64, shape: &[usize], scale: f32, dtype: DType) -> Result<Tensor> {
