@@ -128,17 +128,21 @@ run() {
     vsa)
       part test-backend_consistency-vsa 200 "$dir/backend_consistency" vsa --test-threads=1 --nocapture
       part test-vsa 100 "$dir/vsa" --test-threads=1 --nocapture
-      part bench-vsa 200 "$dir/worker" bench vsa --device cuda --repeat 3 --json "$out/vsa.json"
+      part bench-vsa 300 "$dir/worker" bench vsa --device cuda --repeat 3 --json "$out/vsa.json"
       ;;
     profile-vsa)
-      # The tile means and the coarse kernel of the first VSA call (ncu holds the SM clock lower,
-      # so its durations read longer than the bench's).
+      # The tile means, the coarse kernel and the fine kernel of the first VSA call, then the
+      # union fine kernel's first call (ncu holds the SM clock lower, so its durations read longer
+      # than the bench's).
       local ncu
       ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
-        part ncu-vsa 300 "$ncu" -k 'regex:vsa_coarse|vsa_tile_means' -c 2 --section SpeedOfLight \
-          --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
-          --section MemoryWorkloadAnalysis "$dir/worker" bench vsa --device cuda --repeat 1
+        local sections=(--section SpeedOfLight --section SchedulerStats --section WarpStateStats
+          --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis)
+        part ncu-vsa 300 "$ncu" -k 'regex:vsa_coarse|vsa_tile_means|vsa_fine_tma' -c 3 "${sections[@]}" \
+          "$dir/worker" bench vsa --device cuda --repeat 1
+        part ncu-vsa-union 300 env WORLDLINE_VSA_FINE=union "$ncu" -k 'regex:vsa_fine_tma' -c 1 \
+          "${sections[@]}" "$dir/worker" bench vsa --device cuda --repeat 1
       else
         summary+=("profile-vsa: skipped, no ncu here")
       fi
