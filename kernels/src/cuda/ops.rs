@@ -576,8 +576,9 @@ pub(crate) fn vsa_fine_fast(
     gate: Option<&Tensor>,
     coarse: &DeviceBuf<f32>,
     kept: &DeviceBuf<i32>,
-    q_grid: [usize; 3],
-    k_grid: [usize; 3],
+    // The tiling arrays are for gathering kernels; TMA boxes need only the grids.
+    (q_grid, _): ([usize; 3], &[DeviceBuf<i32>; 3]),
+    (k_grid, _): ([usize; 3], &[DeviceBuf<i32>; 3]),
     top_k: usize,
 ) -> Result<Option<Tensor>> {
     let s = storage(q)?;

@@ -189,8 +189,8 @@ pub fn vsa_attention(
         gate.as_ref(),
         f32_data(&coarse)?,
         &kept,
-        q_grid,
-        k_grid,
+        (q_grid, &qi),
+        (k_grid, &ki),
         top_k,
     )? {
         return Ok(out);

@@ -343,19 +343,11 @@ pub use common_conv::{
     softmax_rows, upsample_nearest,
 };
 
-/// VSA's fine branch has no TMA kernel here (CUDA's is Hopper-only): the portable kernel runs it.
-#[allow(clippy::too_many_arguments)]
-/// Whether VSA's fine branch takes the MFMA kernel: bf16 operands (`bf16`) at head dim 128,
-/// tiles of at most 64 tokens, an MFMA architecture.
-pub fn vsa_mfma_fits(
-    arch: &str,
-    bf16: bool,
-    d: usize,
-    qt: &crate::vsa::Tiling,
-    kt: &crate::vsa::Tiling,
-) -> bool {
-    let small = |t: &crate::vsa::Tiling| t.sizes.iter().all(|&n| n <= 64);
-    bf16 && d == FLASH_HEAD_DIM && has_mfma_bf16(arch) && small(qt) && small(kt)
+/// Whether VSA's fine branch takes the MFMA kernel: bf16 operands (`bf16`) at head dim 128 on an
+/// MFMA architecture. Its tiles (at most 64 tokens, a block's rows) always fit.
+pub fn vsa_mfma_fits(arch: &str, bf16: bool, d: usize) -> bool {
+    const { assert!(crate::vsa::TILE[0] * crate::vsa::TILE[1] * crate::vsa::TILE[2] <= 64) };
+    bf16 && d == FLASH_HEAD_DIM && has_mfma_bf16(arch)
 }
 
 /// Whether `arch` has the fp8 attention kernel (attention_fp8.cu's `flash_fp8_mfma_d128`): the
@@ -439,8 +431,9 @@ pub fn attention_fp8(
 }
 
 /// VSA's fine branch on the matrix cores (attention.cu's `vsa_fine_mfma_bf16_d128`): bf16
-/// operands at head dim 128 with tiles of at most 64 tokens on an MFMA architecture; `None`
-/// leaves the call to the portable kernel.
+/// operands at head dim 128 on an MFMA architecture; `None` leaves the call to the portable
+/// kernel. `q_tiling` and `k_tiling` are the device's tiling arrays (`[order, offsets, sizes]`,
+/// written by `vsa_tiling`), so nothing is uploaded from the host.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn vsa_fine_fast(
     q: &Tensor,
@@ -449,18 +442,16 @@ pub(crate) fn vsa_fine_fast(
     gate: Option<&Tensor>,
     coarse: &DeviceBuf<f32>,
     kept: &DeviceBuf<i32>,
-    q_grid: [usize; 3],
-    k_grid: [usize; 3],
+    (q_grid, q_tiling): ([usize; 3], &[DeviceBuf<i32>; 3]),
+    (_, k_tiling): ([usize; 3], &[DeviceBuf<i32>; 3]),
     top_k: usize,
 ) -> Result<Option<Tensor>> {
     let s = storage(q)?;
     let dev = s.dev.clone();
     let (heads, d) = (q.dim(1), q.dim(2));
-    let tiling = |g| crate::vsa::Tiling::new(g, crate::vsa::TILE);
-    let (qt, kt) = (&tiling(q_grid), &tiling(k_grid));
     let bf16 = [q, k, v].iter().all(|t| t.dtype() == DType::BF16)
         && gate.is_none_or(|g| g.dtype() == DType::BF16);
-    if !vsa_mfma_fits(&dev.arch, bf16, d, qt, kt) {
+    if !vsa_mfma_fits(&dev.arch, bf16, d) {
         return Ok(None);
     }
     let i32_of = |what: &str, n: usize| i32_arg(&dev, "vsa", what, n);
@@ -469,17 +460,15 @@ pub(crate) fn vsa_fine_fast(
         i32_of("top_k", top_k)?,
         i32::from(gate.is_some()),
     );
-    let qi = [&qt.order, &qt.offsets, &qt.sizes].map(|v| vsa::upload(&dev, v));
-    let ki = [&kt.order, &kt.offsets, &kt.sizes].map(|v| vsa::upload(&dev, v));
-    let [qo, qoff, qsz] = qi;
-    let [ko, koff, ksz] = ki;
-    let (qo, qoff, qsz, ko, koff, ksz) = (qo?, qoff?, qsz?, ko?, koff?, ksz?);
+    let nq = crate::vsa::tiles(q_grid, crate::vsa::TILE);
+    let [qo, qoff, qsz] = q_tiling;
+    let [ko, koff, ksz] = k_tiling;
     let (ks, vs) = (storage(k)?, storage(v)?);
     let gs = gate.map(storage).transpose()?;
     let mut out = RocmStorage::alloc(&dev, DType::BF16, q.elem_count())?;
     let scale = 1.0f32 / (d as f32).sqrt();
     let cfg = LaunchConfig {
-        grid_dim: (qt.tiles() as u32, heads as u32, 1),
+        grid_dim: (nq as u32, heads as u32, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -494,8 +483,8 @@ pub(crate) fn vsa_fine_fast(
         push(b, &vs.data);
         // Without a gate the kernel never reads this pointer; q stands in.
         push(b, &gs.unwrap_or(s).data);
-        b.arg(&has_gate).arg(coarse).arg(kept).arg(&qo).arg(&qoff).arg(&qsz);
-        b.arg(&ko).arg(&koff).arg(&ksz).arg(&h32).arg(&k32).arg(&scale);
+        b.arg(&has_gate).arg(coarse).arg(kept).arg(qo).arg(qoff).arg(qsz);
+        b.arg(ko).arg(koff).arg(ksz).arg(&h32).arg(&k32).arg(&scale);
     });
     Ok(Some(wrap(out, q.shape())))
 }

@@ -191,6 +191,11 @@ pub fn launches(name: &str) -> u64 {
     })
 }
 
+/// Copies from the host to the emulated device so far in this process.
+pub fn htod_copies() -> u64 {
+    emulator_count(b"wl_emu_htod_copies\0")
+}
+
 /// fp8 GEMMs the emulated hipBLASLt has run with an outer-vector scale so far in this process.
 pub fn outer_vec_gemms() -> u64 {
     emulator_count(b"wl_emu_outer_vec_gemms\0")
