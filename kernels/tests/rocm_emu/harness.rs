@@ -1,5 +1,6 @@
 //! What the emulated-GPU tests share (`rocm_emulated.rs` on a gfx942, `rocm_emulated_gfx950.rs`
-//! on a gfx950): building the emulator, pointing the ROCm backend at it, inputs, the comparison.
+//! on a gfx950, and the pipeline's `rocm_emulated.rs`): building the emulator, pointing the ROCm
+//! backend at it, inputs, the comparison.
 #![allow(dead_code)] // each test file uses its share
 
 use std::path::PathBuf;
@@ -21,7 +22,8 @@ pub fn emulated_gpu(arch: &str) -> Option<Device> {
     static READY: OnceLock<Result<(), String>> = OnceLock::new();
     let ready = READY.get_or_init(|| {
         let cxx = compiler();
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/rocm_emu");
+        // Through the workspace, so the pipeline's tests find it too.
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kernels/tests/rocm_emu");
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rocm-emu-{arch}"));
         std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
         let lib = out.join("libwl_rocm_emu.so");
