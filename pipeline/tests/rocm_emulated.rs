@@ -1,8 +1,12 @@
-//! The DiT's `tiny` stream on the ROCm backend over the CPU emulation of a wave64 GPU
-//! (`kernels/tests/rocm_emu`): every op the model calls, through the same backend code an AMD
-//! card runs (HIP runtime, hipRTC, hipBLASLt entry points, our kernels built for HIP), against
-//! the CPU reference over several chunks through the KV cache. What the emulation proves, and
-//! what it cannot (AMD's compiler, hardware, hipBLASLt's own kernels), is in its README entry.
+//! The DiT on the ROCm backend over the CPU emulation of a wave64 GPU (`kernels/tests/rocm_emu`),
+//! as a gfx950 (MI355X, our users' card): the `tiny` stream over several chunks through the KV
+//! cache, and one lingbot-1.3b block (Wan's head dim 128: the MFMA attention, and fp8 linears in
+//! OCP e4m3), each against the CPU reference, through the same backend code an AMD card runs (HIP
+//! runtime, hipRTC, hipBLASLt entry points, our kernels built for HIP). What the emulation proves,
+//! and what it cannot (AMD's compiler, hardware, hipBLASLt's own kernels), is in the README.
+
+/// The emulated architecture of this process (the emulator is set up once per process).
+const ARCH: &str = "gfx950";
 
 #[path = "../../kernels/tests/rocm_emu/harness.rs"]
 mod harness;
@@ -11,9 +15,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::rel_l2;
-use kernels::{DType, Device, Tensor};
+use common::{random_times as rnd, rel_l2};
+use kernels::{DType, Device, RopeTable, Tensor};
 use pipeline::camera::Controls;
+use pipeline::model::{BlockInputs, KvMode, WanBlock, ROPE_POSITIONS};
 use pipeline::rng::NormalRng;
 use pipeline::{ChunkInputs, Engine, EngineConfig, ModelConfig, WanModel, WeightStore};
 
@@ -67,7 +72,7 @@ fn stream(dev: Device, dtype: DType) -> Vec<Vec<f32>> {
 #[test]
 fn the_tiny_stream_matches_the_cpu_on_the_emulated_gpu() {
     let _one = harness::SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(dev) = harness::emulated_gpu("gfx942") else {
+    let Some(dev) = harness::emulated_gpu(ARCH) else {
         return;
     };
     // f32: 1.5–2.3e-4 seen (summation orders, compounded over 5 forwards a chunk); bf16
@@ -78,8 +83,77 @@ fn the_tiny_stream_matches_the_cpu_on_the_emulated_gpu() {
         assert_eq!(got.len(), want.len());
         for (c, (g, w)) in got.iter().zip(&want).enumerate() {
             let e = rel_l2(g, w);
-            println!("tiny {dtype:?} chunk {c} on the emulated gfx942: rel L2 {e:.2e}");
+            println!("tiny {dtype:?} chunk {c} on the emulated {ARCH}: rel L2 {e:.2e}");
             assert!(e < tol, "chunk {c}: {e:.3e} ≥ {tol:e}");
         }
+    }
+}
+
+/// lingbot-1.3b's block (dim 1536, 12 heads of 128, FFN 8960) over two frames of 8×12 tokens:
+/// bf16 weights, then fp8 linears, against the CPU. The shape is small for the emulator's sake;
+/// the kernels are the ones a 480×832 chunk takes (MFMA flash attention at head dim 128, the
+/// fused norm into fp8, hipBLASLt's fp8 GEMMs with rowwise scales and the FFN's GELU epilogue).
+#[test]
+fn a_lingbot_1_3b_block_matches_the_cpu_on_the_emulated_gpu() {
+    let _one = harness::SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = harness::emulated_gpu(ARCH) else {
+        return;
+    };
+    let cfg = ModelConfig::lingbot_1_3b();
+    let grid = [2, 8, 12];
+    let tokens: usize = grid.iter().product();
+    let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4).expect("rope");
+    let (x, e0, text, cond) = (
+        rnd(1, &[tokens, cfg.dim], 1.0),
+        rnd(2, &[6, cfg.dim], 0.1),
+        rnd(3, &[cfg.text_len, cfg.dim], 1.0),
+        rnd(4, &[tokens, cfg.dim], 1.0),
+    );
+    // The CUDA test's bounds (pipeline/tests/gpu.rs): bf16 operands 2e-2; fp8 linears 5e-2
+    // against the CPU's dequantized codes (activation codes may round apart by one).
+    for (fp8, tol) in [(false, 2e-2), (true, 5e-2)] {
+        let out = |d: Device| {
+            let store = WeightStore::random(0, DType::BF16).on_device(d);
+            let mut block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).expect("block");
+            if fp8 {
+                block.quantize_linears_fp8().expect("fp8 linears");
+            }
+            let up = |t: &Tensor| t.to_device(d).expect("up");
+            let kv = block.cross_attn.text_kv(&up(&text)).expect("text");
+            let cam = block
+                .camera
+                .as_ref()
+                .expect("cam")
+                .scale_shift(&up(&cond))
+                .expect("cam");
+            let e0 = up(&e0);
+            let inp = BlockInputs {
+                e0: &e0,
+                grid,
+                t_offset: 0,
+                rope: &rope,
+            };
+            let y = block
+                .forward(&up(&x), &inp, &kv, Some(&cam), KvMode::Full, false)
+                .expect("forward")
+                .expect("out");
+            y.to_vec_f32()
+        };
+        let (flash, outer) = (
+            harness::launches("flash_mfma32_bf16_d128"),
+            harness::outer_vec_gemms(),
+        );
+        let got = out(dev);
+        // Self-attention on gfx950's 16x16x32 MFMA kernel; fp8 linears with their rowwise scales
+        // inside hipBLASLt's GEMM (the emulated library is a 1.x).
+        assert!(
+            harness::launches("flash_mfma32_bf16_d128") > flash,
+            "no MFMA attention"
+        );
+        let outer = harness::outer_vec_gemms() - outer;
+        assert_eq!(outer > 0, fp8, "{outer} GEMMs with outer-vector scales");
+        let e = rel_l2(&got, &out(Device::Cpu));
+        println!("lingbot-1.3b block (fp8 linears: {fp8}) on the emulated {ARCH}: rel L2 {e:.2e}");
+        assert!(e < tol, "fp8 linears {fp8}: {e:.3e} ≥ {tol:e}");
     }
 }

@@ -28,7 +28,7 @@ pub fn emulated_gpu(arch: &str) -> Option<Device> {
         std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
         let lib = out.join("libwl_rocm_emu.so");
         let built = Command::new(&cxx)
-            .args(["-std=c++20", "-O1", "-fPIC", "-shared"])
+            .args(["-std=c++20", "-O2", "-fPIC", "-shared"])
             .arg(src.join("runtime.cpp"))
             .arg("-o")
             .arg(&lib)

@@ -536,15 +536,24 @@ int hipblasLtMatmul(void*, Desc* d, const void* alpha, const void* a, Layout* la
     const bool gelu = d->epilogue == 32 || d->epilogue == 36;
     if (bias && !d->bias) return 3;
     if (d->epilogue != 1) ++epilogue_gemms;
+    // Both operands decoded once into rows along k (a lingbot-1.3b block's GEMMs are ~2·10⁹
+    // products: decoding each product's operands was most of a test's minutes).
+    std::vector<float> ar(m * k), br(n * k);
+    for (uint64_t i = 0; i < m; ++i)
+        for (uint64_t p = 0; p < k; ++p) ar[i * k + p] = load(a, la->type, ta ? p + i * la->ld : i + p * la->ld);
+    for (uint64_t j = 0; j < n; ++j)
+        for (uint64_t p = 0; p < k; ++p) br[j * k + p] = load(b, lb->type, tb ? j + p * lb->ld : p + j * lb->ld);
     for (uint64_t j = 0; j < n; ++j)
         for (uint64_t i = 0; i < m; ++i) {
-            float s = 0.0f;
-            for (uint64_t p = 0; p < k; ++p) {
-                const size_t ai = ta ? p + i * la->ld : i + p * la->ld;
-                const size_t bi = tb ? j + p * lb->ld : p + j * lb->ld;
-                s += load(a, la->type, ai) * load(b, lb->type, bi);
-            }
-            float v = al * s;
+            // Four partial sums in f32 (an order of our choosing, as a library's is).
+            const float* x = &ar[i * k];
+            const float* y = &br[j * k];
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            uint64_t p = 0;
+            for (; p + 4 <= k; p += 4)
+                for (int q = 0; q < 4; ++q) part[q] += x[p + q] * y[p + q];
+            for (; p < k; ++p) part[0] += x[p] * y[p];
+            float v = al * ((part[0] + part[1]) + (part[2] + part[3]));
             // WORLDLINE_ROCM_EMU_BAD_OUTER_VEC=1: a library that reads an outer vector's first
             // value as the scale of every row (wrong results, no error: what the start-up
             // check is for).
