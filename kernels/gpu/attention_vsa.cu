@@ -81,6 +81,28 @@ WL_DEVICE void vt_pack(unsigned int (*pa)[4], const float* sc) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
 }
+// One kept key tile's step, once the other consumer has issued its products: S = Q·Kᵀ (K at dk)
+// and the pending P·V (V at dv) issued together, the other consumer let on the tensor cores, the
+// softmax while P·V runs, then the pending stage's barrier `release` arrived at (where `arrive`)
+// and P packed for the next step.
+WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, unsigned long long dq,
+                       unsigned long long dk, unsigned long long dv, int ext, int wg, int r0, int cq, float scale2,
+                       unsigned long long* release, bool arrive) {
+    float sc[32];
+    wl_wgmma_fence();
+    vt_scores(sc, dq, dk);
+    wl_wgmma_commit();
+    vt_pv(o, pa, dv);
+    wl_wgmma_commit();
+    wl_named_arrive(2 - wg, 256);
+    wl_wgmma_wait_one();
+    float nm[2], corr[2], sum[2];
+    vt_softmax(sc, m, nm, corr, sum, ext, r0, cq, scale2);
+    wl_wgmma_wait_all();
+    if (arrive) wl_mbar_arrive(release);
+    fw_rescale(o, m, l, nm, corr, sum);
+    vt_pack(pa, sc);
+}
 // out = O / l + gate · coarse for this thread's rows r0, r0 + 8 of query tile i (those inside the
 // query grid).
 WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* l, const float* coarse, const wl_bf16* gate,
@@ -218,21 +240,9 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     for (int u = 1; u < top_k; ++u) {
         const int s = u % VT_STAGES, prev = (u - 1) % VT_STAGES;
         wl_mbar_wait(full + s, (u / VT_STAGES) & 1);
-        float sc[32];
         wl_named_sync(1 + wg, 256);
-        wl_wgmma_fence();
-        vt_scores(sc, dq, wl_desc_plus(dk0, s * 2 * TB));
-        wl_wgmma_commit();
-        vt_pv(o, pa, wl_desc_plus(dv0, prev * 2 * TB));
-        wl_wgmma_commit();
-        wl_named_arrive(2 - wg, 256);
-        wl_wgmma_wait_one();
-        float nm[2], corr[2], sum[2];
-        vt_softmax(sc, m, nm, corr, sum, ex.at(u), r0, cq, scale2);
-        wl_wgmma_wait_all();
-        if (t == 0) wl_mbar_arrive(empty + prev);
-        fw_rescale(o, m, l, nm, corr, sum);
-        vt_pack(pa, sc);
+        vt_step(o, pa, m, l, dq, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, prev * 2 * TB), ex.at(u), wg, r0,
+                cq, scale2, empty + prev, t == 0);
         ex.after(kg, kl, top_k, lane, u);
     }
     if (wg == 0) wl_named_sync(1, 256);
@@ -369,20 +379,8 @@ WL_DEVICE void vsa_fine_tma_union(wl_bf16* out, const wl_tmap* tq, const wl_tmap
         // With nothing pending the zero P runs over this entry's own V (loaded, finite as the
         // inputs are), never over a stage another entry is being loaded into.
         const int pv_stage = pend >= 0 ? pend % VU_STAGES : s;
-        float sc[32];
-        wl_wgmma_fence();
-        vt_scores(sc, dq, wl_desc_plus(dk0, s * 2 * TB));
-        wl_wgmma_commit();
-        vt_pv(o, pa, wl_desc_plus(dv0, pv_stage * 2 * TB));
-        wl_wgmma_commit();
-        wl_named_arrive(2 - wg, 256);
-        wl_wgmma_wait_one();
-        float nm[2], corr[2], sum[2];
-        vt_softmax(sc, m, nm, corr, sum, ex.at(u), r0, cq, scale2);
-        wl_wgmma_wait_all();
-        if (pend >= 0 && t == 0) wl_mbar_arrive(empty + pend % VU_STAGES);
-        fw_rescale(o, m, l, nm, corr, sum);
-        vt_pack(pa, sc);
+        vt_step(o, pa, m, l, dq, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, pv_stage * 2 * TB), ex.at(u), wg,
+                r0, cq, scale2, empty + pv_stage, pend >= 0 && t == 0);
         ex.after(kg, kl, top_k, lane, u);
         pend = e;
         ++u;

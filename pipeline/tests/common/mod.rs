@@ -6,6 +6,8 @@
 // Each test binary uses a different subset.
 #![allow(dead_code)]
 
+pub mod dit;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,106 @@
+//! The DiT runs that the GPU tests compare against the CPU (`gpu.rs` on CUDA or ROCm cards,
+//! `rocm_emulated.rs` on the emulated AMD GPU): a `tiny` stream, and one lingbot-1.3b block.
+
+use std::sync::Arc;
+
+use kernels::{DType, Device, RopeTable, Tensor};
+use pipeline::camera::Controls;
+use pipeline::model::{BlockInputs, KvMode, WanBlock, ROPE_POSITIONS};
+use pipeline::rng::NormalRng;
+use pipeline::{ChunkInputs, Engine, EngineConfig, ModelConfig, WanModel, WeightStore};
+
+use super::random_times as rnd;
+
+/// Latents of `chunks` chunks of the `tiny` stream on `dev` at `height × width` (2-frame
+/// chunks, one sink frame, a window of `window` frames), alternating two control sets.
+pub fn tiny_stream(
+    dev: Device,
+    dtype: DType,
+    [height, width]: [usize; 2],
+    window: usize,
+    chunks: usize,
+) -> Vec<Vec<f32>> {
+    let cfg = ModelConfig::tiny();
+    let store = WeightStore::random(5, dtype).on_device(dev);
+    let model = Arc::new(WanModel::load(&cfg, &store).expect("model"));
+    let ecfg = EngineConfig {
+        height,
+        width,
+        chunk_frames: 2,
+        window_frames: window,
+        sink_frames: 1,
+        ..EngineConfig::tiny(3)
+    };
+    let mut engine = Engine::new(model, ecfg).expect("engine");
+    let ctx = Tensor::from_vec(
+        NormalRng::new(9).normals(12 * cfg.text_dim),
+        &[12, cfg.text_dim],
+    )
+    .expect("ctx");
+    engine.set_prompt(&ctx).expect("prompt");
+    let (h, w) = (height / 8, width / 8);
+    let first =
+        Tensor::from_vec(NormalRng::new(8).normals(16 * h * w), &[16, h, w]).expect("first");
+    engine.set_first_frame(&first).expect("first frame");
+    let keys = [
+        Controls {
+            w: true,
+            ..Default::default()
+        },
+        Controls {
+            d: true,
+            mouse_dy: 9.0,
+            ..Default::default()
+        },
+    ];
+    (0..chunks)
+        .map(|i| {
+            let c = engine
+                .next_chunk(&ChunkInputs {
+                    controls: keys[i % 2],
+                })
+                .expect("chunk");
+            assert_eq!(c.latents.device(), dev);
+            c.latents.to_vec_f32()
+        })
+        .collect()
+}
+
+/// lingbot-1.3b's block 0 (random `dtype` weights, its linears in fp8 where `fp8`) over one chunk
+/// of `grid` latent tokens with camera conditioning, attention over the chunk alone, on `dev`.
+pub fn block_1_3b(dev: Device, dtype: DType, fp8: bool, grid: [usize; 3]) -> Vec<f32> {
+    let cfg = ModelConfig::lingbot_1_3b();
+    let tokens: usize = grid.iter().product();
+    let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4).expect("rope");
+    let (x, e0, text, cond) = (
+        rnd(1, &[tokens, cfg.dim], 1.0),
+        rnd(2, &[6, cfg.dim], 0.1),
+        rnd(3, &[cfg.text_len, cfg.dim], 1.0),
+        rnd(4, &[tokens, cfg.dim], 1.0),
+    );
+    let store = WeightStore::random(0, dtype).on_device(dev);
+    let mut block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).expect("block");
+    if fp8 {
+        block.quantize_linears_fp8().expect("fp8 linears");
+    }
+    let up = |t: &Tensor| t.to_device(dev).expect("up");
+    let kv = block.cross_attn.text_kv(&up(&text)).expect("text");
+    let cam = block
+        .camera
+        .as_ref()
+        .expect("cam")
+        .scale_shift(&up(&cond))
+        .expect("cam");
+    let e0 = up(&e0);
+    let inp = BlockInputs {
+        e0: &e0,
+        grid,
+        t_offset: 0,
+        rope: &rope,
+    };
+    let y = block
+        .forward(&up(&x), &inp, &kv, Some(&cam), KvMode::Full, false)
+        .expect("forward")
+        .expect("out");
+    y.to_vec_f32()
+}
