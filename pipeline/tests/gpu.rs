@@ -4,12 +4,10 @@
 
 mod common;
 
-use common::dit::{block_1_3b, tiny_stream};
-use common::{gpus, random_times as rnd, rel_l2};
+use common::dit::{block_1_3b, block_1_3b_fp8_attention, tiny_stream};
+use common::{gpus, rel_l2};
 
-use kernels::{DType, Device, RopeTable, Tensor};
-use pipeline::model::{BlockInputs, KvMode, WanBlock, ROPE_POSITIONS};
-use pipeline::{ModelConfig, WeightStore};
+use kernels::{DType, Device};
 
 #[test]
 fn tiny_stream_matches_the_cpu() {
@@ -46,46 +44,7 @@ fn lingbot_1_3b_block_matches_the_cpu() {
 #[test]
 fn lingbot_1_3b_block_with_fp8_attention_matches_the_cpu() {
     for dev in gpus() {
-        let cfg = ModelConfig::lingbot_1_3b();
-        let grid = [1, 30, 52];
-        let tokens: usize = grid.iter().product();
-        let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4).expect("rope");
-        let (x, e0, text, held) = (
-            rnd(1, &[tokens, cfg.dim], 1.0),
-            rnd(2, &[6, cfg.dim], 0.1),
-            rnd(3, &[cfg.text_len, cfg.dim], 1.0),
-            rnd(5, &[2 * tokens, cfg.num_heads, cfg.head_dim()], 1.0),
-        );
-        let out = |d: Device| {
-            let store = WeightStore::random(0, DType::BF16).on_device(d);
-            let block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).expect("block");
-            let up = |t: &Tensor| t.to_device(d).expect("up");
-            let kv = block.cross_attn.text_kv(&up(&text)).expect("text");
-            let dtype = if d.is_cpu() { DType::F32 } else { DType::BF16 };
-            let mut cache =
-                kernels::KvCache::new(4, 1, tokens, cfg.num_heads, cfg.head_dim(), dtype)
-                    .and_then(|c| c.on_device(d))
-                    .and_then(|c| c.with_fp8_attention())
-                    .expect("cache");
-            let h = up(&held).to_dtype(dtype).expect("dtype");
-            cache.write(0, &h, &h).expect("held frames");
-            let e0 = up(&e0);
-            let inp = BlockInputs {
-                e0: &e0,
-                grid,
-                t_offset: 2,
-                rope: &rope,
-            };
-            let mode = KvMode::Cache {
-                cache: &mut cache,
-                first_frame: 2,
-            };
-            let y = block
-                .forward(&up(&x), &inp, &kv, None, mode, false)
-                .expect("forward")
-                .expect("out");
-            y.to_vec_f32()
-        };
+        let out = |d: Device| block_1_3b_fp8_attention(d, [1, 30, 52]);
         let e = rel_l2(&out(dev), &out(Device::Cpu));
         println!(
             "lingbot-1.3b block, fp8 attention over a 3-frame cache, on {dev}: rel L2 {e:.2e}"

@@ -13,7 +13,7 @@ mod harness;
 
 mod common;
 
-use common::dit::{block_1_3b, tiny_stream};
+use common::dit::{block_1_3b, block_1_3b_fp8_attention, tiny_stream};
 use common::rel_l2;
 use kernels::{DType, Device};
 
@@ -70,4 +70,25 @@ fn a_lingbot_1_3b_block_matches_the_cpu_on_the_emulated_gpu() {
         println!("lingbot-1.3b block (fp8 linears: {fp8}) on the emulated {ARCH}: rel L2 {e:.2e}");
         assert!(e < tol, "fp8 linears {fp8}: {e:.3e} ≥ {tol:e}");
     }
+}
+
+/// `--attention fp8` on gfx950: the same block over a KV cache with an fp8 copy (two frames held,
+/// the chunk the third), self-attention on `flash_fp8_mfma_d128` (OCP e4m3 operands), against the
+/// CPU's dequantizing reference. The CUDA test's bound: the GPU also rounds the softmax weights to
+/// e4m3.
+#[test]
+fn a_block_with_fp8_attention_matches_the_cpu_on_the_emulated_gpu() {
+    let _one = harness::SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = harness::emulated_gpu(ARCH) else {
+        return;
+    };
+    let before = harness::launches("flash_fp8_mfma_d128");
+    let got = block_1_3b_fp8_attention(dev, [1, 8, 12]);
+    assert!(
+        harness::launches("flash_fp8_mfma_d128") > before,
+        "no fp8 attention"
+    );
+    let e = rel_l2(&got, &block_1_3b_fp8_attention(Device::Cpu, [1, 8, 12]));
+    println!("lingbot-1.3b block, fp8 attention over a 3-frame cache, on the emulated {ARCH}: rel L2 {e:.2e}");
+    assert!(e < 3e-2, "{e:.3e} ≥ 3e-2");
 }

@@ -104,3 +104,49 @@ pub fn block_1_3b(dev: Device, dtype: DType, fp8: bool, grid: [usize; 3]) -> Vec
         .expect("out");
     y.to_vec_f32()
 }
+
+/// The same block (bf16 weights) through a KV cache that keeps an fp8 copy, so self-attention
+/// runs in fp8 (the GPU's fp8 kernel, the dequantizing reference on the CPU): the cache already
+/// holds two frames of `grid`'s size and the chunk is the third, without camera conditioning.
+pub fn block_1_3b_fp8_attention(dev: Device, grid: [usize; 3]) -> Vec<f32> {
+    let cfg = ModelConfig::lingbot_1_3b();
+    let tokens: usize = grid.iter().product();
+    let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4).expect("rope");
+    let (x, e0, text, held) = (
+        rnd(1, &[tokens, cfg.dim], 1.0),
+        rnd(2, &[6, cfg.dim], 0.1),
+        rnd(3, &[cfg.text_len, cfg.dim], 1.0),
+        rnd(5, &[2 * tokens, cfg.num_heads, cfg.head_dim()], 1.0),
+    );
+    let store = WeightStore::random(0, DType::BF16).on_device(dev);
+    let block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).expect("block");
+    let up = |t: &Tensor| t.to_device(dev).expect("up");
+    let kv = block.cross_attn.text_kv(&up(&text)).expect("text");
+    let dtype = if dev.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let mut cache = kernels::KvCache::new(4, 1, tokens, cfg.num_heads, cfg.head_dim(), dtype)
+        .and_then(|c| c.on_device(dev))
+        .and_then(|c| c.with_fp8_attention())
+        .expect("cache");
+    let h = up(&held).to_dtype(dtype).expect("dtype");
+    cache.write(0, &h, &h).expect("held frames");
+    let e0 = up(&e0);
+    let inp = BlockInputs {
+        e0: &e0,
+        grid,
+        t_offset: 2,
+        rope: &rope,
+    };
+    let mode = KvMode::Cache {
+        cache: &mut cache,
+        first_frame: 2,
+    };
+    let y = block
+        .forward(&up(&x), &inp, &kv, None, mode, false)
+        .expect("forward")
+        .expect("out");
+    y.to_vec_f32()
+}
