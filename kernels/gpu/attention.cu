@@ -157,8 +157,10 @@ WL_DEVICE void attention_bias_tiled(T* out, const T* q, const T* k, const T* v, 
     }
 }
 
+// Its block size as a bound: without one, HIP compiles for blocks of up to 1024 threads and caps
+// a thread at 128 VGPRs, and this kernel then spilled 33–49 of them to scratch.
 #define WL_ATT_TILED(T, tn)                                                                                  \
-    WL_KERNEL void attention_bias_tiled_##tn(T* out, const T* q, const T* k, const T* v, int lq, int kv_len, \
+    WL_KERNEL void __launch_bounds__(TB_THREADS) attention_bias_tiled_##tn(T* out, const T* q, const T* k, const T* v, int lq, int kv_len, \
                                              int heads, int d, float scale, const float* bias, int span) {     \
         attention_bias_tiled(out, q, k, v, lq, kv_len, heads, d, scale, bias, span);                          \
     }

@@ -327,12 +327,12 @@ WL_DEVICE void norm_modulate_vec_fp8(unsigned char* codes, float* scales, const 
 }
 
 #define WL_NORM_VEC(T, tn, P, pn)                                                                           \
-    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 6)                                                     \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 6)                                                             \
         norm_modulate_vec_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale,      \
                                              wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {      \
         norm_modulate_vec(out, x, shift, scale, cols, shift_n, scale_n, eps);                               \
     }                                                                                                       \
-    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 6)                                                     \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 6)                                                             \
         norm_modulate_vec_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, \
                                             const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,    \
                                             float eps) {                                                    \
@@ -539,12 +539,12 @@ WL_DEVICE void norm_modulate_lean_fp8(unsigned char* codes, float* scales, const
 // ≤ 80 registers (77-80 on sm_90a, no spills): six 128-thread rows an SM, up to 120 KB of loads in
 // flight, which is what keeps HBM busy while other rows reduce and compute.
 #define WL_NORM_LEAN(T, tn, P, pn)                                                                          \
-    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 6)                                                     \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 6)                                                             \
         norm_modulate_lean_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale,     \
                                               wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {     \
         norm_modulate_lean(out, x, shift, scale, cols, shift_n, scale_n, eps);                              \
     }                                                                                                       \
-    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 6)                                                     \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 6)                                                             \
         norm_modulate_lean_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, \
                                              const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,   \
                                              float eps) {                                                   \
@@ -717,12 +717,12 @@ WL_DEVICE void norm_modulate_fast_fp8(unsigned char* codes, float* scales, const
 // at 6 (90%, a few spilled registers), 0.0365 at 7, 0.0415 at 8; 4 as 5. The whole-row path
 // gains 1% over the predicated one.
 #define WL_NORM_FAST(T, tn, P, pn)                                                                          \
-    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5)                                                     \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 5)                                                             \
         norm_modulate_fast_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale,     \
                                               wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {     \
         norm_modulate_fast(out, x, shift, scale, cols, shift_n, scale_n, eps);                              \
     }                                                                                                       \
-    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5)                                                     \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 5)                                                             \
         norm_modulate_fast_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, \
                                              const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,   \
                                              float eps) {                                                   \
@@ -814,14 +814,14 @@ WL_DEVICE void residual_norm_fast(void* out, float* scales, const wl_residual<C>
 // The operands as plain parameters (both vendors' launchers pass them so), gathered here; one
 // kernel per FiLM type (C, suffix cn) and output.
 #define WL_RESIDUAL_NORM(C, cn)                                                                            \
-    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5) residual_norm_fast_##cn##_bf16(                    \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 5) residual_norm_fast_##cn##_bf16(                            \
         wl_bf16* out, const float* x, const wl_bf16* y, const float* gate, const C* fshift, const C* fscale, \
         float* r, wl_u64 gate_n, wl_u64 film_n, int flags, const float* shift, const float* scale, wl_u64 cols, \
         wl_u64 shift_n, wl_u64 scale_n, float eps) {                                                        \
         const wl_residual<C> in{x, y, gate, fshift, fscale, r, gate_n, film_n, flags};                     \
         residual_norm_fast<false>(out, nullptr, in, shift, scale, cols, shift_n, scale_n, eps);             \
     }                                                                                                       \
-    WL_KERNEL void __launch_bounds__(WL_VEC_THREADS, 5) residual_norm_fast_##cn##_fp8(                     \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 5) residual_norm_fast_##cn##_fp8(                             \
         unsigned char* codes, float* scales, const float* x, const wl_bf16* y, const float* gate,          \
         const C* fshift, const C* fscale, float* r, wl_u64 gate_n, wl_u64 film_n, int flags,               \
         const float* shift, const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {  \

@@ -194,7 +194,69 @@ fn check_asm(asm: &str, arch: &str, expected: &[String]) -> Result<(), String> {
     if asm.contains(".amdhsa_wavefront_size32 1") {
         return Err("a kernel compiled for wave32".into());
     }
+    // Registers spilled to scratch are memory traffic in every step of the kernel: none allowed.
+    let spilled: Vec<String> = kernel_metadata(asm)
+        .filter(|k| k.value("vgpr_spill_count").is_some_and(|n| n != "0"))
+        .map(|k| {
+            format!(
+                "{} ({} VGPRs spilled)",
+                k.value("name").unwrap_or("?"),
+                k.value("vgpr_spill_count").unwrap_or("?")
+            )
+        })
+        .collect();
+    if !spilled.is_empty() {
+        return Err(format!("VGPRs spilled to scratch: {}", spilled.join(", ")));
+    }
     Ok(())
+}
+
+/// One kernel's entry in the code object metadata (`amdhsa.kernels`), as YAML lines.
+struct KernelMeta<'a>(Vec<&'a str>);
+
+impl KernelMeta<'_> {
+    /// The value of `.key:` in this entry.
+    fn value(&self, key: &str) -> Option<&str> {
+        let tag = format!(".{key}:");
+        self.0.iter().find_map(|l| {
+            let l = l.trim().trim_start_matches("- ");
+            l.strip_prefix(&tag).map(str::trim)
+        })
+    }
+}
+
+/// The kernels' metadata entries of an assembly: each begins with a `  - .` line under
+/// `amdhsa.kernels:` (the entries' own lists are indented deeper).
+fn kernel_metadata(asm: &str) -> impl Iterator<Item = KernelMeta<'_>> {
+    let section = asm
+        .split_once("amdhsa.kernels:")
+        .map_or("", |(_, rest)| rest);
+    let mut entries: Vec<KernelMeta> = Vec::new();
+    for line in section.lines() {
+        if line.starts_with("  - .") {
+            entries.push(KernelMeta(vec![line]));
+        } else if line.starts_with("amdhsa.") || line.starts_with(".end_amdgpu_metadata") {
+            break;
+        } else if let Some(e) = entries.last_mut() {
+            e.0.push(line);
+        }
+    }
+    entries.into_iter()
+}
+
+/// The MFMA kernels' register counts (VGPRs with AGPRs: 512 a SIMD lane, so one wave per SIMD
+/// above 256), printed for whoever tunes them on a card.
+fn mfma_registers(asm: &str) -> Vec<String> {
+    kernel_metadata(asm)
+        .filter(|k| k.value("name").is_some_and(|n| n.contains("mfma")))
+        .map(|k| {
+            format!(
+                "{} {} VGPRs",
+                k.value("name").unwrap_or("?"),
+                k.value("vgpr_count").unwrap_or("?")
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -249,7 +311,12 @@ fn compile_all(tc: &Toolchain, archs: &[&str]) {
                         let asm = compile(tc, &src, arch)
                             .map_err(|e| fail(format!("clang failed for {arch}:\n{e}")))?;
                         check_asm(&asm, arch, &names).map_err(|e| fail(format!("{arch}: {e}")))?;
-                        counts.push(format!("{} kernels for {arch}", names.len()));
+                        let mfma = mfma_registers(&asm);
+                        counts.push(if mfma.is_empty() {
+                            format!("{} kernels for {arch}", names.len())
+                        } else {
+                            format!("{} kernels for {arch} ({})", names.len(), mfma.join(", "))
+                        });
                     }
                     Ok(format!(
                         "{module}: {} compiled by {}, wave64",

@@ -49,7 +49,7 @@ fn portable_part(src: &str) -> String {
 }
 
 /// The plain kernel names a module declares for HIP (`WL_KERNEL void name(`; names built by
-/// macros are left out).
+/// macros are left out, and so are attributes in that place: `__launch_bounds__`, `WL_BOUNDS`).
 fn plain_kernels(src: &str) -> Vec<String> {
     portable_part(src)
         .split("WL_KERNEL void ")
@@ -59,6 +59,7 @@ fn plain_kernels(src: &str) -> Vec<String> {
         .filter(|n| {
             !n.is_empty()
                 && !n.starts_with("__")
+                && !n.starts_with("WL_")
                 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         })
         .collect()

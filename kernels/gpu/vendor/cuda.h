@@ -5,6 +5,9 @@
 #define WL_WARP_SIZE 32
 #define WL_DEVICE __device__ __forceinline__
 #define WL_KERNEL extern "C" __global__
+// Threads a block may have, and the blocks an SM should hold at once (registers per thread are
+// capped to fit them).
+#define WL_BOUNDS(threads, blocks_per_sm) __launch_bounds__(threads, blocks_per_sm)
 
 WL_DEVICE float wl_shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 WL_DEVICE double wl_shfl_xor(double v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }

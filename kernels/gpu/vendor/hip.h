@@ -5,6 +5,11 @@
 #define WL_WARP_SIZE 64
 #define WL_DEVICE __device__ __forceinline__
 #define WL_KERNEL extern "C" __global__
+// Threads a block may have; CUDA's blocks-per-SM hint is dropped. HIP reads that second number
+// as an occupancy target in waves per SIMD, and for the norm kernels, which keep a row in
+// registers, clang then spilled 100–270 VGPRs a thread to scratch (gfx942 and gfx950; without
+// it, none). hip_compile.rs fails on any VGPR spill.
+#define WL_BOUNDS(threads, blocks_per_sm) __launch_bounds__(threads)
 
 WL_DEVICE float wl_shfl_xor(float v, int lane_mask) { return __shfl_xor(v, lane_mask); }
 WL_DEVICE double wl_shfl_xor(double v, int lane_mask) { return __shfl_xor(v, lane_mask); }
