@@ -13,7 +13,8 @@
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
 # tests and `bench vsa`; profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
-# has ncu). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
+# has ncu; rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with
+# its peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
 # archive, test-logs.tgz: the device tool brings back only a few files from $OUT.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
 # under 20 s left is skipped and said so, so the summary still comes out inside one device call.
@@ -97,6 +98,17 @@ run() {
         part "test-$name" 300 "$dir/$name" --test-threads=1 --nocapture
       done
       ;;
+    rocm)
+      # An AMD machine (never lent so far): the ops and the DiT against the CPU on rocm:0 (the
+      # test binaries' `::rocm` cases; the CUDA ones skip), then the kernels table beside the same
+      # PyTorch peer (a ROCm torch answers to torch.cuda).
+      rocm-smi --showproductname --showdriverversion >"$out/rocm-smi.txt" 2>&1
+      for t in "${ops[@]}"; do
+        part "rocm-test-${t#*:}" 600 "$dir/${t#*:}" --test-threads=1 --nocapture
+      done
+      part rocm-bench-kernels 600 "$dir/worker" bench kernels --device rocm --repeat 3 --json "$out/kernels-rocm.json"
+      part rocm-peer-kernels 300 python3 worker/bench/peer.py "$out/peer-rocm.json"
+      ;;
     kernels)
       part bench-kernels 300 "$dir/worker" bench kernels --device cuda --repeat 3 --json "$out/kernels.json"
       part peer-kernels 200 python3 worker/bench/peer.py "$out/peer.json"
@@ -155,7 +167,7 @@ run() {
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, vsa, profile-vsa, codecs, codecs-bf16, text, sp, chunks)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, vsa, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm)" >&2 ;;
     esac
   done
   if compgen -G "$out/test-*.log" >/dev/null; then
