@@ -780,6 +780,12 @@ WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, f
     }
 }
 
+// A row's softmax sum: the four lanes holding its columns each carry a share.
+WL_DEVICE float fw_row_sum(float l) {
+    l += wl_shfl_xor(l, 1);
+    return l + wl_shfl_xor(l, 2);
+}
+
 // Applies a tile's softmax step to the running state: row sums and maxima, and the output
 // accumulators (64 × 128, wgmma layout) rescaled to the new maxima.
 // Once the rows have seen a few tiles their maxima rarely move (corr = 1), so a warp skips the
@@ -844,9 +850,7 @@ WL_DEVICE void fw_finish(const float* o, const float* m, const float* l, float o
         const wl_u64 slot = (wl_u64)(item - sp.whole) * sp.parts + part;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            float tl = l[e];
-            tl += wl_shfl_xor(tl, 1);
-            tl += wl_shfl_xor(tl, 2);
+            const float tl = fw_row_sum(l[e]);
             const int r = row0 - qb + e * 8;
             float* po = sp.o + (slot * FW_BR + r) * 128;
 #pragma unroll
@@ -859,10 +863,7 @@ WL_DEVICE void fw_finish(const float* o, const float* m, const float* l, float o
     const wl_u64 row = (wl_u64)heads * 128;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-        float tl = l[e];
-        tl += wl_shfl_xor(tl, 1);
-        tl += wl_shfl_xor(tl, 2);
-        const float inv = oscale / tl;
+        const float inv = oscale / fw_row_sum(l[e]);
         const int rq = row0 + e * 8;
         if (rq < lq) {
 #pragma unroll

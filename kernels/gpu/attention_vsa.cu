@@ -113,10 +113,7 @@ WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* l, const floa
     const wl_u64 row = (wl_u64)heads * 128;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-        float tl = l[e];
-        tl += wl_shfl_xor(tl, 1);
-        tl += wl_shfl_xor(tl, 2);
-        const float inv = 1.0f / tl;
+        const float inv = 1.0f / fw_row_sum(l[e]);
         const int r = r0 + e * 8;
         const int tt = qo[0] + (r >> 4), yy = qo[1] + ((r >> 2) & 3), xx = qo[2] + (r & 3);
         if (tt < qg.t && yy < qg.h && xx < qg.w) {
