@@ -143,9 +143,8 @@ run() {
       part bench-vsa 300 "$dir/worker" bench vsa --device cuda --repeat 3 --json "$out/vsa.json"
       ;;
     profile-vsa)
-      # The tile means, the coarse kernel and the fine kernel of the first VSA call, then the
-      # union fine kernel's first call (ncu holds the SM clock lower, so its durations read longer
-      # than the bench's).
+      # The tile means, the coarse kernel and the fine kernel of the first VSA call (ncu holds the
+      # SM clock lower, so its durations read longer than the bench's).
       local ncu
       ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
@@ -153,8 +152,6 @@ run() {
           --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis)
         part ncu-vsa 300 "$ncu" -k 'regex:vsa_coarse|vsa_tile_means|vsa_fine_tma' -c 3 "${sections[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
-        part ncu-vsa-union 300 env WORLDLINE_VSA_FINE=union "$ncu" -k 'regex:vsa_fine_tma' -c 1 \
-          "${sections[@]}" "$dir/worker" bench vsa --device cuda --repeat 1
       else
         summary+=("profile-vsa: skipped, no ncu here")
       fi

@@ -7,11 +7,11 @@
 // (64 rows in the tiling's t → h → w order), so tiles need no gather and V no transposed copy;
 // the slots of an edge tile that fall outside the grid arrive as zeros and are masked (keys) or
 // not written (queries). Per kept key tile, S = Q·Kᵀ and the previous tile's P·V are issued
-// together and the two consumers take turns on the tensor cores.
-//
-// Two kernels: `vsa_fine_tma_bf16_d128` gives each consumer a ring of its own, and
-// `vsa_fine_tma_union_bf16_d128` walks the union of the block's two kept lists through one ring,
-// so a key tile both query tiles keep is loaded once (see there).
+// together and the two consumers take turns on the tensor cores. Each consumer has a ring of its
+// own: a kernel that walked the union of the block's two kept lists through one ring, loading a
+// tile both keep once, measured 20-25 % slower on the H200 even where the lists shared 45 % of
+// their tiles, since this one is bound by issue, not by its K/V traffic (BENCHMARKS.md,
+// 2026-12-05).
 #if defined(WL_HAS_WGMMA)
 #define VT_STAGES 3
 #define VT_TB (64 * 256)  // bytes of one tile of K, V or Q (two 64-dim halves)
@@ -259,145 +259,4 @@ WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
     vsa_fine_tma(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
 }
 
-// ---- The union kernel. Each kept list is increasing (vsa.cu's selection writes it in index
-// order), so the producer merges the block's two lists and loads each key tile of the union once,
-// into one ring of VU_STAGES stages, with a word per stage saying which consumers keep it (bit c
-// for consumer c; 0 ends the walk). Both consumers step through every entry in order, taking
-// turns as above; a consumer computes with the entries it keeps and releases the others at once.
-// A consumer's P·V trails its scores by one of its own entries, so the stage of its last entry
-// stays held while it passes the other's entries: when the walk is VU_STAGES entries past it the
-// producer would wait for that stage, so the product is finished there first (the "flush").
-// Random queries keep nearly independent lists (~top_k²/tiles shared, 5 % at sparsity 0.9), and
-// this loads about what the kernel above does; where neighbouring query tiles keep the same
-// tiles, as video with local structure makes them, each shared tile is loaded once for both.
-#define VU_STAGES 6
-WL_DEVICE void vsa_fine_tma_union(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
-                                  const wl_bf16* gate, int has_gate, const float* coarse, const int* kept,
-                                  vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
-    constexpr int TB = VT_TB;
-    // [Q0 | Q1 | stage 0: K, V | …], then the barriers full[], empty[], q[2], then who[].
-    extern __shared__ __align__(1024) unsigned char vt_smem[];
-    unsigned char* stages = vt_smem + 2 * TB;
-    unsigned long long* full = (unsigned long long*)(stages + VU_STAGES * 2 * TB);
-    unsigned long long* empty = full + VU_STAGES;
-    unsigned long long* qbar = empty + VU_STAGES;
-    volatile int* who = (volatile int*)(qbar + 2);
-    const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
-    const int h = blockIdx.y;
-    const int tile0 = min(blockIdx.x * 2, nq - 1), tile1 = min(blockIdx.x * 2 + 1, nq - 1);
-    if (threadIdx.x == 0) {
-        // Both consumers release every entry, kept or not.
-        for (int s = 0; s < VU_STAGES; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
-        wl_mbar_init(qbar, 1), wl_mbar_init(qbar + 1, 1);
-        wl_mbar_init_fence();
-    }
-    __syncthreads();
-    if (wg == 2) {
-        WL_SETMAXNREG_DEC(40);
-        if (t == 0) {
-            for (int c = 0; c < 2; ++c) {
-                wl_mbar_expect_tx(qbar + c, TB);
-                vt_load(vt_smem + c * TB, tq, qg, c ? tile1 : tile0, h, qbar + c);
-            }
-            const int* a = kept + ((wl_u64)tile0 * heads + h) * top_k;
-            const int* b = kept + ((wl_u64)tile1 * heads + h) * top_k;
-            constexpr int END = 0x7fffffff;
-            int ia = 0, ib = 0;
-            for (int e = 0;; ++e) {
-                const int x = ia < top_k ? a[ia] : END, y = ib < top_k ? b[ib] : END;
-                const int j = min(x, y), s = e % VU_STAGES;
-                if (e >= VU_STAGES) wl_mbar_wait(empty + s, (e / VU_STAGES - 1) & 1);
-                if (j == END) {
-                    who[s] = 0;
-                    wl_mbar_arrive(full + s);
-                    break;
-                }
-                who[s] = (x == j) | (y == j) << 1;
-                ia += x == j;
-                ib += y == j;
-                unsigned char* ks = stages + s * 2 * TB;
-                wl_mbar_expect_tx(full + s, 2 * TB);
-                vt_load(ks, tk, kg, j, h, full + s);
-                vt_load(ks + TB, tv, kg, j, h, full + s);
-            }
-        }
-        return;
-    }
-    WL_SETMAXNREG_INC(232);
-    const int i = wg ? tile1 : tile0;
-    const bool mine = blockIdx.x * 2 + wg < nq;  // the odd block's second consumer only keeps time
-    const int* kl = kept + ((wl_u64)i * heads + h) * top_k;
-    const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 (tile slots)
-    const int cq = (lane % 4) * 2;
-    const float scale2 = scale * 1.4426950408889634f;
-    const unsigned long long dq = wl_wgmma_desc_sw128(vt_smem + wg * TB), dk0 = wl_wgmma_desc_sw128(stages);
-    const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
-    float o[64];
-#pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
-    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
-    // P of the pending entry (its stage still held), or zeros: a product with zero P adds nothing,
-    // so every kept entry issues the same two products and no wgmma sits behind a branch.
-    unsigned int pa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = 0u;
-    int pend = -1;  // the union entry whose P·V is still to come
-    int u = 0;      // own entries done
-    vt_extents ex;
-    ex.init(kg, kl, top_k, lane);
-    wl_mbar_wait(qbar + wg, 0);
-    if (wg == 1) wl_named_arrive(1, 256);
-    for (int e = 0;; ++e) {
-        const int s = e % VU_STAGES;
-        if (pend >= 0 && e - pend >= VU_STAGES) {
-            // The flush: the producer needs the pending entry's stage for entry e.
-            wl_wgmma_fence();
-            vt_pv(o, pa, wl_desc_plus(dv0, pend % VU_STAGES * 2 * TB));
-            wl_wgmma_commit();
-            wl_wgmma_wait_all();
-            if (t == 0) wl_mbar_arrive(empty + pend % VU_STAGES);
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) pa[kk][r] = 0u;
-            pend = -1;
-        }
-        wl_mbar_wait(full + s, (e / VU_STAGES) & 1);
-        const int users = who[s];
-        if (users == 0) break;
-        wl_named_sync(1 + wg, 256);
-        if (!((users >> wg) & 1)) {
-            wl_named_arrive(2 - wg, 256);
-            if (t == 0) wl_mbar_arrive(empty + s);
-            continue;
-        }
-        // With nothing pending the zero P runs over this entry's own V (loaded, finite as the
-        // inputs are), never over a stage another entry is being loaded into.
-        const int pv_stage = pend >= 0 ? pend % VU_STAGES : s;
-        vt_step(o, pa, m, l, dq, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, pv_stage * 2 * TB), ex.at(u), wg,
-                r0, cq, scale2, empty + pv_stage, pend >= 0 && t == 0);
-        ex.after(kg, kl, top_k, lane, u);
-        pend = e;
-        ++u;
-    }
-    if (wg == 0) wl_named_sync(1, 256);
-    // A flush may have taken the last entry's product already.
-    if (pend >= 0) {
-        wl_wgmma_fence();
-        vt_pv(o, pa, wl_desc_plus(dv0, pend % VU_STAGES * 2 * TB));
-        wl_wgmma_commit();
-        wl_wgmma_wait_all();
-    }
-    if (mine) vt_store(out, o, l, coarse, gate, has_gate, qg, i, h, heads, r0, cq);
-}
-
-WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
-    vsa_fine_tma_union_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq,
-                                 const __grid_constant__ wl_tmap tk, const __grid_constant__ wl_tmap tv,
-                                 const wl_bf16* gate, int has_gate, const float* coarse, const int* kept,
-                                 vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
-    vsa_fine_tma_union(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
-}
 #endif

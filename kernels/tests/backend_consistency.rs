@@ -1227,22 +1227,7 @@ fn channels_last_convolutions_match_the_cpu(dev: Device) {
 }
 backend_test!(channels_last_convolutions_match_the_cpu);
 
-/// Held by the VSA test, which sets `WORLDLINE_VSA_FINE` (read at each call) for each of
-/// Hopper's fine kernels; elsewhere the variable is ignored and both rounds run the same kernel.
-static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn vsa_attention_matches_the_cpu(dev: Device) {
-    let _env = VSA_ENV.lock().unwrap_or_else(|e| e.into_inner());
-    for fine in ["split", "union"] {
-        std::env::set_var("WORLDLINE_VSA_FINE", fine);
-        vsa_cases(dev);
-        vsa_pairs_case(dev, DType::BF16);
-    }
-    std::env::remove_var("WORLDLINE_VSA_FINE");
-}
-backend_test!(vsa_attention_matches_the_cpu);
-
-fn vsa_cases(dev: Device) {
     let mut rng = Rng::new(8);
     // A 3-frame chunk over a 9-frame cache of 12×20 tokens (partial time tiles), and over a
     // 7-frame cache of 10×22 (partial tiles on every axis, sizes like 3·2·2 = 12), d 128; and a
@@ -1267,88 +1252,7 @@ fn vsa_cases(dev: Device) {
     // coarse block has threads, so its score phase takes them in rounds.
     vsa_case(dev, &mut rng, [3, 4, 8], [1026, 4, 8], DType::BF16, &[0.9]);
 }
-
-/// Kept lists that neighbouring query tiles share and lists far apart, on purpose: the union
-/// kernel's walk then has entries both consumers keep, long runs of one consumer's entries
-/// (the other finishing its pending product early, and ending with none pending), which random
-/// inputs seldom give. Query tiles 2b and 2b + 1 share a block. Key tile j carries s_j · e0, s_j
-/// rising with j; query tiles carry ±e0: + keeps the high tiles, − the low ones. Pairs 0 and 2
-/// are (+, +), pairs 1 and 3 (+, −). Noise on every other dim. Checked on the CPU's selection
-/// first, so the case cannot drift into not testing what it says.
-fn vsa_pairs_case(dev: Device, dt: DType) {
-    let ([q, k, v, g], top_k) = vsa_pairs_inputs();
-    let (q_grid, k_grid) = VSA_PAIRS_GRIDS;
-    let (q, k, v, g) = (
-        q.to_dtype(dt).expect("dtype"),
-        k.to_dtype(dt).expect("dtype"),
-        v.to_dtype(dt).expect("dtype"),
-        g.to_dtype(dt).expect("dtype"),
-    );
-    check(
-        &format!("vsa {dt:?} shared and far-apart lists"),
-        dev,
-        tol(dt),
-        &[&q, &k, &v, &g],
-        |x| kernels::vsa::attention(&x[0], &x[1], &x[2], Some(&x[3]), q_grid, k_grid, top_k),
-    );
-}
-
-const VSA_PAIRS_GRIDS: ([usize; 3], [usize; 3]) = ([3, 8, 16], [9, 8, 16]);
-
-/// The inputs of [`vsa_pairs_case`] (q, k, v, gate in f32) and its top_k, their selection
-/// checked to be as described.
-fn vsa_pairs_inputs() -> ([Tensor; 4], usize) {
-    let mut rng = Rng::new(9);
-    let ((q_grid, k_grid), heads, d) = (VSA_PAIRS_GRIDS, 2, 128);
-    let (qt, kt) = (
-        kernels::vsa::Tiling::new(q_grid, kernels::vsa::TILE),
-        kernels::vsa::Tiling::new(k_grid, kernels::vsa::TILE),
-    );
-    let (nq, nk) = (qt.tiles(), kt.tiles());
-    assert_eq!((nq, nk), (8, 24));
-    let sign = |i: usize| if i % 4 == 3 { -1.0 } else { 1.0 };
-    let build = |rng: &mut Rng, t: &kernels::vsa::Tiling, e0: &dyn Fn(usize) -> f32| {
-        let n: usize = t.order.len();
-        let mut x = rng.normals(n * heads * d, 0.5);
-        for j in 0..t.tiles() {
-            for &g in &t.order[t.offsets[j]..t.offsets[j] + t.sizes[j]] {
-                for h in 0..heads {
-                    x[(g * heads + h) * d] = e0(j);
-                }
-            }
-        }
-        Tensor::from_vec(x, &[n, heads, d]).expect("tensor")
-    };
-    let q = build(&mut rng, &qt, &|i| sign(i));
-    let k = build(&mut rng, &kt, &|j| 4.0 * (j as f32 / (nk - 1) as f32 - 0.5));
-    let v = rand(&mut rng, &[kt.order.len(), heads, d], DType::F32);
-    let g = rand(&mut rng, &[qt.order.len(), heads, d], DType::F32);
-    let top_k = kernels::vsa::top_k(0.5, nk);
-    let sel = kernels::vsa::selection(&q, &k, q_grid, k_grid, top_k).expect("selection");
-    for (h, rows) in sel.iter().enumerate() {
-        for b in 0..nq / 2 {
-            let (a, c) = (&rows[2 * b], &rows[2 * b + 1]);
-            let shared = a.iter().filter(|j| c.contains(j)).count();
-            let ok = if b % 2 == 0 {
-                shared + 2 >= top_k
-            } else {
-                shared <= 2
-            };
-            assert!(
-                ok,
-                "pairs case, head {h} block {b}: {shared} of {top_k} shared"
-            );
-        }
-    }
-    ([q, k, v, g], top_k)
-}
-
-/// The pairs case's construction holds on the CPU too, where no GPU runs it.
-#[test]
-fn vsa_pairs_inputs_select_as_described() {
-    let (_, top_k) = vsa_pairs_inputs();
-    assert_eq!(top_k, 12);
-}
+backend_test!(vsa_attention_matches_the_cpu);
 
 fn vsa_case(
     dev: Device,

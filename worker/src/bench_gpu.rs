@@ -88,36 +88,37 @@ fn rounds(
 ) -> Result<Vec<Round>> {
     f()?;
     sync(dev)?;
-    let mut out = Vec::with_capacity(repeat);
-    for _ in 0..repeat {
-        let r = match dev {
-            Device::Cuda(i) => {
-                let b = kernels::cuda::backend(i)?;
-                let start = b.timed_marker()?;
-                let t = Instant::now();
-                for _ in 0..calls {
-                    f()?;
-                }
-                let host = t.elapsed();
-                let device = b.timed_marker()?.elapsed_since(&start)?;
-                Round { device, host }
+    (0..repeat).map(|_| round(dev, calls, &mut f)).collect()
+}
+
+/// One round: `calls` calls of `f`, timed on the stream (events on CUDA, the host clock and a
+/// synchronisation elsewhere).
+fn round(dev: Device, calls: usize, mut f: impl FnMut() -> Result<()>) -> Result<Round> {
+    Ok(match dev {
+        Device::Cuda(i) => {
+            let b = kernels::cuda::backend(i)?;
+            let start = b.timed_marker()?;
+            let t = Instant::now();
+            for _ in 0..calls {
+                f()?;
             }
-            _ => {
-                let t = Instant::now();
-                for _ in 0..calls {
-                    f()?;
-                }
-                let host = t.elapsed();
-                sync(dev)?;
-                Round {
-                    device: t.elapsed(),
-                    host,
-                }
+            let host = t.elapsed();
+            let device = b.timed_marker()?.elapsed_since(&start)?;
+            Round { device, host }
+        }
+        _ => {
+            let t = Instant::now();
+            for _ in 0..calls {
+                f()?;
             }
-        };
-        out.push(r);
-    }
-    Ok(out)
+            let host = t.elapsed();
+            sync(dev)?;
+            Round {
+                device: t.elapsed(),
+                host,
+            }
+        }
+    })
 }
 
 /// Seconds of back-to-back calls in the sustained rows: long enough for the card's power

@@ -524,47 +524,15 @@ impl VsaGrid {
     }
 }
 
-/// Threads of both VSA TMA kernels: a producer and two consumer warpgroups.
+/// Threads of the VSA TMA kernel: a producer and two consumer warpgroups.
 const VSA_TMA_THREADS: u32 = 384;
 /// Bytes of one 4×4×4 tile of q, k or v at head dim 128 in bf16.
 const VSA_TILE_BYTES: u32 = 64 * 256;
 
-/// The fine kernel `vsa_attention` runs on Hopper (`WORLDLINE_VSA_FINE`, read at each call).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VsaFine {
-    /// `vsa_fine_tma_bf16_d128`: each consumer its own ring of key/value stages.
-    Split,
-    /// `vsa_fine_tma_union_bf16_d128`: the two query tiles of a block walk the union of their
-    /// kept tiles through one ring, so a tile both keep is loaded once.
-    Union,
-}
-
-impl VsaFine {
-    /// `union` takes [`VsaFine::Union`]; unset or anything else the measured default, `Split`.
-    pub fn from_env() -> Self {
-        match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
-            Ok("union") => VsaFine::Union,
-            _ => VsaFine::Split,
-        }
-    }
-
-    fn kernel(self) -> &'static str {
-        match self {
-            VsaFine::Split => "vsa_fine_tma_bf16_d128",
-            VsaFine::Union => "vsa_fine_tma_union_bf16_d128",
-        }
-    }
-
-    /// Dynamic shared memory: per consumer a query tile and three key/value stages, then 7
-    /// barriers each (split); or both query tiles and six shared stages, 14 barriers and a word
-    /// per stage (union).
-    fn smem(self) -> u32 {
-        match self {
-            VsaFine::Split => 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 7 * 8,
-            VsaFine::Union => 2 * VSA_TILE_BYTES + 6 * 2 * VSA_TILE_BYTES + 14 * 8 + 6 * 4,
-        }
-    }
-}
+/// The Hopper fine kernel, and its dynamic shared memory: per consumer a query tile and three
+/// key/value stages, then 7 barriers each.
+const VSA_FINE: &str = "vsa_fine_tma_bf16_d128";
+const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 7 * 8;
 
 /// VSA's fine branch (plus `gate ⊙ coarse`) on Hopper through TMA, where it applies: bf16, head
 /// dim 128, sm_90a, 4×4×4 tiles. `None` elsewhere (the caller takes the portable kernel).
@@ -609,8 +577,7 @@ pub(crate) fn vsa_fine_fast(
     };
     let (tq, tk, tv) = (map(q_p, q_grid)?, map(k_p, k_grid)?, map(v_p, k_grid)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
-    let fine = VsaFine::from_env();
-    let (name, smem) = (fine.kernel(), fine.smem());
+    let (name, smem) = (VSA_FINE, VSA_FINE_SMEM);
     let func = dev.func("attention", name)?;
     dev.allow_dynamic_smem(&func, smem)?;
     let cfg = LaunchConfig {
@@ -637,8 +604,7 @@ pub(crate) fn vsa_fine_fast(
     dev.timed("vsa fine", || {
         // SAFETY: the maps describe the live bf16 q, k, v ([tokens, heads, 128] in grid order),
         // held until the launch is enqueued; `coarse` holds nq × heads × 128 f32 and `kept`
-        // nq × heads × top_k tile indices below kt.tiles(), each row increasing (the union
-        // kernel merges two rows); the gate (when read) is shaped as q.
+        // nq × heads × top_k tile indices below kt.tiles(); the gate (when read) is shaped as q.
         unsafe { b.launch(cfg) }.map_err(|e| dev.err(format!("{name}: {e}")))?;
         Ok(())
     })?;
