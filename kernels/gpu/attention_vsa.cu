@@ -49,6 +49,25 @@ WL_DEVICE void vt_scores(float* sc, unsigned long long dq, unsigned long long dk
         wl_wgmma_64x64x16_ss(sc, wl_desc_plus(dq, at), wl_desc_plus(dk, at), kk);
     }
 }
+// The same with the query tile in registers, as vt_load_q leaves it.
+WL_DEVICE void vt_scores(float* sc, const unsigned int (*qa)[4], unsigned long long dk) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+        wl_wgmma_64x64x16_rs(sc, qa[kk], wl_desc_plus(dk, kk / 4 * (VT_TB / 2) + (kk % 4) * 32), kk);
+}
+// This thread's share of the query tile at qs (as vt_load put it: two 64-dim halves of 64 rows,
+// 128-byte rows with TMA's 128-byte swizzle, the 16-byte chunk c of row r at c ^ r % 8) in the
+// A-fragment layout of wgmma: rows r0 and r0 + 8, dims 16·kk + cq (+1) and the same + 8.
+WL_DEVICE void vt_load_q(unsigned int (*qa)[4], const unsigned char* qs, int r0, int cq) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int row = r0 + (r & 1) * 8, d = (kk % 4) * 16 + (r >> 1) * 8 + cq;
+            const int at = kk / 4 * (VT_TB / 2) + row * 128 + (((d >> 3) ^ (row & 7)) << 4) + (d & 7) * 2;
+            qa[kk][r] = *(const unsigned int*)(qs + at);
+        }
+}
 // O += P·V, with P as vt_pack leaves it in registers and V at descriptor dv.
 WL_DEVICE void vt_pv(float* o, const unsigned int (*pa)[4], unsigned long long dv) {
 #pragma unroll
@@ -85,8 +104,8 @@ WL_DEVICE void vt_pack(unsigned int (*pa)[4], const float* sc) {
 // and the pending P·V (V at dv) issued together, the other consumer let on the tensor cores, the
 // softmax while P·V runs, then the pending stage's barrier `release` arrived at (where `arrive`)
 // and P packed for the next step.
-WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, unsigned long long dq,
-                       unsigned long long dk, unsigned long long dv, int ext, int wg, int r0, int cq, float scale2,
+template <class Q>
+WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, Q dq, unsigned long long dk, unsigned long long dv, int ext, int wg, int r0, int cq, float scale2,
                        unsigned long long* release, bool arrive) {
     float sc[32];
     wl_wgmma_fence();
@@ -149,6 +168,16 @@ struct vt_extents {
     }
 };
 
+// The query operand of vt_scores: its registers (QREG) or its shared-memory descriptor.
+template <bool QREG>
+WL_DEVICE auto vt_q_operand(const unsigned int (*qa)[4], unsigned long long dq) {
+    if constexpr (QREG) return qa;
+    else return dq;
+}
+
+// QREG: each consumer holds its query tile in registers (32 a thread) from its arrival on, so
+// S = Q·Kᵀ reads only K from shared memory.
+template <bool QREG>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int has_gate, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
@@ -208,7 +237,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
     // Descriptors of the query tile and of stage 0's K and V (the others are offsets).
-    const unsigned long long dq = wl_wgmma_desc_sw128(qs), dk0 = wl_wgmma_desc_sw128(stages);
+    const unsigned long long dqs = wl_wgmma_desc_sw128(qs), dk0 = wl_wgmma_desc_sw128(stages);
     const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
     float o[64];
 #pragma unroll
@@ -218,6 +247,9 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     vt_extents ex;
     ex.init(kg, kl, top_k, lane);
     wl_mbar_wait(full + 2 * VT_STAGES, 0);
+    unsigned int qa[8][4];
+    if constexpr (QREG) vt_load_q(qa, qs, r0, cq);
+    const auto dq = vt_q_operand<QREG>(qa, dqs);
     wl_mbar_wait(full, 0);
     if (wg == 1) wl_named_arrive(1, 256);
     {
@@ -256,7 +288,14 @@ WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
     vsa_fine_tma_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
                            const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int has_gate, const float* coarse,
                            const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
-    vsa_fine_tma(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
+    vsa_fine_tma<false>(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
+}
+WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
+    vsa_fine_tma_qreg_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
+                                const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int has_gate,
+                                const float* coarse, const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads,
+                                int top_k, float scale) {
+    vsa_fine_tma<true>(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
 }
 
 #endif
