@@ -159,8 +159,6 @@ run() {
           "$dir/worker" bench vsa --device cuda --repeat 1
         part ncu-stalls-vsa 200 "$ncu" -k 'regex:vsa_fine_tma' -c 1 "${stalls[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
-        part ncu-stalls-vsa-qreg 200 env WORLDLINE_VSA_Q=regs "$ncu" -k 'regex:vsa_fine_tma' -c 1 \
-          "${stalls[@]}" "$dir/worker" bench vsa --device cuda --repeat 1
       else
         summary+=("profile-vsa: skipped, no ncu here")
       fi

@@ -7,11 +7,14 @@
 // (64 rows in the tiling's t → h → w order), so tiles need no gather and V no transposed copy;
 // the slots of an edge tile that fall outside the grid arrive as zeros and are masked (keys) or
 // not written (queries). Per kept key tile, S = Q·Kᵀ and the previous tile's P·V are issued
-// together and the two consumers take turns on the tensor cores. Each consumer has a ring of its
-// own: a kernel that walked the union of the block's two kept lists through one ring, loading a
-// tile both keep once, measured 20-25 % slower on the H200 even where the lists shared 45 % of
-// their tiles, since this one is bound by issue, not by its K/V traffic (BENCHMARKS.md,
-// 2026-12-05).
+// together and the two consumers take turns on the tensor cores. A consumer holds its query tile
+// in registers once it has arrived, so S = Q·Kᵀ reads only K from shared memory (0.4-1.1 %
+// faster than reading Q there at each product). Each consumer has a ring of its own: a kernel
+// that walked the union of the block's two kept lists through one ring, loading a tile both keep
+// once, measured 20-25 % slower on the H200 even where the lists shared 45 % of their tiles.
+// What bounds this kernel is issue: at the same instructions per cycle as the dense kernel it
+// executes 1.57 times the instructions per key, the fixed cost of a step spread over 64 keys
+// where the dense kernel's covers 128 (BENCHMARKS.md, 2026-12-05).
 #if defined(WL_HAS_WGMMA)
 #define VT_STAGES 3
 #define VT_TB (64 * 256)  // bytes of one tile of K, V or Q (two 64-dim halves)
@@ -41,15 +44,8 @@ WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g
     wl_tma_load_5d(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar);
 }
 
-// S (64 × 64) = Q·Kᵀ for the query tile at descriptor dq and the key tile at dk.
-WL_DEVICE void vt_scores(float* sc, unsigned long long dq, unsigned long long dk) {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-        const int at = kk / 4 * (VT_TB / 2) + (kk % 4) * 32;
-        wl_wgmma_64x64x16_ss(sc, wl_desc_plus(dq, at), wl_desc_plus(dk, at), kk);
-    }
-}
-// The same with the query tile in registers, as vt_load_q leaves it.
+// S (64 × 64) = Q·Kᵀ for the query tile in registers (as vt_load_q leaves it) and the key tile at
+// dk.
 WL_DEVICE void vt_scores(float* sc, const unsigned int (*qa)[4], unsigned long long dk) {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
@@ -104,12 +100,12 @@ WL_DEVICE void vt_pack(unsigned int (*pa)[4], const float* sc) {
 // and the pending P·V (V at dv) issued together, the other consumer let on the tensor cores, the
 // softmax while P·V runs, then the pending stage's barrier `release` arrived at (where `arrive`)
 // and P packed for the next step.
-template <class Q>
-WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, Q dq, unsigned long long dk, unsigned long long dv, int ext, int wg, int r0, int cq, float scale2,
+WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, const unsigned int (*qa)[4],
+                       unsigned long long dk, unsigned long long dv, int ext, int wg, int r0, int cq, float scale2,
                        unsigned long long* release, bool arrive) {
     float sc[32];
     wl_wgmma_fence();
-    vt_scores(sc, dq, dk);
+    vt_scores(sc, qa, dk);
     wl_wgmma_commit();
     vt_pv(o, pa, dv);
     wl_wgmma_commit();
@@ -168,16 +164,6 @@ struct vt_extents {
     }
 };
 
-// The query operand of vt_scores: its registers (QREG) or its shared-memory descriptor.
-template <bool QREG>
-WL_DEVICE auto vt_q_operand(const unsigned int (*qa)[4], unsigned long long dq) {
-    if constexpr (QREG) return qa;
-    else return dq;
-}
-
-// QREG: each consumer holds its query tile in registers (32 a thread) from its arrival on, so
-// S = Q·Kᵀ reads only K from shared memory.
-template <bool QREG>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int has_gate, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
@@ -237,7 +223,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
     // Descriptors of the query tile and of stage 0's K and V (the others are offsets).
-    const unsigned long long dqs = wl_wgmma_desc_sw128(qs), dk0 = wl_wgmma_desc_sw128(stages);
+    const unsigned long long dk0 = wl_wgmma_desc_sw128(stages);
     const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
     float o[64];
 #pragma unroll
@@ -248,15 +234,14 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     ex.init(kg, kl, top_k, lane);
     wl_mbar_wait(full + 2 * VT_STAGES, 0);
     unsigned int qa[8][4];
-    if constexpr (QREG) vt_load_q(qa, qs, r0, cq);
-    const auto dq = vt_q_operand<QREG>(qa, dqs);
+    vt_load_q(qa, qs, r0, cq);
     wl_mbar_wait(full, 0);
     if (wg == 1) wl_named_arrive(1, 256);
     {
         float sc[32];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
-        vt_scores(sc, dq, dk0);
+        vt_scores(sc, qa, dk0);
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
@@ -270,7 +255,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         const int s = u % VT_STAGES, prev = (u - 1) % VT_STAGES;
         wl_mbar_wait(full + s, (u / VT_STAGES) & 1);
         wl_named_sync(1 + wg, 256);
-        vt_step(o, pa, m, l, dq, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, prev * 2 * TB), ex.at(u), wg, r0,
+        vt_step(o, pa, m, l, qa, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, prev * 2 * TB), ex.at(u), wg, r0,
                 cq, scale2, empty + prev, t == 0);
         ex.after(kg, kl, top_k, lane, u);
     }
@@ -288,14 +273,7 @@ WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
     vsa_fine_tma_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
                            const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int has_gate, const float* coarse,
                            const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
-    vsa_fine_tma<false>(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
-}
-WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
-    vsa_fine_tma_qreg_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
-                                const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int has_gate,
-                                const float* coarse, const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads,
-                                int top_k, float scale) {
-    vsa_fine_tma<true>(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
+    vsa_fine_tma(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
 }
 
 #endif

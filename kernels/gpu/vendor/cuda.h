@@ -199,10 +199,9 @@ WL_DEVICE void wl_wgmma_64x64x16_ss(float* d, unsigned long long da, unsigned lo
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(accumulate));
 }
-// The same with A from registers (each warp's 16 rows in the m16n8k16 A-fragment layout): a
+// The same with A from registers (each warp's 16 rows in the m16n8k16 A-fragment layout), e.g. a
 // query tile held in registers for a whole kernel, so the product reads only B from shared
-// memory. At n = 64 both operands from shared memory take its whole bandwidth (4 KiB in the 32
-// cycles the product takes), leaving none for the tiles arriving beside it.
+// memory.
 WL_DEVICE void wl_wgmma_64x64x16_rs(float* d, const unsigned int* a, unsigned long long db, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"

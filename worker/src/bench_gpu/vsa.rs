@@ -120,8 +120,8 @@ pub(super) fn vsa_rows(
 /// attention (740 TFLOP/s) starts at the clock that left: on 2026-12-05 one build's VSA call
 /// measured 1.44 ms there and 1.29 ms a few rows later, on the same inputs. Two ways, each with
 /// its ratio: sustained (each op back to back for two seconds, at the clock it holds alone) and
-/// interleaved (a dense call, then a call of each fine kernel, `repeat` times, all under the same
-/// mixed load, as in a model's stream where attention sits between GEMMs).
+/// interleaved (a dense call, a VSA call, `repeat` times, both under the same mixed load, as in a
+/// model's stream where attention sits between GEMMs).
 fn fair_rows(
     dev: Device,
     repeat: usize,
@@ -136,94 +136,68 @@ fn fair_rows(
         ops::attention(q, k, v, lk, AttnMask::None)?;
         Ok(())
     };
-    // Hopper's two fine kernels; elsewhere there is one.
-    let fines = if matches!(dev, Device::Cuda(_)) {
-        &FINES[..]
-    } else {
-        &FINES[..1]
-    };
-    let sparse = |fine: &str| -> Result<()> {
-        std::env::set_var(FINE_VAR, fine);
+    let mut sparse = || -> Result<()> {
         kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k)?;
         Ok(())
     };
     let ms = |t: Duration| t.as_secs_f64() * 1e3;
     let shape = format!("{lq}q x {lk}k x {heads}h x {d}");
-    let flop = flops::attention(lq, lk, heads * d);
-    let before = std::env::var_os(FINE_VAR);
 
     let (td, nd) = sustained(dev, &mut dense)?;
+    let (ts, ns) = sustained(dev, &mut sparse)?;
+    println!(
+        "vsa {label}sustained: dense {:.3} ms ({nd} calls), vsa {:.3} ms ({ns} calls) = {:.2}x \
+         faster than dense",
+        ms(td),
+        ms(ts),
+        td.as_secs_f64() / ts.as_secs_f64()
+    );
+    let flop = flops::attention(lq, lk, heads * d);
     push(
         format!("attention bf16 {shape} ({label}sustained)"),
         td,
         flop,
     );
-    for &(name, fine) in fines {
-        let (ts, ns) = sustained(dev, || sparse(fine))?;
-        println!(
-            "vsa {label}sustained, {name}: dense {:.3} ms ({nd} calls), vsa {:.3} ms ({ns} calls) \
-             = {:.2}x faster than dense",
-            ms(td),
-            ms(ts),
-            td.as_secs_f64() / ts.as_secs_f64()
-        );
-        push(
-            format!("vsa bf16 sparsity 0.9 {shape} ({label}sustained, {name})"),
-            ts,
-            0.0,
-        );
-    }
+    push(
+        format!("vsa bf16 sparsity 0.9 {shape} ({label}sustained)"),
+        ts,
+        0.0,
+    );
 
-    // Rounds of one dense call and one call of each fine kernel, so all share one load.
     dense()?;
-    for &(_, fine) in fines {
-        sparse(fine)?;
-    }
+    sparse()?;
     sync(dev)?;
-    let mut times = vec![Vec::with_capacity(repeat); 1 + fines.len()];
+    let (mut dt, mut st) = (Vec::with_capacity(repeat), Vec::with_capacity(repeat));
     for _ in 0..repeat.max(1) {
-        times[0].push(round(dev, 1, &mut dense)?.device);
-        for (t, &(_, fine)) in times[1..].iter_mut().zip(fines) {
-            t.push(round(dev, 1, || sparse(fine))?.device);
-        }
+        dt.push(round(dev, 1, &mut dense)?.device);
+        st.push(round(dev, 1, &mut sparse)?.device);
     }
-    match before {
-        Some(v) => std::env::set_var(FINE_VAR, v),
-        None => std::env::remove_var(FINE_VAR),
-    }
-    times.iter_mut().for_each(|t| t.sort());
-    let (db, dm) = (times[0][0], times[0][times[0].len() / 2]);
+    dt.sort();
+    st.sort();
+    let (db, dm, sb, sm) = (dt[0], dt[dt.len() / 2], st[0], st[st.len() / 2]);
+    println!(
+        "vsa {label}interleaved, {} pairs: dense best {:.3} ms, median {:.3}; vsa best {:.3}, \
+         median {:.3} = {:.2}x faster than dense (best), {:.2}x (median)",
+        dt.len(),
+        ms(db),
+        ms(dm),
+        ms(sb),
+        ms(sm),
+        db.as_secs_f64() / sb.as_secs_f64(),
+        dm.as_secs_f64() / sm.as_secs_f64()
+    );
     push(
         format!("attention bf16 {shape} ({label}interleaved)"),
         db,
         flop,
     );
-    for (t, &(name, _)) in times[1..].iter().zip(fines) {
-        let (sb, sm) = (t[0], t[t.len() / 2]);
-        println!(
-            "vsa {label}interleaved, {name}, {} rounds: dense best {:.3} ms, median {:.3}; vsa \
-             best {:.3}, median {:.3} = {:.2}x faster than dense (best), {:.2}x (median)",
-            t.len(),
-            ms(db),
-            ms(dm),
-            ms(sb),
-            ms(sm),
-            db.as_secs_f64() / sb.as_secs_f64(),
-            dm.as_secs_f64() / sm.as_secs_f64()
-        );
-        push(
-            format!("vsa bf16 sparsity 0.9 {shape} ({label}interleaved, {name})"),
-            sb,
-            0.0,
-        );
-    }
+    push(
+        format!("vsa bf16 sparsity 0.9 {shape} ({label}interleaved)"),
+        sb,
+        0.0,
+    );
     Ok(())
 }
-
-/// The variable that picks Hopper's fine kernel (read at each VSA call), and its two kernels:
-/// the query tile read from shared memory by each product, or held in registers.
-const FINE_VAR: &str = "WORLDLINE_VSA_Q";
-const FINES: [(&str, &str); 2] = [("Q in shared memory", "smem"), ("Q in registers", "regs")];
 
 /// `bench vsa`: our dense attention and the VSA rows of [`vsa_rows`] at 40 and 12 heads, alone
 /// (the VSA part of `bench kernels`, for quick turns on the sparse path).
