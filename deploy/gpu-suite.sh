@@ -153,8 +153,9 @@ run() {
         part ncu-vsa 300 "$ncu" -k 'regex:vsa_coarse|vsa_tile_means|vsa_fine_tma' -c 3 "${sections[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
         # Why a fine step waits, beside the dense kernel's: each stall reason per issued
-        # instruction and the tensor pipe's busy share, for the first call of each.
-        local stalls=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__cycles_elapsed.max')
+        # instruction and the tensor path's bf16 ops against its peak (sm__pipe_tensor_op_gmma_cycles_active
+        # answered n/a on 2026-12-05), for the first call of each.
+        local stalls=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__ops_path_tensor_src_bf16_dst_fp32.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__cycles_elapsed.max')
         part ncu-stalls-dense 200 "$ncu" -k 'regex:flash_tma' -c 1 "${stalls[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
         part ncu-stalls-vsa 200 "$ncu" -k 'regex:vsa_fine_tma' -c 1 "${stalls[@]}" \
