@@ -649,7 +649,7 @@ WL_KERNEL void __launch_bounds__(64 * FM_WAVES)
 // each, gathered through k_order); out = fine + gate · coarse (gate 1 when absent).
 template <int KW>
 WL_DEVICE void vsa_fine_mfma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, const wl_bf16* gate,
-                             int has_gate, const float* coarse, const int* kept, const int* q_order,
+                             int mix, const float* coarse, const int* kept, const int* q_order,
                              const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
                              const int* k_sizes, int heads, int top_k, float scale) {
     __align__(16) __shared__ wl_bf16 ks[FM_BC * FM_KP];
@@ -691,8 +691,7 @@ WL_DEVICE void vsa_fine_mfma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, c
             float y[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float g = has_gate ? wl_ld(gate, at + j * 16 + e) : 1.0f;
-                y[e] = st.o[hh][j][e] * inv + g * c[j * 16 + e];
+                y[e] = st.o[hh][j][e] * inv + wl_vsa_coarse(mix, gate, at + j * 16 + e, c + j * 16 + e);
             }
             *(uint2*)(out + at + j * 16) = make_uint2(wl_pack_bf16(y[0], y[1]), wl_pack_bf16(y[2], y[3]));
         }
@@ -701,10 +700,10 @@ WL_DEVICE void vsa_fine_mfma(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, c
 
 #define WL_VSA_FINE_MFMA(name, kw)                                                                                   \
     WL_KERNEL void __launch_bounds__(128)                                                                            \
-        name(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, const wl_bf16* gate, int has_gate, \
+        name(wl_bf16* out, const wl_bf16* q, const wl_bf16* k, const wl_bf16* v, const wl_bf16* gate, int mix,      \
              const float* coarse, const int* kept, const int* q_order, const int* q_offsets, const int* q_sizes,     \
              const int* k_order, const int* k_offsets, const int* k_sizes, int heads, int top_k, float scale) {      \
-        vsa_fine_mfma<kw>(out, q, k, v, gate, has_gate, coarse, kept, q_order, q_offsets, q_sizes, k_order,         \
+        vsa_fine_mfma<kw>(out, q, k, v, gate, mix, coarse, kept, q_order, q_offsets, q_sizes, k_order,         \
                           k_offsets, k_sizes, heads, top_k, scale);                                                  \
     }
 WL_VSA_FINE_MFMA(vsa_fine_mfma_bf16_d128, 4)

@@ -118,10 +118,10 @@ WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, cons
     fw_rescale(o, m, l, nm, corr, sum);
     vt_pack(pa, sc);
 }
-// out = O / l + gate · coarse for this thread's rows r0, r0 + 8 of query tile i (those inside the
-// query grid).
+// out = O / l + the coarse term (wl_vsa_coarse) for this thread's rows r0, r0 + 8 of query tile
+// i (those inside the query grid).
 WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* l, const float* coarse, const wl_bf16* gate,
-                        int has_gate, const vsa_grid& qg, int i, int h, int heads, int r0, int cq) {
+                        int mix, const vsa_grid& qg, int i, int h, int heads, int r0, int cq) {
     int qo[3];
     vt_origin(qg, i, qo);
     const float* cv = coarse + ((wl_u64)i * heads + h) * 128;
@@ -136,10 +136,10 @@ WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* l, const floa
 #pragma unroll
             for (int jj = 0; jj < 16; ++jj) {
                 const int dim = jj * 8 + cq;
-                const float g0 = has_gate ? wl_ld(gate, base + dim) : 1.0f;
-                const float g1 = has_gate ? wl_ld(gate, base + dim + 1) : 1.0f;
-                *(unsigned int*)(out + base + dim) = wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv + g0 * cv[dim],
-                                                                   o[4 * jj + 2 * e + 1] * inv + g1 * cv[dim + 1]);
+                const float c0 = wl_vsa_coarse(mix, gate, base + dim, cv + dim);
+                const float c1 = wl_vsa_coarse(mix, gate, base + dim + 1, cv + dim + 1);
+                *(unsigned int*)(out + base + dim) =
+                    wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv + c0, o[4 * jj + 2 * e + 1] * inv + c1);
             }
         }
     }
@@ -165,7 +165,7 @@ struct vt_extents {
 };
 
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
-                            const wl_bf16* gate, int has_gate, const float* coarse, const int* kept, vsa_grid qg,
+                            const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
     constexpr int TB = VT_TB;
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
@@ -264,16 +264,16 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     vt_pv(o, pa, wl_desc_plus(dv0, (top_k - 1) % VT_STAGES * 2 * TB));
     wl_wgmma_commit();
     wl_wgmma_wait_all();
-    if (mine) vt_store(out, o, l, coarse, gate, has_gate, qg, i, h, heads, r0, cq);
+    if (mine) vt_store(out, o, l, coarse, gate, mix, qg, i, h, heads, r0, cq);
 }
 
 // q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; two query
 // tiles per block.
 WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
     vsa_fine_tma_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
-                           const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int has_gate, const float* coarse,
+                           const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse,
                            const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
-    vsa_fine_tma(out, &tq, &tk, &tv, gate, has_gate, coarse, kept, qg, kg, nq, heads, top_k, scale);
+    vsa_fine_tma(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);
 }
 
 #endif

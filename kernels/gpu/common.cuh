@@ -18,6 +18,15 @@ WL_DEVICE wl_bf16 wl_to_bf16(float f) {
 WL_DEVICE void wl_st(float* p, wl_u64 i, float v) { p[i] = v; }
 WL_DEVICE void wl_st(wl_bf16* p, wl_u64 i, float v) { p[i] = wl_to_bf16(v); }
 
+// VSA's coarse term of one output element (kernels/src/vsa.rs's `Coarse`, the kernels' `mix`):
+// the coarse output `c[0]` added (0), gated by `gate[at]` (1), or nothing (2: select-only, where
+// the coarse buffer is never written, so it must not be read).
+template <typename T>
+WL_DEVICE float wl_vsa_coarse(int mix, const T* gate, wl_u64 at, const float* c) {
+    if (mix == 2) return 0.0f;
+    return (mix == 1 ? wl_ld(gate, at) : 1.0f) * c[0];
+}
+
 // e4m3fn: round to nearest even, saturate at ±448, NaN → 0x7f (kernels/src/fp8.rs is the
 // reference). Software encode keeps one source for every target; hardware cvt is a later speed-up.
 WL_DEVICE unsigned char wl_to_e4m3(float x) {

@@ -202,7 +202,7 @@ WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const 
 // for the groups' sums (vsa_attention sizes it).
 template <int QG>
 WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, int nq,
-                          int nk, int heads, int d, int top_k, float scale) {
+                          int nk, int heads, int d, int top_k, float scale, int with_out) {
     extern __shared__ __align__(16) unsigned int vsa_smem[];
     // float4 elements for the 16-byte alignment of the rows' vector reads.
     __shared__ float4 qs4[QG][WL_VSA_MAX_D / 4];
@@ -293,6 +293,7 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
             n_above += total >> 16;
             n_eq += total & 0xffff;
         }
+        if (!with_out) continue;
         float mx = -WL_INF;
         for (int j = lane; j < nk; j += WL_WARP_SIZE) mx = fmaxf(mx, vsa_score(kr[j]));
         for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) mx = fmaxf(mx, wl_shfl_xor(mx, o));
@@ -303,6 +304,8 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
         for (int j = lane; j < nks; j += WL_WARP_SIZE)
             kr[j] = __float_as_uint(j < nk ? expf(vsa_score(kr[j]) - mx) / sum : 0.0f);
     }
+    // Select-only (vsa.rs's Coarse::SelectOnly): no coarse output, and vc was never computed.
+    if (!with_out) return;
     __syncthreads();
 
     // A thread sums four elements of d of every row over the key tiles j ≡ 4g (mod 4·groups), one
@@ -367,8 +370,8 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
 #endif
 #define WL_VSA_COARSE(qg)                                                                                      \
     WL_KERNEL void WL_VSA_COARSE_BOUNDS vsa_coarse_##qg(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, \
-                                   int nq, int nk, int heads, int d, int top_k, float scale) {                \
-        vsa_coarse<qg>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale);                             \
+                                   int nq, int nk, int heads, int d, int top_k, float scale, int with_out) {  \
+        vsa_coarse<qg>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale, with_out);                   \
     }
 WL_VSA_COARSE(8)
 WL_VSA_COARSE(4)
@@ -376,9 +379,9 @@ WL_VSA_COARSE(2)
 WL_VSA_COARSE(1)
 
 // One warp per (tiled query position p, head): online softmax over the tokens of the kept key
-// tiles, lanes scoring a key each; out = fine + gate · coarse (gate 1 when absent).
+// tiles, lanes scoring a key each; out = fine + its coarse term (wl_vsa_coarse: by `mix`).
 template <typename T>
-WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gate, int has_gate, const float* coarse,
+WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gate, int mix, const float* coarse,
                         const int* kept, const int* q_order, const int* q_tile, const int* k_order,
                         const int* k_offsets, const int* k_sizes, int lq, int heads, int d, int top_k,
                         float scale) {
@@ -438,8 +441,7 @@ WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gat
         const int dim = lane + e * WL_WARP_SIZE;
         if (dim < d) {
             const wl_u64 at = (wl_u64)g * row + (wl_u64)h * d + dim;
-            const float gv = has_gate ? wl_ld(gate, at) : 1.0f;
-            wl_st(out, at, acc[e] * inv + gv * c[dim]);
+            wl_st(out, at, acc[e] * inv + wl_vsa_coarse(mix, gate, at, c + dim));
         }
     }
 }
@@ -452,12 +454,12 @@ WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gat
         vsa_tile_means(qm, km, vm, q, k, v, q_order, q_offsets, q_sizes, k_order, k_offsets, k_sizes, nq, nk, row, \
                        chunks);                                                                                \
     }                                                                                                         \
-    WL_KERNEL void vsa_fine_##tn(T* out, const T* q, const T* k, const T* v, const T* gate, int has_gate,       \
+    WL_KERNEL void vsa_fine_##tn(T* out, const T* q, const T* k, const T* v, const T* gate, int mix,            \
                                  const float* coarse,                                                         \
                                  const int* kept, const int* q_order, const int* q_tile, const int* k_order,  \
                                  const int* k_offsets, const int* k_sizes, int lq, int heads, int d, int top_k, \
                                  float scale) {                                                               \
-        vsa_fine(out, q, k, v, gate, has_gate, coarse, kept, q_order, q_tile, k_order, k_offsets, k_sizes, lq, heads, d,  \
+        vsa_fine(out, q, k, v, gate, mix, coarse, kept, q_order, q_tile, k_order, k_offsets, k_sizes, lq, heads, d,  \
                  top_k, scale);                                                                               \
     }
 

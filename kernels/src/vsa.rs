@@ -87,8 +87,41 @@ pub fn top_k(sparsity: f64, tiles: usize) -> usize {
     (((1.0 - sparsity) * tiles as f64).ceil() as usize).clamp(1, tiles.max(1))
 }
 
+/// What the coarse branch adds to the fine branch's output.
+#[derive(Clone, Copy, Debug)]
+pub enum Coarse<'a> {
+    /// `fine + coarse`: FastVideo's sum when no gate is given.
+    Added,
+    /// `fine + gate ⊙ coarse`, the gate shaped like `q` (FastVideo's `to_gate_compress`).
+    Gated(&'a Tensor),
+    /// `fine` alone: the coarse scores only pick the kept tiles, and neither the value means
+    /// nor the coarse output are computed. The form for a model trained with dense attention
+    /// and no gate, whose attention this then approximates (with every tile kept, it is dense
+    /// attention).
+    SelectOnly,
+}
+
+impl Coarse<'_> {
+    /// The kernels' `mix` argument.
+    pub(crate) fn code(&self) -> i32 {
+        match self {
+            Coarse::Added => 0,
+            Coarse::Gated(_) => 1,
+            Coarse::SelectOnly => 2,
+        }
+    }
+
+    pub(crate) fn gate(&self) -> Option<&Tensor> {
+        match self {
+            Coarse::Gated(g) => Some(g),
+            _ => None,
+        }
+    }
+}
+
 /// VSA over `q: [lq, heads, d]` on grid `q_grid` and `k`, `v: [lk, heads, d]` on `k_grid`, with
-/// an optional `gate` shaped like `q`, keeping `top_k` key tiles per query tile. f32 math.
+/// an optional `gate` shaped like `q` (without one, `fine + coarse`), keeping `top_k` key tiles
+/// per query tile. f32 math.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -98,15 +131,32 @@ pub fn attention(
     k_grid: [usize; 3],
     top_k: usize,
 ) -> Result<Tensor> {
+    let coarse = gate.map_or(Coarse::Added, Coarse::Gated);
+    attention_with(q, k, v, coarse, q_grid, k_grid, top_k)
+}
+
+/// [`attention`] with the coarse branch's share chosen by `coarse`. `k` and `v` may hold more
+/// rows than `k_grid` covers (a KV cache's capacity): only the first `k_grid`'s tokens are read.
+pub fn attention_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    coarse: Coarse,
+    q_grid: [usize; 3],
+    k_grid: [usize; 3],
+    top_k: usize,
+) -> Result<Tensor> {
+    let gate = coarse.gate();
+    let k_tokens = k_grid.iter().product::<usize>();
     let ok = q.rank() == 3
         && k.rank() == 3
         && k.shape() == v.shape()
         && q.dim(1) == k.dim(1)
         && q.dim(2) == k.dim(2)
         && q.dim(0) == q_grid.iter().product::<usize>()
-        && k.dim(0) == k_grid.iter().product::<usize>()
+        && k.dim(0) >= k_tokens
         && q.dim(0) > 0
-        && k.dim(0) > 0
+        && k_tokens > 0
         && gate.is_none_or(|g| g.shape() == q.shape());
     if !ok {
         return Err(shape_err(
@@ -130,26 +180,37 @@ pub fn attention(
     match q.storage() {
         Storage::Cpu(_) => {
             let (qt, kt) = (Tiling::new(q_grid, TILE), Tiling::new(k_grid, TILE));
+            let mix = match coarse {
+                Coarse::Added => Mix::Added,
+                Coarse::Gated(g) => Mix::Gated(g.cpu_f32()),
+                Coarse::SelectOnly => Mix::None,
+            };
             let dims = Dims {
                 heads: q.dim(1),
                 d: q.dim(2),
                 top_k,
             };
-            let g = gate.map(|g| g.cpu_f32());
             let out = cpu(
                 &q.cpu_f32(),
                 &k.cpu_f32(),
                 &v.cpu_f32(),
-                g.as_deref(),
+                &mix,
                 &qt,
                 &kt,
                 dims,
             );
             Tensor::from_f32(out, q.shape(), q.dtype())
         }
-        Storage::Cuda(_) => crate::cuda::ops::vsa_attention(q, k, v, gate, q_grid, k_grid, top_k),
-        Storage::Rocm(_) => crate::rocm::ops::vsa_attention(q, k, v, gate, q_grid, k_grid, top_k),
+        Storage::Cuda(_) => crate::cuda::ops::vsa_attention(q, k, v, coarse, q_grid, k_grid, top_k),
+        Storage::Rocm(_) => crate::rocm::ops::vsa_attention(q, k, v, coarse, q_grid, k_grid, top_k),
     }
+}
+
+/// The CPU's [`Coarse`], the gate in f32.
+enum Mix<'a> {
+    Added,
+    Gated(std::borrow::Cow<'a, [f32]>),
+    None,
 }
 
 #[derive(Clone, Copy)]
@@ -205,7 +266,7 @@ fn cpu(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    gate: Option<&[f32]>,
+    mix: &Mix,
     qt: &Tiling,
     kt: &Tiling,
     dims: Dims,
@@ -214,27 +275,32 @@ fn cpu(
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; q.len()];
     for h in 0..heads {
-        let (qc, kc, vc) = (
+        let (qc, kc) = (
             tile_means(q, qt, heads, d, h),
             tile_means(k, kt, heads, d, h),
-            tile_means(v, kt, heads, d, h),
         );
+        let vc = match mix {
+            Mix::None => Vec::new(),
+            _ => tile_means(v, kt, heads, d, h),
+        };
         // One row per query tile: its tokens' outputs (in tiled order), computed in parallel.
         let rows: Vec<Vec<(usize, Vec<f32>)>> = (0..qt.tiles())
             .into_par_iter()
             .map(|i| {
                 let qi = &qc[i * d..][..d];
                 let scores = coarse_scores(qi, &kc, scale);
-                // Coarse branch: softmax over every key tile.
-                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                let p: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
-                let sum: f32 = p.iter().sum();
+                // Coarse branch: softmax over every key tile (left out where it adds nothing).
                 let mut coarse = vec![0f32; d];
-                for (pj, vj) in p.iter().zip(vc.chunks(d)) {
-                    coarse
-                        .iter_mut()
-                        .zip(vj)
-                        .for_each(|(c, &x)| *c += pj / sum * x);
+                if !matches!(mix, Mix::None) {
+                    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                    let p: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+                    let sum: f32 = p.iter().sum();
+                    for (pj, vj) in p.iter().zip(vc.chunks(d)) {
+                        coarse
+                            .iter_mut()
+                            .zip(vj)
+                            .for_each(|(c, &x)| *c += pj / sum * x);
+                    }
                 }
                 let keep = keep(&scores, top_k);
                 let tokens = &qt.order[qt.offsets[i]..qt.offsets[i] + qt.sizes[i]];
@@ -259,9 +325,13 @@ fn cpu(
                                 m = m_new;
                             }
                         }
-                        let gt = gate.map(|gt| &gt[(g * heads + h) * d..][..d]);
+                        let at = (g * heads + h) * d;
                         let o: Vec<f32> = (0..d)
-                            .map(|e| acc[e] / l + gt.map_or(1.0, |gt| gt[e]) * coarse[e])
+                            .map(|e| match mix {
+                                Mix::Added => acc[e] / l + coarse[e],
+                                Mix::Gated(gt) => acc[e] / l + gt[at + e] * coarse[e],
+                                Mix::None => acc[e] / l,
+                            })
                             .collect();
                         (g, o)
                     })

@@ -1286,7 +1286,29 @@ fn vsa_case(
             &[&q, &k, &v, &g],
             |x| kernels::vsa::attention(&x[0], &x[1], &x[2], Some(&x[3]), q_grid, k_grid, top_k),
         );
+        // The model's form (`--attention vsa`): the fine branch alone, over keys and values
+        // with rows past the grid as a KV cache has them, NaN so that reading one shows.
+        check(
+            &format!("vsa {dt:?} {k_grid:?} sparsity {sparsity} select-only, cache rows"),
+            dev,
+            tol(dt),
+            &[&q, &nan_rows(&k, 70), &nan_rows(&v, 70)],
+            |x| {
+                let only = kernels::vsa::Coarse::SelectOnly;
+                kernels::vsa::attention_with(&x[0], &x[1], &x[2], only, q_grid, k_grid, top_k)
+            },
+        );
     }
+}
+
+/// `t` with `n` more rows of NaN.
+fn nan_rows(t: &Tensor, n: usize) -> Tensor {
+    let mut x = t.to_vec_f32();
+    let row: usize = t.shape()[1..].iter().product();
+    x.extend(std::iter::repeat_n(f32::NAN, n * row));
+    let mut shape = t.shape().to_vec();
+    shape[0] += n;
+    Tensor::from_f32(x, &shape, t.dtype()).expect("padded")
 }
 
 /// The fp8 K/V store written a chunk at a time at unaligned keys (codes and scales as the CPU's,

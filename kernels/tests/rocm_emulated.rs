@@ -325,6 +325,17 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
             &[&q, &k, &v],
             |t| kernels::vsa::attention(&t[0], &t[1], &t[2], None, qg, kg, top_k),
         );
+        // The model's form: the fine branch alone (no value means, no coarse output).
+        check(
+            &format!("vsa {dt:?} d {d} top-{top_k} select-only"),
+            dev,
+            tol,
+            &[&q, &k, &v],
+            |t| {
+                let only = kernels::vsa::Coarse::SelectOnly;
+                kernels::vsa::attention_with(&t[0], &t[1], &t[2], only, qg, kg, top_k)
+            },
+        );
     }
     // Every key tile scores the same (constant keys), so the selection is all ties: the lowest
     // tile indices win, and the values tell which were taken.
@@ -484,6 +495,25 @@ fn vsa_fine_runs_on_the_matrix_cores() {
         &[&q, &k, &v, &gate],
         |t| kernels::vsa::attention(&t[0], &t[1], &t[2], Some(&t[3]), qg, kg, 3),
     );
+    // Select-only over a cache's buffers: a frame of rows past the key grid, NaN, never read.
+    let pad = |t: &Tensor| {
+        let mut x = t.to_vec_f32();
+        x.extend(std::iter::repeat_n(f32::NAN, kg[1] * kg[2] * 128));
+        Tensor::from_f32(x, &[486 + kg[1] * kg[2], 1, 128], DType::BF16).expect("padded")
+    };
+    let (kp, vp) = (pad(&k), pad(&v));
+    let fine = launches("vsa_fine_mfma_bf16_d128");
+    check(
+        "vsa d 128 top-4 select-only, cache rows (MFMA)",
+        dev,
+        1e-2,
+        &[&q, &kp, &vp],
+        |t| {
+            let only = kernels::vsa::Coarse::SelectOnly;
+            kernels::vsa::attention_with(&t[0], &t[1], &t[2], only, qg, kg, 4)
+        },
+    );
+    assert_eq!(launches("vsa_fine_mfma_bf16_d128"), fine + 1);
 }
 
 /// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as

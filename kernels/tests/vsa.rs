@@ -5,7 +5,7 @@
 mod common;
 
 use common::{rel_l2, Rng};
-use kernels::vsa::{self, Tiling, TILE};
+use kernels::vsa::{self, Coarse, Tiling, TILE};
 use kernels::{ops, AttnMask, Tensor};
 
 fn coords(g: usize, grid: [usize; 3]) -> [usize; 3] {
@@ -205,7 +205,57 @@ fn matches_the_definition_at_several_sparsities() {
                     g.is_some()
                 );
             }
+            // Select-only: the fine branch alone, the definition's sum with a zero gate.
+            let got =
+                vsa::attention_with(&q, &k, &v, Coarse::SelectOnly, c.q_grid, c.k_grid, top_k)
+                    .expect("vsa");
+            let zeros = vec![0.0; q.elem_count()];
+            let want = naive(
+                &c,
+                &q.to_vec_f32(),
+                &k.to_vec_f32(),
+                &v.to_vec_f32(),
+                Some(&zeros),
+                top_k,
+            );
+            let e = rel_l2(&got.to_vec_f32(), &want);
+            assert!(
+                e < 1e-5,
+                "{:?} sparsity {sparsity} select-only: rel L2 {e:e}",
+                c.q_grid
+            );
         }
+    }
+}
+
+#[test]
+fn keys_past_the_grid_are_never_read() {
+    // A KV cache's buffers hold more rows than its frames fill: rows past `k_grid` must change
+    // nothing, even as NaN.
+    let mut rng = Rng::new(34);
+    let c = Case {
+        q_grid: [3, 6, 9],
+        k_grid: [7, 6, 9],
+        heads: 2,
+        d: 16,
+    };
+    let [q, k, v, gate] = inputs(&mut rng, &c);
+    let pad = |t: &Tensor| {
+        let mut x = t.to_vec_f32();
+        x.extend(std::iter::repeat_n(f32::NAN, 5 * 54 * c.heads * c.d));
+        Tensor::from_vec(x, &[t.dim(0) + 5 * 54, c.heads, c.d]).expect("padded")
+    };
+    let (kp, vp) = (pad(&k), pad(&v));
+    let top_k = vsa::top_k(0.5, vsa::tiles(c.k_grid, TILE));
+    for coarse in [Coarse::Added, Coarse::Gated(&gate), Coarse::SelectOnly] {
+        let want = vsa::attention_with(&q, &k, &v, coarse, c.q_grid, c.k_grid, top_k).expect("vsa");
+        let got =
+            vsa::attention_with(&q, &kp, &vp, coarse, c.q_grid, c.k_grid, top_k).expect("padded");
+        assert_eq!(
+            got.to_vec_f32(),
+            want.to_vec_f32(),
+            "{coarse:?}: rows past the grid changed the result"
+        );
     }
 }
 
@@ -221,10 +271,14 @@ fn every_tile_kept_and_no_coarse_branch_is_dense_attention() {
     let [q, k, v, _] = inputs(&mut rng, &c);
     let zero = Tensor::zeros(q.shape(), q.dtype()).expect("zeros");
     let all = Tiling::new(c.k_grid, TILE).tiles();
-    let got = vsa::attention(&q, &k, &v, Some(&zero), c.q_grid, c.k_grid, all).expect("vsa");
     let dense = ops::attention(&q, &k, &v, k.dim(0), AttnMask::None).expect("dense");
+    let got = vsa::attention(&q, &k, &v, Some(&zero), c.q_grid, c.k_grid, all).expect("vsa");
     let e = rel_l2(&got.to_vec_f32(), &common::widen(&dense.to_vec_f32()));
     assert!(e < 1e-5, "rel L2 {e:e}");
+    let only = Coarse::SelectOnly;
+    let got = vsa::attention_with(&q, &k, &v, only, c.q_grid, c.k_grid, all).expect("vsa");
+    let e = rel_l2(&got.to_vec_f32(), &common::widen(&dense.to_vec_f32()));
+    assert!(e < 1e-5, "select-only: rel L2 {e:e}");
     // And sparsity changes the answer: the test above is not passing by accident.
     let sparse = vsa::attention(&q, &k, &v, Some(&zero), c.q_grid, c.k_grid, 1).expect("sparse");
     let e = rel_l2(&sparse.to_vec_f32(), &common::widen(&dense.to_vec_f32()));

@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::dit::{block_1_3b, block_1_3b_fp8_attention, tiny_stream};
+use common::dit::{
+    block_1_3b, block_1_3b_cached_dense, block_1_3b_fp8_attention, block_1_3b_sparse, tiny_stream,
+    tiny_stream_sparse,
+};
 use common::{gpus, rel_l2};
 
 use kernels::{DType, Device};
@@ -50,5 +53,50 @@ fn lingbot_1_3b_block_with_fp8_attention_matches_the_cpu() {
             "lingbot-1.3b block, fp8 attention over a 3-frame cache, on {dev}: rel L2 {e:.2e}"
         );
         assert!(e < 3e-2, "{e:.3e} ≥ 3e-2");
+    }
+}
+
+/// `--attention vsa` on the GPU: the same block over the same cache with sparse self-attention
+/// (VSA's fine branch; on Hopper its TMA kernel over 4×4×4 tiles, here 1×4×4 at a one-frame
+/// chunk over 13 columns of partial tiles). With every tile kept it must be the CPU's dense
+/// block; at 0.9 the GPU's bf16 keys may rank a near-tied tile apart from the CPU's f32 ones
+/// (a different tile is then attended for that query tile and head), so that bound is looser.
+#[test]
+fn lingbot_1_3b_block_with_sparse_attention_matches_the_cpu() {
+    for dev in gpus() {
+        let grid = [1, 30, 52];
+        let e = rel_l2(
+            &block_1_3b_sparse(dev, grid, 0.0),
+            &block_1_3b_cached_dense(Device::Cpu, grid),
+        );
+        println!(
+            "lingbot-1.3b block, sparsity 0, on {dev}: rel L2 {e:.2e} against dense on the CPU"
+        );
+        assert!(e < 2e-2, "{e:.3e} ≥ 2e-2");
+        let e = rel_l2(
+            &block_1_3b_sparse(dev, grid, 0.9),
+            &block_1_3b_sparse(Device::Cpu, grid, 0.9),
+        );
+        println!("lingbot-1.3b block, sparsity 0.9, on {dev}: rel L2 {e:.2e}");
+        assert!(e < 5e-2, "{e:.3e} ≥ 5e-2");
+    }
+}
+
+/// The `tiny` stream with sparse attention (head dim 32: the portable fine kernel), all tiles
+/// kept against the CPU's dense stream (the f32 stream's bound), then at 0.6 against the CPU's
+/// sparse one, with the looser bound of a near-tied tile ranked apart (the GPU's cache is bf16).
+#[test]
+fn tiny_stream_with_sparse_attention_matches_the_cpu() {
+    for dev in gpus() {
+        let dense = tiny_stream(Device::Cpu, DType::F32, [64, 96], 5, 4);
+        let sparse = tiny_stream_sparse(Device::Cpu, DType::F32, [64, 96], 5, 4, Some(0.6));
+        for (sparsity, want, tol) in [(0.0, dense, 3e-3), (0.6, sparse, 5e-2)] {
+            let got = tiny_stream_sparse(dev, DType::F32, [64, 96], 5, 4, Some(sparsity));
+            for (c, (g, w)) in got.iter().zip(&want).enumerate() {
+                let e = rel_l2(g, w);
+                println!("tiny f32, sparsity {sparsity}, chunk {c} on {dev}: rel L2 {e:.2e}");
+                assert!(e < tol, "chunk {c}: {e:.3e} ≥ {tol:e}");
+            }
+        }
     }
 }

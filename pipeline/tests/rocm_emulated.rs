@@ -13,7 +13,9 @@ mod harness;
 
 mod common;
 
-use common::dit::{block_1_3b, block_1_3b_fp8_attention, tiny_stream};
+use common::dit::{
+    block_1_3b, block_1_3b_cached_dense, block_1_3b_fp8_attention, block_1_3b_sparse, tiny_stream,
+};
 use common::rel_l2;
 use kernels::{DType, Device};
 
@@ -91,4 +93,30 @@ fn a_block_with_fp8_attention_matches_the_cpu_on_the_emulated_gpu() {
     let e = rel_l2(&got, &block_1_3b_fp8_attention(Device::Cpu, [1, 8, 12]));
     println!("lingbot-1.3b block, fp8 attention over a 3-frame cache, on the emulated {ARCH}: rel L2 {e:.2e}");
     assert!(e < 3e-2, "{e:.3e} ≥ 3e-2");
+}
+
+/// `--attention vsa` on gfx950: the same block over the same cache with sparse self-attention
+/// (VSA's fine branch on `vsa_fine_mfma32_bf16_d128`), every tile kept against the CPU's dense
+/// block, then half of them against the CPU's sparse block.
+#[test]
+fn a_block_with_sparse_attention_matches_the_cpu_on_the_emulated_gpu() {
+    let _one = harness::SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = harness::emulated_gpu(ARCH) else {
+        return;
+    };
+    let grid = [1, 8, 12];
+    for (sparsity, want) in [
+        (0.0, block_1_3b_cached_dense(Device::Cpu, grid)),
+        (0.5, block_1_3b_sparse(Device::Cpu, grid, 0.5)),
+    ] {
+        let before = harness::launches("vsa_fine_mfma32_bf16_d128");
+        let got = block_1_3b_sparse(dev, grid, sparsity);
+        assert!(
+            harness::launches("vsa_fine_mfma32_bf16_d128") > before,
+            "no MFMA fine kernel"
+        );
+        let e = rel_l2(&got, &want);
+        println!("lingbot-1.3b block, sparsity {sparsity}, on the emulated {ARCH}: rel L2 {e:.2e}");
+        assert!(e < 2e-2, "sparsity {sparsity}: {e:.3e} ≥ 2e-2");
+    }
 }

@@ -93,6 +93,39 @@ fn ranks_reproduce_one_card_bit_for_bit() {
     }
 }
 
+/// `--attention vsa` under Ulysses: each rank runs VSA over its heads on the whole sequence, so
+/// the ranks give the one card's latents bit for bit here too (also where a chunk's tokens are
+/// padded to divide among the ranks).
+#[test]
+fn sparse_attention_on_ranks_reproduces_one_card() {
+    let mut model =
+        WanModel::load(&ModelConfig::tiny(), &WeightStore::random(5, DType::F32)).expect("tiny");
+    model.use_sparse_attention(0.5).expect("sparse");
+    let model = Arc::new(model);
+    // 64×96: 24 tokens a frame in 2 tiles, 72 a chunk (on 4 ranks, 18 each; 48×48: 27 a chunk,
+    // padded to 28).
+    for (h, w) in [(64, 96), (48, 48)] {
+        let cfg = session(h, w);
+        let mut one = Engine::new(model.clone(), cfg.clone()).expect("engine");
+        one.set_prompt(&prompt(&model)).expect("prompt");
+        let want: Vec<Vec<u32>> = (0..CHUNKS)
+            .map(|i| bits(&one.next_chunk(&controls(i)).expect("chunk").latents))
+            .collect();
+        for cards in [2, 4] {
+            let mut group =
+                EngineGroup::loopback(model.clone(), cfg.clone(), cards).expect("group");
+            group.set_prompt(&prompt(&model)).expect("prompt");
+            for (i, want) in want.iter().enumerate() {
+                let got = group.next_chunk(&controls(i)).expect("chunk");
+                assert!(
+                    &bits(&got.latents) == want,
+                    "{h}×{w} on {cards} cards: chunk {i} differs from one card"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn attention_moves_only_the_new_chunk() {
     let model = tiny();

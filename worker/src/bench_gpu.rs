@@ -488,6 +488,9 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         // kernels).
         let mut cache8 = cache.clone().with_fp8_attention()?;
         let fp8_attention = kernels::fp8_attention::supported(dev);
+        // And with sparse self-attention (`--attention vsa`: VSA's fine branch at 0.9).
+        let mut vsa_block = fp8_block.clone();
+        vsa_block.self_attn.sparsity = Some(crate::setup::DEFAULT_SPARSITY);
         let blocks = [
             ("", "bf16", &block, false),
             (" fp8 linears", "fp8 linears", &fp8_block, false),
@@ -496,6 +499,12 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 "fp8 linears + fp8 attention",
                 &fp8_block,
                 true,
+            ),
+            (
+                " fp8 linears + vsa 0.9",
+                "fp8 linears + vsa 0.9",
+                &vsa_block,
+                false,
             ),
         ];
         let blocks: Vec<_> = blocks
@@ -510,6 +519,18 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             blk.forward(&x, &inp, &text, Some(&cam), mode, false)?;
             Ok(())
         };
+        let window = 18 * frame_tokens;
+        // A sparse block is credited with the self-attention over its kept key tiles only.
+        let block_flop = |blk: &WanBlock| match blk.self_attn.sparsity {
+            None => flops::block(&cfg, tokens, window),
+            Some(s) => {
+                let k_grid = [18, grid[1], grid[2]];
+                let n = kernels::vsa::tiles(k_grid, kernels::vsa::TILE);
+                let kept = window * kernels::vsa::top_k(s, n) / n;
+                flops::block(&cfg, tokens, window) - flops::attention(tokens, window, cfg.dim)
+                    + flops::attention(tokens, kept, cfg.dim)
+            }
+        };
         for &(suffix, _, blk, a8) in &blocks {
             let c = if a8 { &mut cache8 } else { &mut cache };
             // The spread of the rounds and the host's share: a block whose launches the host
@@ -523,7 +544,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                     cfg.name
                 ),
                 t,
-                flops::block(&cfg, tokens, 18 * frame_tokens),
+                block_flop(blk),
             );
             let (t, n) = sustained(dev, || forward(blk, c))?;
             push(
@@ -532,7 +553,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                     cfg.name
                 ),
                 t,
-                flops::block(&cfg, tokens, 18 * frame_tokens),
+                block_flop(blk),
             );
         }
         // The block's self-attention alone, over the cache the block left (15 frames of

@@ -231,12 +231,15 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
     }
     // `--dtype fp8` as the worker runs it: a bf16 model with fp8 linears in its DiT blocks.
     let (dtype, fp8_linears) = crate::setup::run_dtype(&args.dtype)?;
-    let fp8_attn = crate::setup::fp8_attention(&args.attention)?;
-    let label = match (fp8_linears, fp8_attn) {
-        (true, true) => "bf16 + fp8 linears + fp8 attention",
-        (true, false) => "bf16 + fp8 linears",
-        (false, true) => "bf16 + fp8 attention",
-        (false, false) => dtype.name(),
+    let attention = crate::setup::attention(&args.attention)?;
+    let linears = match fp8_linears {
+        true => "bf16 + fp8 linears",
+        false => dtype.name(),
+    };
+    let label = match attention {
+        crate::setup::Attention::Dense => linears.to_string(),
+        crate::setup::Attention::Fp8 => format!("{linears} + fp8 attention"),
+        crate::setup::Attention::Sparse(s) => format!("{linears} + vsa {s}"),
     };
     let elem = dtype.size_in_bytes();
     let mut counts = vec![1];
@@ -296,9 +299,7 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
         if fp8_linears {
             m.quantize_linears_fp8()?;
         }
-        if fp8_attn {
-            m.use_fp8_attention()?;
-        }
+        attention.apply(&mut m)?;
         info!(device = %dev, seconds = format!("{:.1}", started.elapsed().as_secs_f64()), "model ready");
         Ok(m)
     });

@@ -49,9 +49,12 @@ pub struct ModelArgs {
     #[arg(long, default_value = "f32", global = true)]
     pub dtype: String,
 
-    /// Self-attention over the KV cache: bf16, or fp8 (e4m3 q, k, v and softmax weights, one
-    /// scale per 128-row tile and head, over an fp8 copy of the cache; CUDA on Hopper, or the CPU
-    /// reference; not on ROCm).
+    /// Self-attention over the KV cache: bf16 (dense, in the model's dtype), fp8 (e4m3 q, k,
+    /// v and softmax weights, one scale per 128-row tile and head, over an fp8 copy of the
+    /// cache; Hopper's kernel, gfx950's and gfx94x's, or the CPU reference), or `vsa` /
+    /// `vsa:SPARSITY` (sparse: each 4×4×4 query tile attends to the share 1 − SPARSITY of the
+    /// key tiles whose means score highest, 0.9 by default; the model was trained dense, so
+    /// this approximates it).
     #[arg(long, default_value = "bf16", global = true)]
     pub attention: String,
 }
@@ -371,7 +374,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         }
     }
     let (dtype, fp8_linears) = run_dtype(&args.dtype)?;
-    let fp8_attn = fp8_attention(&args.attention)?;
+    let attention = attention(&args.attention)?;
     let source = weights_source(args, &cfg);
     let world = match source {
         WeightsSource::Embedded => world::assets::embedded(),
@@ -422,9 +425,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             if fp8_linears {
                 model.quantize_linears_fp8()?;
             }
-            if fp8_attn {
-                model.use_fp8_attention()?;
-            }
+            attention.apply(&mut model)?;
             info!(
                 model = %model_cfg.name,
                 weights = %store.describe(),
@@ -464,14 +465,14 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             .quantize_linears_fp8()
             .context("--dtype fp8: quantizing the DiT's linears")?;
     }
-    if fp8_attn {
-        model.use_fp8_attention().context("--attention fp8")?;
-    }
+    attention
+        .apply(&mut model)
+        .with_context(|| format!("--attention {}", args.attention))?;
     info!(
         model = %cfg.name,
         weights = %store.describe(),
         dtype = if fp8_linears { "bf16 + fp8 linears" } else { dtype.name() },
-        attention = %args.attention,
+        attention = %attention.describe(),
         device = %device,
         seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
         "model ready"
@@ -487,13 +488,61 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     })
 }
 
-/// `--attention`: whether self-attention runs in fp8.
-pub fn fp8_attention(arg: &str) -> Result<bool> {
-    match arg {
-        "bf16" => Ok(false),
-        "fp8" => Ok(true),
-        other => bail!("--attention {other}: bf16 or fp8"),
+/// How the DiT's self-attention runs (`--attention`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Attention {
+    /// Dense, in the model's dtype.
+    Dense,
+    /// Dense over an fp8 copy of the KV cache.
+    Fp8,
+    /// VSA's fine branch keeping the share `1 − sparsity` of the key tiles.
+    Sparse(f64),
+}
+
+/// VSA's sparsity where `--attention vsa` names none: FastVideo's.
+pub const DEFAULT_SPARSITY: f64 = 0.9;
+
+impl Attention {
+    pub fn apply(self, model: &mut pipeline::WanModel) -> pipeline::Result<()> {
+        match self {
+            Attention::Dense => Ok(()),
+            Attention::Fp8 => model.use_fp8_attention(),
+            Attention::Sparse(s) => model.use_sparse_attention(s),
+        }
     }
+
+    /// For logs and `/status`: what runs, and that sparse attention approximates the model.
+    pub fn describe(self) -> String {
+        match self {
+            Attention::Dense => "bf16".into(),
+            Attention::Fp8 => "fp8".into(),
+            Attention::Sparse(s) => format!(
+                "vsa, sparsity {s} (the model was trained with dense attention: this approximates it)"
+            ),
+        }
+    }
+}
+
+/// `--attention`: `bf16`, `fp8`, `vsa` or `vsa:SPARSITY` with SPARSITY in [0, 1).
+pub fn attention(arg: &str) -> Result<Attention> {
+    let sparsity = |s: &str| -> Result<f64> {
+        let x: f64 = s
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--attention {arg}: sparsity '{s}' is not a number"))?;
+        if !(0.0..1.0).contains(&x) {
+            bail!("--attention {arg}: sparsity {x} is outside [0, 1)");
+        }
+        Ok(x)
+    };
+    Ok(match arg {
+        "bf16" => Attention::Dense,
+        "fp8" => Attention::Fp8,
+        "vsa" => Attention::Sparse(DEFAULT_SPARSITY),
+        other => match other.strip_prefix("vsa:") {
+            Some(s) => Attention::Sparse(sparsity(s)?),
+            None => bail!("--attention {other}: bf16, fp8, vsa or vsa:SPARSITY"),
+        },
+    })
 }
 
 /// `--dtype`: the weights' run dtype, and whether the DiT blocks' linears run in fp8.

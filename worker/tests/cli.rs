@@ -78,11 +78,42 @@ fn fp8_linears_run_and_say_so() {
 }
 
 #[test]
+fn sparse_attention_runs_and_says_so() {
+    let out = worker(&[
+        "generate",
+        "--attention",
+        "vsa:0.5",
+        "--chunks",
+        "2",
+        "--log-format",
+        "json",
+    ]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("vsa, sparsity 0.5 (the model was trained with dense attention"),
+        "{log}"
+    );
+    assert_eq!(log.matches("chunk done").count(), 2, "{log}");
+}
+
+#[test]
 fn bad_flags_fail_with_a_reason() {
-    let cases: [(&[&str], &str); 14] = [
+    let cases: [(&[&str], &str); 16] = [
         (&["--model", "giant"], "unknown model 'giant'"),
         (&["--dtype", "f16"], "the weights run in f32, bf16 or fp8"),
-        (&["--attention", "fp16"], "--attention fp16: bf16 or fp8"),
+        (
+            &["--attention", "fp16"],
+            "--attention fp16: bf16, fp8, vsa or vsa:SPARSITY",
+        ),
+        (
+            &["--attention", "vsa:1"],
+            "--attention vsa:1: sparsity 1 is outside [0, 1)",
+        ),
+        (
+            &["--attention", "vsa:most"],
+            "--attention vsa:most: sparsity 'most' is not a number",
+        ),
         // tiny's heads are 32 wide; the fp8 attention takes 128.
         (&["--attention", "fp8"], "fp8 attention takes head dim 128"),
         (&["--cards", "3"], "do not split over 3 cards"),

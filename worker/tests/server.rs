@@ -244,6 +244,21 @@ async fn bad_input_closes_only_its_own_session() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_sparse_attention_approximates_the_model() {
+    let srv = start_args(&["--attention", "vsa"]).await;
+    let (code, body) = get(srv.addr, "/status").await;
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let attention = status["attention"].as_str().unwrap_or_default();
+    assert!(
+        attention.starts_with("vsa, sparsity 0.9 (the model was trained with dense attention"),
+        "{status}"
+    );
+    let _ = srv.stop.send(());
+    srv.done.await.expect("join").expect("run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_says_the_default_is_the_embedded_world_model() {
     let srv = start_args(&[]).await;
     let (code, body) = get(srv.addr, "/status").await;

@@ -542,7 +542,7 @@ pub(crate) fn vsa_fine_fast(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    gate: Option<&Tensor>,
+    (mix, gate): (i32, Option<&Tensor>),
     coarse: &DeviceBuf<f32>,
     kept: &DeviceBuf<i32>,
     // The tiling arrays are for gathering kernels; TMA boxes need only the grids.
@@ -587,7 +587,6 @@ pub(crate) fn vsa_fine_fast(
         shared_mem_bytes: smem,
     };
     let gs = gate.map(storage).transpose()?;
-    let has_gate = gs.is_some() as i32;
     let (nq32, h32, k32) = (nq as i32, heads as i32, top_k as i32);
     let scale = 1.0f32 / (d as f32).sqrt();
     let mut b = dev.stream.launch_builder(&func);
@@ -595,7 +594,7 @@ pub(crate) fn vsa_fine_fast(
     b.arg(&tq).arg(&tk).arg(&tv);
     // Without a gate the kernel never reads this pointer; q stands in.
     push(&mut b, &gs.unwrap_or(s).data);
-    b.arg(&has_gate).arg(coarse).arg(kept);
+    b.arg(&mix).arg(coarse).arg(kept);
     b.arg(&qg)
         .arg(&kg)
         .arg(&nq32)

@@ -11,7 +11,7 @@ use super::{
     cast, push, push_mut, storage, suffix, wrap, Backend as CudaBackend, DeviceBuf as CudaSlice,
     GpuData as CudaData, GpuStorage as CudaStorage, LaunchConfig,
 };
-use crate::vsa::{tiles, Tiling, TILE};
+use crate::vsa::{tiles, Coarse, Tiling, TILE};
 use crate::{DType, Result, Tensor};
 
 /// Warps per block of the fine kernel (`WL_VSA_WARPS`).
@@ -85,13 +85,15 @@ fn f32_data(s: &CudaStorage) -> Result<&CudaSlice<f32>> {
 }
 
 /// Tile means `[tiles, heads, d]` (f32) of q on its tiling and of k and v on the key tiling, in
-/// grid order, one launch.
+/// grid order, one launch; without `with_v`, v's are not computed (a one-element buffer stands
+/// in).
 fn tile_means(
     qkv: [&Tensor; 3],
     (nq, nk): (usize, usize),
     qi: &[CudaSlice<i32>; 3],
     ki: &[CudaSlice<i32>; 3],
     row: usize,
+    with_v: bool,
 ) -> Result<[CudaStorage; 3]> {
     let [q, k, v] = qkv;
     let name = format!("vsa_tile_means_{}", suffix(q.dtype())?);
@@ -99,9 +101,10 @@ fn tile_means(
     let dev = &qs.dev;
     let mut qm = CudaStorage::alloc(dev, DType::F32, nq * row)?;
     let mut km = CudaStorage::alloc(dev, DType::F32, nk * row)?;
-    let mut vm = CudaStorage::alloc(dev, DType::F32, nk * row)?;
+    let mut vm = CudaStorage::alloc(dev, DType::F32, if with_v { nk * row } else { 1 })?;
     let chunks = row.div_ceil(MEAN_THREADS * 16 / q.dtype().size_in_bytes());
-    let blocks = (nq + 2 * nk) * chunks;
+    // Jobs run q's tiles, then k's, then v's: leaving v's out is launching fewer blocks.
+    let blocks = (nq + if with_v { 2 } else { 1 } * nk) * chunks;
     let cfg = LaunchConfig {
         grid_dim: (
             u32::try_from(blocks).map_err(|_| dev.err(format!("vsa: {blocks} means blocks")))?,
@@ -137,7 +140,7 @@ pub fn vsa_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    gate: Option<&Tensor>,
+    coarse_mix: Coarse,
     q_grid: [usize; 3],
     k_grid: [usize; 3],
     top_k: usize,
@@ -159,9 +162,12 @@ pub fn vsa_attention(
         return Err(dev.err(format!("vsa: {heads} heads × {d} exceed i32")));
     }
     let (k, v) = (cast(k, dt)?, cast(v, dt)?);
-    let gate = gate.map(|g| cast(g, dt)).transpose()?;
+    let gate = coarse_mix.gate().map(|g| cast(g, dt)).transpose()?;
+    let mix = coarse_mix.code();
+    // Select-only: the coarse branch's output is neither computed nor read (nor v's means).
+    let with_out = !matches!(coarse_mix, Coarse::SelectOnly);
     let (qi, ki) = (device_tiling(&dev, q_grid)?, device_tiling(&dev, k_grid)?);
-    let [qc, kc, vc] = tile_means([q, &k, &v], (nq, nk), &qi, &ki, heads * d)?;
+    let [qc, kc, vc] = tile_means([q, &k, &v], (nq, nk), &qi, &ki, heads * d, with_out)?;
     let mut coarse = CudaStorage::alloc(&dev, DType::F32, nq * heads * d)?;
     let mut kept = dev
         .stream
@@ -169,6 +175,7 @@ pub fn vsa_attention(
         .map_err(|e| dev.err(e))?;
     let scale = 1.0 / (d as f32).sqrt();
     let (nq32, nk32, h32, d32, k32) = (nq as i32, nk as i32, heads as i32, d as i32, top_k as i32);
+    let with_out32 = i32::from(with_out);
     let cfg = LaunchConfig {
         grid_dim: (nq.div_ceil(qg) as u32, heads as u32, 1),
         block_dim: (COARSE_THREADS as u32, 1, 1),
@@ -179,14 +186,14 @@ pub fn vsa_attention(
     launch!(kind = "vsa coarse+top-k"; &dev, "vsa", &coarse_fn, cfg, |b| {
         push_mut(b, &mut coarse.data);
         b.arg(&mut kept).arg(qcd).arg(kcd).arg(vcd);
-        b.arg(&nq32).arg(&nk32).arg(&h32).arg(&d32).arg(&k32).arg(&scale);
+        b.arg(&nq32).arg(&nk32).arg(&h32).arg(&d32).arg(&k32).arg(&scale).arg(&with_out32);
     });
     // Tensor cores where the vendor module has them (CUDA on sm_90a: TMA boxes of 4×4×4 tokens).
     if let Some(out) = super::vsa_fine_fast(
         q,
         &k,
         &v,
-        gate.as_ref(),
+        (mix, gate.as_ref()),
         f32_data(&coarse)?,
         &kept,
         (q_grid, &qi),
@@ -211,7 +218,6 @@ pub fn vsa_attention(
     };
     let (ks, vs) = (storage(&k)?, storage(&v)?);
     let gs = gate.as_ref().map(storage).transpose()?;
-    let has_gate = gs.is_some() as i32;
     let lq32 = lq as i32;
     let cd = f32_data(&coarse)?;
     launch!(
@@ -227,7 +233,7 @@ pub fn vsa_attention(
             push(b, &vs.data);
             // Without a gate the kernel never reads this pointer; q stands in.
             push(b, &gs.unwrap_or(s).data);
-            b.arg(&has_gate).arg(cd).arg(&kept).arg(&qi[0]).arg(&q_tile);
+            b.arg(&mix).arg(cd).arg(&kept).arg(&qi[0]).arg(&q_tile);
             b.arg(&ki[0]).arg(&ki[1]).arg(&ki[2]);
             b.arg(&lq32).arg(&h32).arg(&d32).arg(&k32).arg(&scale);
         }

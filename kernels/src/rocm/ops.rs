@@ -439,7 +439,7 @@ pub(crate) fn vsa_fine_fast(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    gate: Option<&Tensor>,
+    (mix, gate): (i32, Option<&Tensor>),
     coarse: &DeviceBuf<f32>,
     kept: &DeviceBuf<i32>,
     (q_grid, q_tiling): ([usize; 3], &[DeviceBuf<i32>; 3]),
@@ -455,11 +455,7 @@ pub(crate) fn vsa_fine_fast(
         return Ok(None);
     }
     let i32_of = |what: &str, n: usize| i32_arg(&dev, "vsa", what, n);
-    let (h32, k32, has_gate) = (
-        i32_of("heads", heads)?,
-        i32_of("top_k", top_k)?,
-        i32::from(gate.is_some()),
-    );
+    let (h32, k32) = (i32_of("heads", heads)?, i32_of("top_k", top_k)?);
     let nq = crate::vsa::tiles(q_grid, crate::vsa::TILE);
     let [qo, qoff, qsz] = q_tiling;
     let [ko, koff, ksz] = k_tiling;
@@ -483,7 +479,7 @@ pub(crate) fn vsa_fine_fast(
         push(b, &vs.data);
         // Without a gate the kernel never reads this pointer; q stands in.
         push(b, &gs.unwrap_or(s).data);
-        b.arg(&has_gate).arg(coarse).arg(kept).arg(qo).arg(qoff).arg(qsz);
+        b.arg(&mix).arg(coarse).arg(kept).arg(qo).arg(qoff).arg(qsz);
         b.arg(ko).arg(koff).arg(ksz).arg(&h32).arg(&k32).arg(&scale);
     });
     Ok(Some(wrap(out, q.shape())))

@@ -1,3 +1,4 @@
+use kernels::vsa::{self, Coarse};
 use kernels::{ops, AttnMask, DType, KvCache, RopeTable, Tensor};
 use sp::Ulysses;
 
@@ -37,6 +38,9 @@ pub struct SelfAttention {
     pub norm_q: RmsNorm,
     pub norm_k: RmsNorm,
     pub heads: usize,
+    /// Where set, attention without a mask runs as VSA's fine branch at this sparsity
+    /// ([`WanModel::use_sparse_attention`](super::WanModel::use_sparse_attention)).
+    pub sparsity: Option<f64>,
 }
 
 impl SelfAttention {
@@ -49,7 +53,38 @@ impl SelfAttention {
             norm_q: RmsNorm::load(&vb.pp("norm_q"), dim, eps)?,
             norm_k: RmsNorm::load(&vb.pp("norm_k"), dim, eps)?,
             heads,
+            sparsity: None,
         })
+    }
+
+    /// `q` (on `grid`) over the first `len` rows of `keys` and `values`: dense attention, or
+    /// with `sparsity` set, VSA over the key tiles the coarse scores rank highest, its fine
+    /// branch alone (Wan's checkpoints have no gate for a coarse branch). The keys are whole
+    /// frames of `grid`'s rows and columns: the chunk's own, or a KV cache's.
+    fn attend(
+        &self,
+        q: &Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        len: usize,
+        grid: [usize; 3],
+    ) -> Result<Tensor> {
+        let Some(sparsity) = self.sparsity else {
+            return Ok(ops::attention(q, keys, values, len, AttnMask::None)?);
+        };
+        let frame = grid[1] * grid[2];
+        if frame == 0 || !len.is_multiple_of(frame) {
+            return Err(crate::Error::Config(format!(
+                "sparse attention: {len} keys are not whole frames of {}×{} tokens",
+                grid[1], grid[2]
+            )));
+        }
+        let k_grid = [len / frame, grid[1], grid[2]];
+        let top_k = vsa::top_k(sparsity, vsa::tiles(k_grid, vsa::TILE));
+        let only = Coarse::SelectOnly;
+        Ok(vsa::attention_with(
+            q, keys, values, only, grid, k_grid, top_k,
+        )?)
     }
 
     fn heads_view(&self, t: &Tensor) -> Result<Tensor> {
@@ -208,9 +243,10 @@ impl SelfAttention {
             )?,
             None => return Err(crate::Error::Config("attention without queries".into())),
         };
-        let out = match &fp8 {
-            Some(kv) => kernels::attention_fp8(&q, kv, kv_len)?,
-            None => ops::attention(&q, &keys, &values, kv_len, mask)?,
+        let out = match (&fp8, mask) {
+            (Some(kv), _) => kernels::attention_fp8(&q, kv, kv_len)?,
+            (None, AttnMask::None) => self.attend(&q, &keys, &values, kv_len, grid)?,
+            (None, mask) => ops::attention(&q, &keys, &values, kv_len, mask)?,
         };
         let out = match sp {
             None => out,
@@ -249,7 +285,7 @@ impl SelfAttention {
         let len = cache.len_tokens();
         let out = match cache.fp8() {
             Some(kv) => kernels::attention_fp8(&q, kv, len)?,
-            None => ops::attention(&q, cache.keys(), cache.values(), len, AttnMask::None)?,
+            None => self.attend(&q, cache.keys(), cache.values(), len, grid)?,
         };
         let out = out.reshape(&[x.dim(0), x.dim(1)])?;
         Ok(Some(self.o.forward(&out)?))
@@ -288,6 +324,7 @@ impl CrossAttention {
             norm_q,
             norm_k,
             heads,
+            ..
         } = SelfAttention::load(vb, dim, heads, eps)?;
         Ok(CrossAttention {
             q,

@@ -35,6 +35,11 @@ impl WanModel {
     /// Elsewhere the model refuses rather than fail at the first chunk; on ROCm, whose kernel
     /// has never run on an AMD GPU, the op is first checked against the CPU on this device.
     pub fn use_fp8_attention(&mut self) -> Result<()> {
+        if self.sparse_attention().is_some() {
+            return Err(Error::Config(
+                "fp8 attention and sparse attention are two kernels: choose one".into(),
+            ));
+        }
         let hd = self.cfg.head_dim();
         if hd != kernels::fp8_attention::FP8_HEAD_DIM {
             return Err(Error::Config(format!(

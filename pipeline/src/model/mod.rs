@@ -5,6 +5,7 @@ mod attention;
 mod block;
 mod fp8;
 mod layers;
+mod sparse;
 
 pub use attention::{CrossAttention, KvMode, SelfAttention, TextKv};
 pub use block::{BlockInputs, CamInjector, CameraMod, WanBlock};

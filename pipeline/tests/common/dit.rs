@@ -16,13 +16,30 @@ use super::random_times as rnd;
 pub fn tiny_stream(
     dev: Device,
     dtype: DType,
-    [height, width]: [usize; 2],
+    hw: [usize; 2],
     window: usize,
     chunks: usize,
 ) -> Vec<Vec<f32>> {
+    tiny_stream_sparse(dev, dtype, hw, window, chunks, None)
+}
+
+/// [`tiny_stream`] with the self-attention sparse (`WanModel::use_sparse_attention`) where
+/// `sparsity` is given.
+pub fn tiny_stream_sparse(
+    dev: Device,
+    dtype: DType,
+    [height, width]: [usize; 2],
+    window: usize,
+    chunks: usize,
+    sparsity: Option<f64>,
+) -> Vec<Vec<f32>> {
     let cfg = ModelConfig::tiny();
     let store = WeightStore::random(5, dtype).on_device(dev);
-    let model = Arc::new(WanModel::load(&cfg, &store).expect("model"));
+    let mut model = WanModel::load(&cfg, &store).expect("model");
+    if let Some(s) = sparsity {
+        model.use_sparse_attention(s).expect("sparse attention");
+    }
+    let model = Arc::new(model);
     let ecfg = EngineConfig {
         height,
         width,
@@ -109,6 +126,26 @@ pub fn block_1_3b(dev: Device, dtype: DType, fp8: bool, grid: [usize; 3]) -> Vec
 /// runs in fp8 (the GPU's fp8 kernel, the dequantizing reference on the CPU): the cache already
 /// holds two frames of `grid`'s size and the chunk is the third, without camera conditioning.
 pub fn block_1_3b_fp8_attention(dev: Device, grid: [usize; 3]) -> Vec<f32> {
+    block_1_3b_cached(dev, grid, true, None)
+}
+
+/// The same block over the same cache with sparse self-attention at `sparsity` (VSA's fine
+/// branch; bf16 attention, no fp8 copy).
+pub fn block_1_3b_sparse(dev: Device, grid: [usize; 3], sparsity: f64) -> Vec<f32> {
+    block_1_3b_cached(dev, grid, false, Some(sparsity))
+}
+
+/// The same block over the same cache, dense bf16 attention.
+pub fn block_1_3b_cached_dense(dev: Device, grid: [usize; 3]) -> Vec<f32> {
+    block_1_3b_cached(dev, grid, false, None)
+}
+
+fn block_1_3b_cached(
+    dev: Device,
+    grid: [usize; 3],
+    fp8_attention: bool,
+    sparsity: Option<f64>,
+) -> Vec<f32> {
     let cfg = ModelConfig::lingbot_1_3b();
     let tokens: usize = grid.iter().product();
     let rope = RopeTable::new(cfg.head_dim(), ROPE_POSITIONS, 1e4).expect("rope");
@@ -119,7 +156,8 @@ pub fn block_1_3b_fp8_attention(dev: Device, grid: [usize; 3]) -> Vec<f32> {
         rnd(5, &[2 * tokens, cfg.num_heads, cfg.head_dim()], 1.0),
     );
     let store = WeightStore::random(0, DType::BF16).on_device(dev);
-    let block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).expect("block");
+    let mut block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).expect("block");
+    block.self_attn.sparsity = sparsity;
     let up = |t: &Tensor| t.to_device(dev).expect("up");
     let kv = block.cross_attn.text_kv(&up(&text)).expect("text");
     let dtype = if dev.is_cpu() {
@@ -129,7 +167,10 @@ pub fn block_1_3b_fp8_attention(dev: Device, grid: [usize; 3]) -> Vec<f32> {
     };
     let mut cache = kernels::KvCache::new(4, 1, tokens, cfg.num_heads, cfg.head_dim(), dtype)
         .and_then(|c| c.on_device(dev))
-        .and_then(|c| c.with_fp8_attention())
+        .and_then(|c| match fp8_attention {
+            true => c.with_fp8_attention(),
+            false => Ok(c),
+        })
         .expect("cache");
     let h = up(&held).to_dtype(dtype).expect("dtype");
     cache.write(0, &h, &h).expect("held frames");

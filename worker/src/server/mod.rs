@@ -298,7 +298,9 @@ impl Server {
             text_encoder: prompts.json(),
             cards,
             dtype: model.dtype.clone(),
-            attention: model.attention.clone(),
+            // Validated when the model loaded; the flag as given otherwise.
+            attention: crate::setup::attention(&model.attention)
+                .map_or_else(|_| model.attention.clone(), |a| a.describe()),
         };
         let metrics = metrics::Metrics::new().context("creating the metrics")?;
         // "random", "loaded" or "embedded", as /status says.
