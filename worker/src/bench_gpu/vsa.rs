@@ -111,6 +111,15 @@ pub(super) fn vsa_rows(
             "vsa profile (one call, events around each launch): {}",
             profile_line(&b.take_profile()?)
         );
+        b.profile(true);
+        let select = kernels::vsa::Coarse::SelectOnly;
+        let ran = kernels::vsa::attention_with(q, k, v, select, q_grid, k_grid, top_k);
+        b.profile(false);
+        ran?;
+        println!(
+            "vsa select-only profile (one call): {}",
+            profile_line(&b.take_profile()?)
+        );
     }
     Ok(())
 }
@@ -120,8 +129,8 @@ pub(super) fn vsa_rows(
 /// attention (740 TFLOP/s) starts at the clock that left: on 2026-12-05 one build's VSA call
 /// measured 1.44 ms there and 1.29 ms a few rows later, on the same inputs. Two ways, each with
 /// its ratio: sustained (each op back to back for two seconds, at the clock it holds alone) and
-/// interleaved (a dense call, a VSA call, `repeat` times, both under the same mixed load, as in a
-/// model's stream where attention sits between GEMMs).
+/// interleaved (a dense call, a VSA call and a select-only one, `repeat` times, all under the
+/// same mixed load, as in a model's stream where attention sits between GEMMs).
 fn fair_rows(
     dev: Device,
     repeat: usize,
@@ -138,6 +147,12 @@ fn fair_rows(
     };
     let mut sparse = || -> Result<()> {
         kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k)?;
+        Ok(())
+    };
+    // The model's form (`--attention vsa`): the fine branch alone, no value means.
+    let mut only = || -> Result<()> {
+        let select = kernels::vsa::Coarse::SelectOnly;
+        kernels::vsa::attention_with(q, k, v, select, q_grid, k_grid, top_k)?;
         Ok(())
     };
     let ms = |t: Duration| t.as_secs_f64() * 1e3;
@@ -166,14 +181,18 @@ fn fair_rows(
 
     dense()?;
     sparse()?;
+    only()?;
     sync(dev)?;
-    let (mut dt, mut st) = (Vec::with_capacity(repeat), Vec::with_capacity(repeat));
-    for _ in 0..repeat.max(1) {
+    let n = repeat.max(1);
+    let (mut dt, mut st, mut ot) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
+    for _ in 0..n {
         dt.push(round(dev, 1, &mut dense)?.device);
         st.push(round(dev, 1, &mut sparse)?.device);
+        ot.push(round(dev, 1, &mut only)?.device);
     }
     dt.sort();
     st.sort();
+    ot.sort();
     let (db, dm, sb, sm) = (dt[0], dt[dt.len() / 2], st[0], st[st.len() / 2]);
     println!(
         "vsa {label}interleaved, {} pairs: dense best {:.3} ms, median {:.3}; vsa best {:.3}, \
@@ -194,6 +213,20 @@ fn fair_rows(
     push(
         format!("vsa bf16 sparsity 0.9 {shape} ({label}interleaved)"),
         sb,
+        0.0,
+    );
+    let (ob, om) = (ot[0], ot[ot.len() / 2]);
+    println!(
+        "vsa {label}select-only (the model's form), interleaved: best {:.3} ms, median {:.3} = \
+         {:.2}x faster than dense (best), {:.2}x (median)",
+        ms(ob),
+        ms(om),
+        db.as_secs_f64() / ob.as_secs_f64(),
+        dm.as_secs_f64() / om.as_secs_f64()
+    );
+    push(
+        format!("vsa bf16 sparsity 0.9 select-only {shape} ({label}interleaved)"),
+        ob,
         0.0,
     );
     Ok(())
