@@ -12,7 +12,8 @@
 # tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
-# tests and `bench vsa`; profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
+# tests and `bench vsa`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
+# and without it; profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with
 # its peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
 # archive, test-logs.tgz: the device tool brings back only a few files from $OUT.
@@ -164,6 +165,15 @@ run() {
         summary+=("profile-vsa: skipped, no ncu here")
       fi
       ;;
+    sparse)
+      # `--attention vsa` in the model: its GPU tests against the CPU, then whole 14B chunks with
+      # it and without it, fp8 linears both (the sparse/dense ratio a stream sees).
+      part test-gpu-sparse 300 "$dir/gpu" sparse --test-threads=1 --nocapture
+      for a in vsa bf16; do
+        part "chunks-14b-fp8-$a" 200 "$dir/worker" bench sp --model lingbot-14b --device cuda --cards 1 \
+          --dtype fp8 --attention "$a" --chunks 3 --json "$out/chunks-14b-fp8-$a.json"
+      done
+      ;;
     chunks)
       for m in lingbot-14b lingbot-1.3b; do
         for d in fp8 bf16; do
@@ -172,7 +182,7 @@ run() {
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, vsa, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, vsa, sparse, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm)" >&2 ;;
     esac
   done
   if compgen -G "$out/test-*.log" >/dev/null; then
