@@ -1251,6 +1251,23 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
     // 514 key tiles (a 1026-frame cache of 4×8 tokens), as many as the bench's 520: more than a
     // coarse block has threads, so its score phase takes them in rounds.
     vsa_case(dev, &mut rng, [3, 4, 8], [1026, 4, 8], DType::BF16, &[0.9]);
+    // An f32 model's queries over a GPU's bf16 cache: the bf16 path, the output back in f32.
+    let (q_grid, k_grid) = ([3, 12, 20], [9, 12, 20]);
+    let q = rand(&mut rng, &[720, 2, 128], DType::F32);
+    let k = rand(&mut rng, &[2160, 2, 128], DType::BF16);
+    let v = rand(&mut rng, &[2160, 2, 128], DType::BF16);
+    check(
+        "vsa f32 q, bf16 k/v",
+        dev,
+        tol(DType::BF16),
+        &[&q, &k, &v],
+        |x| {
+            let only = kernels::vsa::Coarse::SelectOnly;
+            let out = kernels::vsa::attention_with(&x[0], &x[1], &x[2], only, q_grid, k_grid, 8)?;
+            assert_eq!(out.dtype(), DType::F32);
+            Ok(out)
+        },
+    );
 }
 backend_test!(vsa_attention_matches_the_cpu);
 

@@ -514,6 +514,22 @@ fn vsa_fine_runs_on_the_matrix_cores() {
         },
     );
     assert_eq!(launches("vsa_fine_mfma_bf16_d128"), fine + 1);
+    // An f32 query over bf16 keys (an f32 model over a GPU's bf16 cache) runs in bf16 on the
+    // matrix cores, as dense attention does, not on an f32 copy of the keys.
+    let q32 = q.to_dtype(DType::F32).expect("f32");
+    check(
+        "vsa d 128 f32 q, bf16 k/v (MFMA)",
+        dev,
+        1e-2,
+        &[&q32, &k, &v],
+        |t| {
+            let only = kernels::vsa::Coarse::SelectOnly;
+            let out = kernels::vsa::attention_with(&t[0], &t[1], &t[2], only, qg, kg, 4);
+            assert_eq!(out.as_ref().map(|o| o.dtype()).ok(), Some(DType::F32));
+            out
+        },
+    );
+    assert_eq!(launches("vsa_fine_mfma_bf16_d128"), fine + 2);
 }
 
 /// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as

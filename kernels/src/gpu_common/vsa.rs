@@ -145,6 +145,22 @@ pub fn vsa_attention(
     k_grid: [usize; 3],
     top_k: usize,
 ) -> Result<Tensor> {
+    // Keys in bf16 at Wan's head dim (a GPU's KV cache) take the bf16 path whatever q's dtype,
+    // as dense attention does there: an f32 query would otherwise make an f32 copy of the
+    // whole cache on every call and miss the tensor-core fine kernels.
+    if k.dtype() == DType::BF16 && q.dtype() != DType::BF16 && q.dim(2) == 128 {
+        let gate = coarse_mix
+            .gate()
+            .map(|g| cast(g, DType::BF16))
+            .transpose()?;
+        let mix = match (&coarse_mix, &gate) {
+            (Coarse::Gated(_), Some(g)) => Coarse::Gated(g),
+            _ => coarse_mix,
+        };
+        let q16 = cast(q, DType::BF16)?;
+        let out = vsa_attention(&q16, k, v, mix, q_grid, k_grid, top_k)?;
+        return cast(&out, q.dtype());
+    }
     let s = storage(q)?;
     let dev = s.dev.clone();
     let dt = q.dtype();
