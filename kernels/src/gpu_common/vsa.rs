@@ -184,7 +184,8 @@ pub fn vsa_attention(
     let with_out = !matches!(coarse_mix, Coarse::SelectOnly);
     let (qi, ki) = (device_tiling(&dev, q_grid)?, device_tiling(&dev, k_grid)?);
     let [qc, kc, vc] = tile_means([q, &k, &v], (nq, nk), &qi, &ki, heads * d, with_out)?;
-    let mut coarse = CudaStorage::alloc(&dev, DType::F32, nq * heads * d)?;
+    let coarse_len = if with_out { nq * heads * d } else { 1 };
+    let mut coarse = CudaStorage::alloc(&dev, DType::F32, coarse_len)?;
     let mut kept = dev
         .stream
         .alloc_zeros::<i32>(nq * heads * top_k)
