@@ -99,7 +99,8 @@ WL_DEVICE void vt_pack(unsigned int (*pa)[4], const float* sc) {
 // One kept key tile's step, once the other consumer has issued its products: S = Q·Kᵀ (K at dk)
 // and the pending P·V (V at dv) issued together, the other consumer let on the tensor cores, the
 // softmax while P·V runs, then the pending stage's barrier `release` arrived at (where `arrive`)
-// and P packed for the next step.
+// and P packed for the next step. Without PP (ping-pong) the consumers never wait for each other.
+template <bool PP>
 WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, const unsigned int (*qa)[4],
                        unsigned long long dk, unsigned long long dv, int ext, int wg, int r0, int cq, float scale2,
                        unsigned long long* release, bool arrive) {
@@ -109,7 +110,7 @@ WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, cons
     wl_wgmma_commit();
     vt_pv(o, pa, dv);
     wl_wgmma_commit();
-    wl_named_arrive(2 - wg, 256);
+    if (PP) wl_named_arrive(2 - wg, 256);
     wl_wgmma_wait_one();
     float nm[2], corr[2], sum[2];
     vt_softmax(sc, m, nm, corr, sum, ext, r0, cq, scale2);
@@ -164,6 +165,7 @@ struct vt_extents {
     }
 };
 
+template <bool PP>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
@@ -236,14 +238,14 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     unsigned int qa[8][4];
     vt_load_q(qa, qs, r0, cq);
     wl_mbar_wait(full, 0);
-    if (wg == 1) wl_named_arrive(1, 256);
+    if (PP && wg == 1) wl_named_arrive(1, 256);
     {
         float sc[32];
-        wl_named_sync(1 + wg, 256);
+        if (PP) wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
         vt_scores(sc, qa, dk0);
         wl_wgmma_commit();
-        wl_named_arrive(2 - wg, 256);
+        if (PP) wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
         float nm[2], corr[2], sum[2];
         vt_softmax(sc, m, nm, corr, sum, ex.at(0), r0, cq, scale2);
@@ -254,12 +256,12 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     for (int u = 1; u < top_k; ++u) {
         const int s = u % VT_STAGES, prev = (u - 1) % VT_STAGES;
         wl_mbar_wait(full + s, (u / VT_STAGES) & 1);
-        wl_named_sync(1 + wg, 256);
-        vt_step(o, pa, m, l, qa, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, prev * 2 * TB), ex.at(u), wg, r0,
+        if (PP) wl_named_sync(1 + wg, 256);
+        vt_step<PP>(o, pa, m, l, qa, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, prev * 2 * TB), ex.at(u), wg, r0,
                 cq, scale2, empty + prev, t == 0);
         ex.after(kg, kl, top_k, lane, u);
     }
-    if (wg == 0) wl_named_sync(1, 256);
+    if (PP && wg == 0) wl_named_sync(1, 256);
     wl_wgmma_fence();
     vt_pv(o, pa, wl_desc_plus(dv0, (top_k - 1) % VT_STAGES * 2 * TB));
     wl_wgmma_commit();
@@ -273,7 +275,16 @@ WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
     vsa_fine_tma_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
                            const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse,
                            const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
-    vsa_fine_tma(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);
+    vsa_fine_tma<true>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);
+}
+// The same without the consumers' turn-taking on the tensor cores (`WORLDLINE_VSA_FINE=free`): at
+// 64-key steps the turns may cost more than they overlap (barrier stalls per instruction 1.18
+// against the dense kernel's 0.77, Nsight Compute, 2026-12-05). Unmeasured so far.
+WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
+    vsa_fine_tma_free_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
+                                const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse,
+                                const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
+    vsa_fine_tma<false>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);
 }
 
 #endif

@@ -1227,7 +1227,22 @@ fn channels_last_convolutions_match_the_cpu(dev: Device) {
 }
 backend_test!(channels_last_convolutions_match_the_cpu);
 
+/// Held by the VSA test, which sets `WORLDLINE_VSA_FINE` (read at each call) for each of
+/// Hopper's fine kernels; elsewhere the variable is ignored and both rounds run the same kernel.
+static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn vsa_attention_matches_the_cpu(dev: Device) {
+    let _env = VSA_ENV.lock().unwrap_or_else(|e| e.into_inner());
+    for fine in ["pingpong", "free"] {
+        println!("VSA fine kernel: {fine}");
+        std::env::set_var("WORLDLINE_VSA_FINE", fine);
+        vsa_cases(dev);
+    }
+    std::env::remove_var("WORLDLINE_VSA_FINE");
+}
+backend_test!(vsa_attention_matches_the_cpu);
+
+fn vsa_cases(dev: Device) {
     let mut rng = Rng::new(8);
     // A 3-frame chunk over a 9-frame cache of 12×20 tokens (partial time tiles), and over a
     // 7-frame cache of 10×22 (partial tiles on every axis, sizes like 3·2·2 = 12), d 128; and a
@@ -1269,7 +1284,6 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
         },
     );
 }
-backend_test!(vsa_attention_matches_the_cpu);
 
 fn vsa_case(
     dev: Device,

@@ -529,8 +529,15 @@ const VSA_TMA_THREADS: u32 = 384;
 /// Bytes of one 4×4×4 tile of q, k or v at head dim 128 in bf16.
 const VSA_TILE_BYTES: u32 = 64 * 256;
 
-/// The Hopper fine kernel (each query tile held in registers; K and V through TMA).
-const VSA_FINE: &str = "vsa_fine_tma_bf16_d128";
+/// The Hopper fine kernel (each query tile held in registers; K and V through TMA): its two
+/// consumers take turns on the tensor cores, unless `WORLDLINE_VSA_FINE=free` (read at each
+/// call) asks for the variant without the turns, which has not been measured yet.
+fn vsa_fine_kernel() -> &'static str {
+    match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
+        Ok("free") => "vsa_fine_tma_free_bf16_d128",
+        _ => "vsa_fine_tma_bf16_d128",
+    }
+}
 /// The fine kernel's dynamic shared memory: per consumer a query tile and three key/value
 /// stages, then 7 barriers each.
 const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 7 * 8;
@@ -578,7 +585,7 @@ pub(crate) fn vsa_fine_fast(
     };
     let (tq, tk, tv) = (map(q_p, q_grid)?, map(k_p, k_grid)?, map(v_p, k_grid)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
-    let (name, smem) = (VSA_FINE, VSA_FINE_SMEM);
+    let (name, smem) = (vsa_fine_kernel(), VSA_FINE_SMEM);
     let func = dev.func("attention", name)?;
     dev.allow_dynamic_smem(&func, smem)?;
     let cfg = LaunchConfig {

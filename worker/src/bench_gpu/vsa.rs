@@ -129,8 +129,9 @@ pub(super) fn vsa_rows(
 /// attention (740 TFLOP/s) starts at the clock that left: on 2026-12-05 one build's VSA call
 /// measured 1.44 ms there and 1.29 ms a few rows later, on the same inputs. Two ways, each with
 /// its ratio: sustained (each op back to back for two seconds, at the clock it holds alone) and
-/// interleaved (a dense call, a VSA call and a select-only one, `repeat` times, all under the
-/// same mixed load, as in a model's stream where attention sits between GEMMs).
+/// interleaved (a dense call, a VSA call, a select-only one and one on the fine kernel without
+/// turns, `repeat` times, all under the same mixed load, as in a model's stream where attention
+/// sits between GEMMs).
 fn fair_rows(
     dev: Device,
     repeat: usize,
@@ -153,6 +154,15 @@ fn fair_rows(
     let mut only = || -> Result<()> {
         let select = kernels::vsa::Coarse::SelectOnly;
         kernels::vsa::attention_with(q, k, v, select, q_grid, k_grid, top_k)?;
+        Ok(())
+    };
+    // Hopper's fine kernel without the consumers' turn-taking (`WORLDLINE_VSA_FINE=free`,
+    // unmeasured until this row): elsewhere the same kernel as `sparse`.
+    let mut free = || -> Result<()> {
+        std::env::set_var("WORLDLINE_VSA_FINE", "free");
+        let ran = kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k);
+        std::env::remove_var("WORLDLINE_VSA_FINE");
+        ran?;
         Ok(())
     };
     let ms = |t: Duration| t.as_secs_f64() * 1e3;
@@ -182,17 +192,21 @@ fn fair_rows(
     dense()?;
     sparse()?;
     only()?;
+    free()?;
     sync(dev)?;
     let n = repeat.max(1);
-    let (mut dt, mut st, mut ot) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
+    let (mut dt, mut st, mut ot, mut ft) =
+        (Vec::with_capacity(n), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
         dt.push(round(dev, 1, &mut dense)?.device);
         st.push(round(dev, 1, &mut sparse)?.device);
         ot.push(round(dev, 1, &mut only)?.device);
+        ft.push(round(dev, 1, &mut free)?.device);
     }
     dt.sort();
     st.sort();
     ot.sort();
+    ft.sort();
     let (db, dm, sb, sm) = (dt[0], dt[dt.len() / 2], st[0], st[st.len() / 2]);
     println!(
         "vsa {label}interleaved, {} pairs: dense best {:.3} ms, median {:.3}; vsa best {:.3}, \
@@ -227,6 +241,20 @@ fn fair_rows(
     push(
         format!("vsa bf16 sparsity 0.9 select-only {shape} ({label}interleaved)"),
         ob,
+        0.0,
+    );
+    let (fb, fm) = (ft[0], ft[ft.len() / 2]);
+    println!(
+        "vsa {label}fine kernel without turns (WORLDLINE_VSA_FINE=free), interleaved: best {:.3} \
+         ms, median {:.3} = {:.2}x faster than dense (best), {:.2}x (median)",
+        ms(fb),
+        ms(fm),
+        db.as_secs_f64() / fb.as_secs_f64(),
+        dm.as_secs_f64() / fm.as_secs_f64()
+    );
+    push(
+        format!("vsa bf16 sparsity 0.9 free {shape} ({label}interleaved)"),
+        fb,
         0.0,
     );
     Ok(())
