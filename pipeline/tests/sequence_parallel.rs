@@ -66,30 +66,35 @@ fn bits(t: &Tensor) -> Vec<u32> {
 
 const CHUNKS: usize = 4;
 
+/// `model` on one card and as rank groups of each of `cards` at `h × w`: the same latents, bit
+/// for bit, chunk by chunk.
+fn ranks_match_one_card(model: &Arc<WanModel>, (h, w): (usize, usize), cards: &[usize]) {
+    let cfg = session(h, w);
+    let mut one = Engine::new(model.clone(), cfg.clone()).expect("engine");
+    one.set_prompt(&prompt(model)).expect("prompt");
+    let want: Vec<Vec<u32>> = (0..CHUNKS)
+        .map(|i| bits(&one.next_chunk(&controls(i)).expect("chunk").latents))
+        .collect();
+    for &cards in cards {
+        let mut group = EngineGroup::loopback(model.clone(), cfg.clone(), cards).expect("group");
+        group.set_prompt(&prompt(model)).expect("prompt");
+        for (i, want) in want.iter().enumerate() {
+            let got = group.next_chunk(&controls(i)).expect("chunk");
+            assert_eq!(got.index, i as u64);
+            assert!(
+                &bits(&got.latents) == want,
+                "{h}×{w} on {cards} cards: chunk {i} differs from one card"
+            );
+        }
+    }
+}
+
 #[test]
 fn ranks_reproduce_one_card_bit_for_bit() {
     let model = tiny();
     // 32×48: 6 tokens a frame, 18 a chunk (padded to 20 on 4 ranks); 48×48: 27 (28 on 2 and 4).
-    for (h, w) in [(32, 48), (48, 48)] {
-        let cfg = session(h, w);
-        let mut one = Engine::new(model.clone(), cfg.clone()).expect("engine");
-        one.set_prompt(&prompt(&model)).expect("prompt");
-        let want: Vec<Vec<u32>> = (0..CHUNKS)
-            .map(|i| bits(&one.next_chunk(&controls(i)).expect("chunk").latents))
-            .collect();
-        for cards in [1, 2, 4] {
-            let mut group =
-                EngineGroup::loopback(model.clone(), cfg.clone(), cards).expect("group");
-            group.set_prompt(&prompt(&model)).expect("prompt");
-            for (i, want) in want.iter().enumerate() {
-                let got = group.next_chunk(&controls(i)).expect("chunk");
-                assert_eq!(got.index, i as u64);
-                assert!(
-                    &bits(&got.latents) == want,
-                    "{h}×{w} on {cards} cards: chunk {i} differs from one card"
-                );
-            }
-        }
+    for size in [(32, 48), (48, 48)] {
+        ranks_match_one_card(&model, size, &[1, 2, 4]);
     }
 }
 
@@ -104,25 +109,8 @@ fn sparse_attention_on_ranks_reproduces_one_card() {
     let model = Arc::new(model);
     // 64×96: 24 tokens a frame in 2 tiles, 72 a chunk (on 4 ranks, 18 each; 48×48: 27 a chunk,
     // padded to 28).
-    for (h, w) in [(64, 96), (48, 48)] {
-        let cfg = session(h, w);
-        let mut one = Engine::new(model.clone(), cfg.clone()).expect("engine");
-        one.set_prompt(&prompt(&model)).expect("prompt");
-        let want: Vec<Vec<u32>> = (0..CHUNKS)
-            .map(|i| bits(&one.next_chunk(&controls(i)).expect("chunk").latents))
-            .collect();
-        for cards in [2, 4] {
-            let mut group =
-                EngineGroup::loopback(model.clone(), cfg.clone(), cards).expect("group");
-            group.set_prompt(&prompt(&model)).expect("prompt");
-            for (i, want) in want.iter().enumerate() {
-                let got = group.next_chunk(&controls(i)).expect("chunk");
-                assert!(
-                    &bits(&got.latents) == want,
-                    "{h}×{w} on {cards} cards: chunk {i} differs from one card"
-                );
-            }
-        }
+    for size in [(64, 96), (48, 48)] {
+        ranks_match_one_card(&model, size, &[2, 4]);
     }
 }
 

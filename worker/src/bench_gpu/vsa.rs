@@ -124,6 +124,9 @@ pub(super) fn vsa_rows(
     Ok(())
 }
 
+/// A timed call.
+type Op<'a> = dyn FnMut() -> Result<()> + 'a;
+
 /// VSA against our dense attention on `q, k, v`, timed so that neither catches the card in a
 /// state the other left. The H200 runs under a power cap, and a row timed right after dense
 /// attention (740 TFLOP/s) starts at the clock that left: on 2026-12-05 one build's VSA call
@@ -189,74 +192,62 @@ fn fair_rows(
         0.0,
     );
 
-    dense()?;
-    sparse()?;
-    only()?;
-    free()?;
-    sync(dev)?;
-    let n = repeat.max(1);
-    let (mut dt, mut st, mut ot, mut ft) =
-        (Vec::with_capacity(n), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..n {
-        dt.push(round(dev, 1, &mut dense)?.device);
-        st.push(round(dev, 1, &mut sparse)?.device);
-        ot.push(round(dev, 1, &mut only)?.device);
-        ft.push(round(dev, 1, &mut free)?.device);
+    // Round-robin, so that each op starts where the others leave the clock.
+    let mut ops: [(&str, &str, &mut Op); 4] = [
+        ("dense", "attention bf16", &mut dense),
+        ("vsa", "vsa bf16 sparsity 0.9", &mut sparse),
+        (
+            "select-only (the model's form)",
+            "vsa bf16 sparsity 0.9 select-only",
+            &mut only,
+        ),
+        (
+            "fine kernel without turns (WORLDLINE_VSA_FINE=free)",
+            "vsa bf16 sparsity 0.9 free",
+            &mut free,
+        ),
+    ];
+    for (_, _, f) in ops.iter_mut() {
+        f()?;
     }
-    dt.sort();
-    st.sort();
-    ot.sort();
-    ft.sort();
-    let (db, dm, sb, sm) = (dt[0], dt[dt.len() / 2], st[0], st[st.len() / 2]);
+    sync(dev)?;
+    let mut times = vec![Vec::new(); ops.len()];
+    for _ in 0..repeat.max(1) {
+        for ((_, _, f), t) in ops.iter_mut().zip(&mut times) {
+            t.push(round(dev, 1, &mut **f)?.device);
+        }
+    }
+    // Best and median of each.
+    let stats: Vec<(Duration, Duration)> = times
+        .iter_mut()
+        .map(|t| {
+            t.sort();
+            (t[0], t[t.len() / 2])
+        })
+        .collect();
+    let (db, dm) = stats[0];
     println!(
-        "vsa {label}interleaved, {} pairs: dense best {:.3} ms, median {:.3}; vsa best {:.3}, \
-         median {:.3} = {:.2}x faster than dense (best), {:.2}x (median)",
-        dt.len(),
+        "vsa {label}interleaved, {} rounds: dense best {:.3} ms, median {:.3}",
+        repeat.max(1),
         ms(db),
-        ms(dm),
-        ms(sb),
-        ms(sm),
-        db.as_secs_f64() / sb.as_secs_f64(),
-        dm.as_secs_f64() / sm.as_secs_f64()
+        ms(dm)
     );
     push(
         format!("attention bf16 {shape} ({label}interleaved)"),
         db,
         flop,
     );
-    push(
-        format!("vsa bf16 sparsity 0.9 {shape} ({label}interleaved)"),
-        sb,
-        0.0,
-    );
-    let (ob, om) = (ot[0], ot[ot.len() / 2]);
-    println!(
-        "vsa {label}select-only (the model's form), interleaved: best {:.3} ms, median {:.3} = \
-         {:.2}x faster than dense (best), {:.2}x (median)",
-        ms(ob),
-        ms(om),
-        db.as_secs_f64() / ob.as_secs_f64(),
-        dm.as_secs_f64() / om.as_secs_f64()
-    );
-    push(
-        format!("vsa bf16 sparsity 0.9 select-only {shape} ({label}interleaved)"),
-        ob,
-        0.0,
-    );
-    let (fb, fm) = (ft[0], ft[ft.len() / 2]);
-    println!(
-        "vsa {label}fine kernel without turns (WORLDLINE_VSA_FINE=free), interleaved: best {:.3} \
-         ms, median {:.3} = {:.2}x faster than dense (best), {:.2}x (median)",
-        ms(fb),
-        ms(fm),
-        db.as_secs_f64() / fb.as_secs_f64(),
-        dm.as_secs_f64() / fm.as_secs_f64()
-    );
-    push(
-        format!("vsa bf16 sparsity 0.9 free {shape} ({label}interleaved)"),
-        fb,
-        0.0,
-    );
+    for ((name, row, _), &(b, m)) in ops.iter().zip(&stats).skip(1) {
+        println!(
+            "vsa {label}{name}, interleaved: best {:.3} ms, median {:.3} = {:.2}x faster than \
+             dense (best), {:.2}x (median)",
+            ms(b),
+            ms(m),
+            db.as_secs_f64() / b.as_secs_f64(),
+            dm.as_secs_f64() / m.as_secs_f64()
+        );
+        push(format!("{row} {shape} ({label}interleaved)"), b, 0.0);
+    }
     Ok(())
 }
 
