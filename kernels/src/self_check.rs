@@ -16,7 +16,7 @@ pub struct Agreement {
 }
 
 /// Deterministic inputs in [-1, 1), none zero.
-fn values(seed: u64, n: usize) -> Vec<f32> {
+pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -35,7 +35,7 @@ fn values(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+pub(crate) fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     let (mut num, mut den) = (0f64, 0f64);
     for (g, w) in got.iter().zip(want) {
         let (g, w) = (f64::from(*g), f64::from(*w));

@@ -15,7 +15,7 @@
 use rayon::prelude::*;
 
 use crate::error::shape_err;
-use crate::{Error, Result, Storage, Tensor};
+use crate::{DType, Device, Error, Result, Storage, Tensor};
 
 /// VSA's tile, `(t, h, w)`.
 pub const TILE: [usize; 3] = [4, 4, 4];
@@ -204,6 +204,41 @@ pub fn attention_with(
         Storage::Cuda(_) => crate::cuda::ops::vsa_attention(q, k, v, coarse, q_grid, k_grid, top_k),
         Storage::Rocm(_) => crate::rocm::ops::vsa_attention(q, k, v, coarse, q_grid, k_grid, top_k),
     }
+}
+
+/// Runs the model's form of VSA (select-only, bf16 at Wan's head dim, over a cache's buffers
+/// with rows past the key grid) on `device` and on the CPU, on the same fixed pseudo-random
+/// inputs, and returns the relative L2 distance; an error past 1e-2 (bf16 operands give ~2e-3;
+/// the selections are the CPU's to the bit on the same inputs, so a wrong kernel is order one).
+/// For backends that have never run on the project's machines (ROCm), before a model takes the
+/// path.
+pub fn check(device: Device) -> Result<f64> {
+    let (q_grid, k_grid, heads, d) = ([3, 6, 9], [9, 6, 9], 2, 128);
+    let (lq, lk, spare) = (3 * 54, 9 * 54, 54);
+    let input = |seed, n: usize| -> Result<Tensor> {
+        let x = crate::self_check::values(seed, n * heads * d);
+        Tensor::from_vec(x, &[n, heads, d])?.to_dtype(DType::BF16)
+    };
+    let (q, k, v) = (input(1, lq)?, input(2, lk + spare)?, input(3, lk + spare)?);
+    let top_k = top_k(0.5, tiles(k_grid, TILE));
+    let run = |q: &Tensor, k: &Tensor, v: &Tensor| {
+        attention_with(q, k, v, Coarse::SelectOnly, q_grid, k_grid, top_k)?.try_to_vec_f32()
+    };
+    let want = run(&q, &k, &v)?;
+    let up = |t: &Tensor| t.to_device(device);
+    let got = run(&up(&q)?, &up(&k)?, &up(&v)?)?;
+    let rel = crate::self_check::rel_l2(&got, &want);
+    // NaN and a wrong length fail too (rel_l2 gives infinity).
+    if rel.is_nan() || rel > 1e-2 {
+        return Err(Error::Device {
+            device: device.to_string(),
+            msg: format!(
+                "sparse attention check: relative L2 {rel:.3e} from the CPU reference exceeds \
+                 1e-2; this GPU computes wrong results on that path: run attention dense"
+            ),
+        });
+    }
+    Ok(rel)
 }
 
 /// The CPU's [`Coarse`], the gate in f32.

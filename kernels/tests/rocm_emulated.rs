@@ -530,6 +530,11 @@ fn vsa_fine_runs_on_the_matrix_cores() {
         },
     );
     assert_eq!(launches("vsa_fine_mfma_bf16_d128"), fine + 2);
+    // The check a model runs on a ROCm card before it takes `--attention vsa`.
+    let rel = kernels::vsa::check(dev).expect("the sparse attention check passes");
+    println!("vsa::check on the emulated gfx942: rel L2 {rel:.2e}");
+    assert!(rel > 0.0 && rel < 1e-2, "{rel:e}");
+    assert_eq!(launches("vsa_fine_mfma_bf16_d128"), fine + 3);
 }
 
 /// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as

@@ -304,3 +304,9 @@ fn refuses_bad_shapes_and_top_k() {
     assert!(msg(vsa::attention(&q, &k, &v, None, c.q_grid, c.k_grid, 2)).contains("top_k"));
     assert!(msg(vsa::attention(&q, &k, &q, None, c.q_grid, c.k_grid, 1)).contains("vsa"));
 }
+
+#[test]
+fn the_device_check_on_the_cpu_is_exact() {
+    // The CPU against itself: the check's own arithmetic, on the inputs it gives a device.
+    assert_eq!(vsa::check(kernels::Device::Cpu).expect("check"), 0.0);
+}

@@ -12,6 +12,7 @@ impl WanModel {
     /// Runs every block's self-attention (over the KV cache, and over a forward's own tokens
     /// without a mask) as sparse attention keeping the share `1 − sparsity` of the key tiles
     /// (at least one). Block-causal passes stay dense: VSA has no mask. Not with fp8 attention.
+    /// On ROCm the op is first checked against the CPU on the card (`kernels::vsa::check`).
     pub fn use_sparse_attention(&mut self, sparsity: f64) -> Result<()> {
         if !(0.0..1.0).contains(&sparsity) {
             return Err(Error::Config(format!(
@@ -22,6 +23,10 @@ impl WanModel {
             return Err(Error::Config(
                 "sparse attention and fp8 attention are two kernels: choose one".into(),
             ));
+        }
+        // ROCm's kernels have never run on an AMD GPU: the op is checked on the card first.
+        if let kernels::Device::Rocm(_) = self.device() {
+            kernels::vsa::check(self.device())?;
         }
         for b in &mut self.blocks {
             b.self_attn.sparsity = Some(sparsity);
