@@ -375,6 +375,12 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     }
     let (dtype, fp8_linears) = run_dtype(&args.dtype)?;
     let attention = attention(&args.attention)?;
+    if let Attention::Sparse(s) = attention {
+        warn!(
+            sparsity = s,
+            "SPARSE ATTENTION: the model was trained with dense attention; --attention vsa approximates it (its output differs from the model's)"
+        );
+    }
     let source = weights_source(args, &cfg);
     let world = match source {
         WeightsSource::Embedded => world::assets::embedded(),

@@ -94,6 +94,7 @@ fn sparse_attention_runs_and_says_so() {
         log.contains("vsa, sparsity 0.5 (the model was trained with dense attention"),
         "{log}"
     );
+    assert!(log.contains("SPARSE ATTENTION"), "{log}");
     assert_eq!(log.matches("chunk done").count(), 2, "{log}");
 }
 
