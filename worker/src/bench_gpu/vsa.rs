@@ -32,7 +32,8 @@ fn time_vsa(
 /// The VSA rows of `bench kernels` and `bench vsa`, beside our dense attention (`dense`, timed
 /// on `q, k, v` by the caller): VSA at sparsity 0.9 on the same shape, the chunk's 3×30×52
 /// latent grid against the window's 18×30×52 (issue target: ≥ 4× faster than our dense); the
-/// same at a 4-frame chunk, dense and sparse; and one profiled call.
+/// same at a 4-frame chunk over a 20- and an 18-frame window, dense and sparse; and profiled
+/// calls.
 pub(super) fn vsa_rows(
     dev: Device,
     heavy: usize,
@@ -55,13 +56,14 @@ pub(super) fn vsa_rows(
         0.0,
     );
     fair_rows(dev, heavy, [q, k, v], (q_grid, k_grid), top_k, "", push)?;
-    // 4-latent chunks over a 20-frame window (FlashDreams' 4-frame LingBot preset, with a window
-    // that is whole tiles in time): every query tile then spans four frames, where the 3-frame
-    // chunk above fills at most three of its four, so this row shows what the tile fill costs
-    // the 4× target.
-    {
-        let (q_grid, k_grid) = ([4, 30, 52], [20, 30, 52]);
-        let (lq4, lk4) = (4 * 30 * 52, 20 * 30 * 52);
+    // 4-latent chunks: over a 20-frame window (FlashDreams' 4-frame LingBot preset, a window
+    // that is whole tiles in time), and over LingBot v2's own 18-frame window (MODELS.md §5: v2
+    // streams chunks of 4). Every query tile then spans four frames, where the 3-frame chunk
+    // above fills at most three of its four, so these rows show what the tile fill costs the 4×
+    // target.
+    for window in [20, 18] {
+        let (q_grid, k_grid) = ([4, 30, 52], [window, 30, 52]);
+        let (lq4, lk4) = (4 * 30 * 52, window * 30 * 52);
         let q4 = rand(dev, 6, &[lq4, heads, d], 1.0, DType::BF16)?;
         let k4 = rand(dev, 7, &[lk4, heads, d], 1.0, DType::BF16)?;
         let v4 = rand(dev, 8, &[lk4, heads, d], 1.0, DType::BF16)?;
@@ -70,20 +72,21 @@ pub(super) fn vsa_rows(
             Ok(())
         })?;
         let (top_k, tiles, sparse) = time_vsa(dev, heavy, [&q4, &k4, &v4], q_grid, k_grid)?;
+        let label = format!("4-frame chunk, {window}-frame window");
         println!(
-            "vsa sparsity 0.9, 4-frame chunk ({top_k} of {tiles} key tiles): {:.3} ms = {:.2}x \
+            "vsa sparsity 0.9, {label} ({top_k} of {tiles} key tiles): {:.3} ms = {:.2}x \
              faster than our dense {:.3} ms",
             sparse.as_secs_f64() * 1e3,
             dense.as_secs_f64() / sparse.as_secs_f64(),
             dense.as_secs_f64() * 1e3
         );
         push(
-            format!("attention bf16 {lq4}q x {lk4}k x {heads}h x {d} (4-frame chunk)"),
+            format!("attention bf16 {lq4}q x {lk4}k x {heads}h x {d} ({label})"),
             dense,
             flops::attention(lq4, lk4, heads * d),
         );
         push(
-            format!("vsa bf16 sparsity 0.9 {lq4}q x {lk4}k x {heads}h x {d} (4-frame chunk)"),
+            format!("vsa bf16 sparsity 0.9 {lq4}q x {lk4}k x {heads}h x {d} ({label})"),
             sparse,
             0.0,
         );
@@ -93,7 +96,7 @@ pub(super) fn vsa_rows(
             [&q4, &k4, &v4],
             (q_grid, k_grid),
             top_k,
-            "4-frame chunk, ",
+            &format!("{label}, "),
             push,
         )?;
     }
