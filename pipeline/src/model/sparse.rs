@@ -1,9 +1,8 @@
 //! Sparse self-attention (`--attention vsa`): VSA's 4×4×4 token tiles, the key tiles whose means
 //! score highest against each query tile's mean, and exact attention over those tiles only
 //! (`kernels::vsa`, its fine branch). Wan's and LingBot's checkpoints were trained with dense
-//! attention and have no gate for VSA's coarse branch, so the coarse output is left out (as
-//! FastVideo's gate does before VSA training): this approximates the dense model, and is it
-//! exactly when every tile is kept (sparsity 0).
+//! attention and have no gate for VSA's coarse branch, so the coarse output is left out: this
+//! approximates the dense model, and is it exactly when every tile is kept (sparsity 0).
 
 use super::WanModel;
 use crate::{Error, Result};
