@@ -73,7 +73,9 @@ impl EngineConfig {
         (self.height / VAE_STRIDE, self.width / VAE_STRIDE)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks the settings an engine would refuse, without building one (so a command line can
+    /// fail before any weights load).
+    pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         if self.height == 0
             || self.width == 0
@@ -94,6 +96,14 @@ impl EngineConfig {
                 self.window_frames, self.sink_frames, self.chunk_frames
             ));
         }
+        // Each step must start from more noise than the next re-noises to.
+        if let Some(w) = self.step_indices.windows(2).find(|w| w[0] >= w[1]) {
+            return bad(format!(
+                "step indices must increase (from the noisiest step on): {} then {}",
+                w[0], w[1]
+            ));
+        }
+        FlowSchedule::new(self.num_train_steps, self.shift)?.steps(&self.step_indices)?;
         Ok(())
     }
 }

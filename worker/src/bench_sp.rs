@@ -250,11 +250,9 @@ pub fn run(args: &ModelArgs, chunks: usize, json: Option<&Path>, one_gpu: bool) 
         counts.push(gpus.len());
     }
     let chunks = chunks.max(2);
-    let ecfg = if cfg.name.starts_with("tiny") {
-        EngineConfig::tiny(args.seed)
-    } else {
-        EngineConfig::lingbot(args.seed)
-    };
+    let ecfg = args
+        .stream
+        .apply(crate::setup::engine_defaults(&cfg, args.seed))?;
     if one_gpu {
         eprintln!(
             "bench sp --one-gpu: every rank on GPU {first_gpu} over the in-process loopback (no \
@@ -534,7 +532,7 @@ pub fn gemm_rows(args: &ModelArgs) -> Result<()> {
         !fp8_linears,
         "bench gemm-rows times the bf16 or f32 GEMMs: pass --dtype bf16 or f32"
     );
-    let ecfg = EngineConfig::lingbot(args.seed);
+    let ecfg = args.stream.apply(EngineConfig::lingbot(args.seed))?;
     let cards = args.cards.max(2);
     println!(
         "{} GEMM rows of a {cards}-card shard against the whole chunk ({}):",

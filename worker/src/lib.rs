@@ -7,5 +7,6 @@ pub mod decode;
 pub mod media;
 pub mod server;
 pub mod setup;
+pub mod stream;
 pub mod text;
 pub mod y4m;

@@ -243,7 +243,7 @@ fn report(chunk: &Chunk, decoded: &decode::Decoded) {
 fn generate(args: &setup::ModelArgs, dec: &decode::DecoderArgs, chunks: u64) -> Result<()> {
     let loaded = setup::load(args)?;
     let dec = &loaded.decoder_args(dec);
-    let cfg = loaded.engine_config(args.seed);
+    let cfg = loaded.engine_config(args.seed)?;
     let resolution = format!("{}x{}", cfg.width, cfg.height);
     let tiny = loaded.cfg.name.starts_with("tiny");
     let size = (cfg.width, cfg.height);

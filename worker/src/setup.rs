@@ -11,6 +11,7 @@ use pipeline::world::{self, assets::WorldAssets};
 use pipeline::{EngineConfig, EngineGroup, ModelConfig, ModelLoader, WanModel, WeightStore};
 
 use crate::decode::{DecoderArgs, DecoderKind};
+use crate::stream::StreamArgs;
 use tracing::{info, warn};
 
 #[derive(Debug, Args)]
@@ -57,6 +58,9 @@ pub struct ModelArgs {
     /// this approximates it).
     #[arg(long, default_value = "bf16", global = true)]
     pub attention: String,
+
+    #[command(flatten)]
+    pub stream: StreamArgs,
 }
 
 /// Where the DiT's weights came from: for logs and `/status`.
@@ -121,6 +125,15 @@ impl ModelArgs {
     }
 }
 
+/// The model's streaming defaults before any loop flag: `tiny` at 128×128, LingBot at 480×832.
+pub fn engine_defaults(cfg: &ModelConfig, seed: u64) -> EngineConfig {
+    if cfg.name.starts_with("tiny") {
+        EngineConfig::tiny(seed)
+    } else {
+        EngineConfig::lingbot(seed)
+    }
+}
+
 pub struct Loaded {
     pub cfg: ModelConfig,
     pub weights: WeightsSource,
@@ -128,6 +141,8 @@ pub struct Loaded {
     pub world: Option<WorldAssets>,
     /// The I2V first-frame latent every session starts from (the embedded world's first view).
     pub first_latent: Option<Vec<f32>>,
+    /// The streaming loop's flags, checked when loading.
+    pub stream: StreamArgs,
     /// The model, loaded here; `None` for a GPU rank group, whose ranks each load their own.
     pub model: Option<Arc<WanModel>>,
     /// Ranks of the session (threads over the loopback communicator on the CPU).
@@ -144,17 +159,13 @@ impl std::fmt::Debug for Loaded {
 }
 
 impl Loaded {
-    /// Session defaults for the model: `tiny` at 128×128, LingBot at 480×832.
-    pub fn engine_config(&self, seed: u64) -> EngineConfig {
-        let cfg = if self.cfg.name.starts_with("tiny") {
-            EngineConfig::tiny(seed)
-        } else {
-            EngineConfig::lingbot(seed)
-        };
-        EngineConfig {
+    /// Session settings: the model's defaults with the streaming loop's flags applied.
+    pub fn engine_config(&self, seed: u64) -> Result<EngineConfig> {
+        let cfg = self.stream.apply(engine_defaults(&self.cfg, seed))?;
+        Ok(EngineConfig {
             first_latent: self.first_latent.clone(),
             ..cfg
-        }
+        })
     }
 
     /// [`engine_config`](Self::engine_config) at another size: the embedded world's first
@@ -163,7 +174,7 @@ impl Loaded {
         let mut cfg = EngineConfig {
             width,
             height,
-            ..self.engine_config(seed)
+            ..self.engine_config(seed)?
         };
         if let Some(w) = &self.world {
             let mut enc = w.encoder().context("loading the embedded encoder")?;
@@ -329,6 +340,15 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let cfg = ModelConfig::by_name(&args.model)?;
     let mut device = args.device()?;
     sp::heads_per_card(cfg.num_heads, args.cards)?;
+    let stream = args.stream.apply(engine_defaults(&cfg, args.seed))?;
+    info!(
+        chunk_frames = stream.chunk_frames,
+        window_frames = stream.window_frames,
+        sink_frames = stream.sink_frames,
+        steps = ?stream.step_indices,
+        shift = stream.shift,
+        "streaming loop"
+    );
     if args.gpus.is_some() && device.is_cpu() {
         bail!("--gpus needs --device cuda or rocm");
     }
@@ -457,6 +477,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             weights: source,
             world,
             first_latent,
+            stream: args.stream.clone(),
             model: None,
             cards: gpus.len(),
             gpu_group: Some((gpus, load)),
@@ -488,6 +509,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         weights: source,
         world,
         first_latent,
+        stream: args.stream.clone(),
         model: Some(Arc::new(model)),
         cards: args.cards,
         gpu_group: None,

@@ -68,7 +68,7 @@ pub fn run(args: &ModelArgs, dec: &DecoderArgs, cmd: &VerifyCommand) -> Result<(
         bail!("verify world runs on one card");
     };
     let mut codec = codec(&loaded, dec)?;
-    let cfg = loaded.engine_config(args.seed);
+    let cfg = loaded.engine_config(args.seed)?;
     let renderer = dataset::renderer(&cfg, 2);
     let spawn = Scene::new().spawn();
     let mut scores: Vec<TourScore> = Vec::new();

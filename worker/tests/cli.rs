@@ -100,7 +100,7 @@ fn sparse_attention_runs_and_says_so() {
 
 #[test]
 fn bad_flags_fail_with_a_reason() {
-    let cases: [(&[&str], &str); 16] = [
+    let cases: [(&[&str], &str); 19] = [
         (&["--model", "giant"], "unknown model 'giant'"),
         (&["--dtype", "f16"], "the weights run in f32, bf16 or fp8"),
         (
@@ -154,6 +154,15 @@ fn bad_flags_fail_with_a_reason() {
         (
             &["--out", "/nonexistent/dir/x.y4m"],
             "creating --out /nonexistent/dir/x.y4m",
+        ),
+        (&["--chunk-frames", "0"], "--chunk-frames 0: from 1 to 16"),
+        (
+            &["--chunk-frames", "4", "--window-frames", "9"],
+            "a window of 9 frames cannot hold 6 sink frames and a chunk of 4",
+        ),
+        (
+            &["--steps", "0,500,250"],
+            "step indices must increase (from the noisiest step on): 500 then 250",
         ),
     ];
     for (args, want) in cases {
@@ -246,6 +255,35 @@ fn out_writes_every_decoded_frame_as_y4m() {
         // 3 latents per chunk: 1 + 4·2 = 9 frames, then 4·3 = 12.
         assert_eq!(y4m_frames(&bytes, 128, 128), 21, "{decoder}");
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn chunks_of_four_latent_frames_give_13_then_16_video_frames() {
+    let dir = temp_dir("chunk4");
+    let path = dir.join("four.y4m");
+    let path_arg = path.to_str().expect("UTF-8 temp path");
+    let out = worker(&[
+        "generate",
+        "--chunk-frames",
+        "4",
+        "--chunks",
+        "2",
+        "--log-format",
+        "json",
+        "--out",
+        path_arg,
+    ]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("\"chunk_frames\":4"),
+        "the loop is logged: {log}"
+    );
+    assert!(log.contains("\"frames\":13"), "{log}");
+    assert!(log.contains("\"frames\":16"), "{log}");
+    let bytes = std::fs::read(&path).expect("the --out file");
+    assert_eq!(y4m_frames(&bytes, 128, 128), 29);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -259,6 +259,25 @@ async fn status_says_sparse_attention_approximates_the_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_gives_the_streaming_loop_the_flags_chose() {
+    let srv = start_args(&["--chunk-frames", "4", "--steps", "0,179,358,679"]).await;
+    let (code, body) = get(srv.addr, "/status").await;
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let stream = &status["stream"];
+    assert_eq!(stream["chunk_frames"], 4, "{status}");
+    assert_eq!(stream["sink_frames"], 6, "{status}");
+    assert_eq!(
+        stream["steps"],
+        serde_json::json!([0, 179, 358, 679]),
+        "{status}"
+    );
+    assert_eq!(stream["shift"], 10.0, "{status}");
+    let _ = srv.stop.send(());
+    srv.done.await.expect("join").expect("run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_says_the_default_is_the_embedded_world_model() {
     let srv = start_args(&[]).await;
     let (code, body) = get(srv.addr, "/status").await;
@@ -269,6 +288,14 @@ async fn status_says_the_default_is_the_embedded_world_model() {
     assert_eq!(status["decoder"], "tiny/world", "{status}");
     assert_eq!(status["decoder_weights"]["state"], "embedded", "{status}");
     assert_eq!(status["attention"], "bf16", "{status}");
+    let stream = &status["stream"];
+    assert_eq!(stream["chunk_frames"], 3, "{status}");
+    assert_eq!(stream["window_frames"], 18, "{status}");
+    assert_eq!(
+        stream["steps"],
+        serde_json::json!([0, 250, 500, 750]),
+        "{status}"
+    );
     // Trained with the null prompt: a prompt is answered honestly and changes nothing.
     assert_eq!(
         status["text_encoder"]["state"], "not_conditioned",

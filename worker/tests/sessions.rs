@@ -175,6 +175,27 @@ async fn a_session_on_two_cards_streams_the_frames_of_one_card() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chunks_of_four_latent_frames_stream_13_then_16_frames_a_chunk() {
+    let srv = start(&["--chunk-frames", "4"]).await;
+    let (mut ws, _) = connect(srv.addr, "").await;
+    let mut seen = Seen::default();
+    seen.until(&mut ws, |s| s.frames.len() >= 45).await;
+    // A chunk's frames are decoded together, so they share `pixels_us`.
+    let mut sizes: Vec<usize> = Vec::new();
+    let mut last = None;
+    for (h, _) in &seen.frames[..45] {
+        match sizes.last_mut() {
+            Some(n) if last == Some(h.pixels_us) => *n += 1,
+            _ => sizes.push(1),
+        }
+        last = Some(h.pixels_us);
+    }
+    assert_eq!(sizes, [13, 16, 16]);
+    let _ = srv.stop.send(());
+    srv.done.await.expect("join").expect("run");
+}
+
 #[cfg(feature = "media")]
 mod camera {
     use super::*;

@@ -6,8 +6,8 @@
 //! - inputs: the transport writes [`Pending`] (a mutex held only to update a few fields); the
 //!   engine thread takes it once per chunk, so controls coalesce per chunk and camera frames are
 //!   latest-wins (a frame replaced before a chunk took it is dropped and counted);
-//! - output: a bounded channel of [`OUTPUT_FRAMES`] encoded frames. When it is full the engine
-//!   thread waits: it is ahead of the model clock, and waiting is what bounds memory;
+//! - output: a bounded channel of [`output_frames`] encoded frames (two chunks). When it is full
+//!   the engine thread waits: it is ahead of the model clock, and waiting is what bounds memory;
 //! - status messages (a prompt, mode or first image applied, or why not): a short list in
 //!   [`Shared`] that the transport drains when woken, ahead of queued frames (each names the
 //!   frame it applies from).
@@ -34,8 +34,11 @@ use super::protocol::{CameraFrame, Codec, FrameHeader, Mode, Pending, DEFAULT_ST
 use super::{App, Engines};
 use crate::decode::FrameSink;
 
-/// Frames the output queue holds (two chunks of 12).
-pub const OUTPUT_FRAMES: usize = 24;
+/// Frames the output queue holds: two chunks' worth (24 with chunks of 3 latent frames), so the
+/// next chunk can run while one plays.
+pub fn output_frames(chunk_frames: usize) -> usize {
+    2 * pipeline::config::VAE_TIME_STRIDE * chunk_frames.max(1)
+}
 /// Frames kept queued beyond what the next chunk's expected work time will play, against jitter.
 const MARGIN_FRAMES: f64 = 4.0;
 const JPEG_QUALITY: u8 = 80;
@@ -117,7 +120,7 @@ pub fn spawn(
     permit: OwnedSemaphorePermit,
     id: u64,
 ) -> std::io::Result<mpsc::Receiver<Out>> {
-    let (tx, rx) = mpsc::channel(OUTPUT_FRAMES);
+    let (tx, rx) = mpsc::channel(output_frames(app.engine_cfg.chunk_frames));
     std::thread::Builder::new()
         .name(format!("engine-{id}"))
         .spawn(move || {

@@ -128,6 +128,8 @@ struct Info {
     /// (`--attention`).
     dtype: String,
     attention: String,
+    /// The streaming loop: chunk size, KV window, denoising steps.
+    stream: serde_json::Value,
 }
 
 /// Where sessions get their chunk engine.
@@ -239,7 +241,7 @@ impl Server {
             bail!("--cards {} on GPUs serves one session at a time (each session's rank group holds a copy of the model per GPU): use --max-sessions 1", model.cards);
         }
         let decoder = &loaded.decoder_args(decoder);
-        let mut engine_cfg = loaded.engine_config(model.seed);
+        let mut engine_cfg = loaded.engine_config(model.seed)?;
         if let Some(r) = &serve.resolution {
             let (w, h) = parse_resolution(r)?;
             engine_cfg = loaded.engine_config_at(model.seed, w, h)?;
@@ -301,6 +303,7 @@ impl Server {
             // Validated when the model loaded; the flag as given otherwise.
             attention: crate::setup::attention(&model.attention)
                 .map_or_else(|_| model.attention.clone(), |a| a.describe()),
+            stream: crate::stream::describe(&engine_cfg),
         };
         let metrics = metrics::Metrics::new().context("creating the metrics")?;
         // "random", "loaded" or "embedded", as /status says.
