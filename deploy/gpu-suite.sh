@@ -14,7 +14,8 @@
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
 # tests and `bench vsa`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
 # and without it; profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
-# has ncu; rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with
+# has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
+# answers; rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with
 # its peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
 # archive, test-logs.tgz: the device tool brings back only a few files from $OUT.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
@@ -113,6 +114,9 @@ run() {
     kernels)
       part bench-kernels 300 "$dir/worker" bench kernels --device cuda --repeat 3 --json "$out/kernels.json"
       part peer-kernels 200 python3 worker/bench/peer.py "$out/peer.json"
+      ;;
+    gemm-algos)
+      part bench-gemm-algos 200 "$dir/worker" bench gemm-algos --device cuda --json "$out/gemm-algos.json"
       ;;
     codecs)
       part bench-codecs 300 "$dir/worker" bench codecs --device cuda --repeat 3 --json "$out/codecs.json"

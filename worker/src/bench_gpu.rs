@@ -13,7 +13,9 @@ use pipeline::rng::NormalRng;
 use pipeline::{flops, ModelConfig, WeightStore};
 use serde::Serialize;
 
+mod gemm_algos;
 mod vsa;
+pub use gemm_algos::run_gemm_algos;
 pub use vsa::run_vsa;
 use vsa::vsa_rows;
 

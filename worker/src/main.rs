@@ -68,10 +68,12 @@ enum Command {
         repeat: usize,
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
         /// on --device, at LingBot's shapes. `vsa`: only the dense and sparse attention rows of
-        /// `kernels`. `sp`: the streaming loop of --model on 1, 2, 4 …
-        /// --cards GPUs (Ulysses), each against one card, --chunks timed chunks. `codecs`: the
-        /// tiny decoder/encoder and the Wan2.1 VAE on one 480×832 chunk on --device, and one
-        /// umT5-xxl prompt encode on a GPU (--codecs picks).
+        /// `kernels`. `gemm-algos`: the `kernels` GEMMs with each of the first ranks of
+        /// cuBLASLt's heuristic answers, timed against each other (CUDA). `sp`: the streaming
+        /// loop of --model on 1, 2, 4 … --cards GPUs (Ulysses), each against one card,
+        /// --chunks timed chunks. `gemm-rows`: a rank's GEMM rows against the whole chunk's.
+        /// `codecs`: the tiny decoder/encoder and the Wan2.1 VAE on one 480×832 chunk on
+        /// --device, and one umT5-xxl prompt encode on a GPU (--codecs picks).
         #[arg(default_value = "cpu")]
         suite: String,
         /// `sp`: timed chunks per run.
@@ -141,6 +143,9 @@ fn main() -> Result<()> {
             "vsa" => bench_gpu::run_vsa(&cli.model.device, json.as_deref(), repeat.max(1)),
             "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref(), one_gpu),
             "gemm-rows" => bench_sp::gemm_rows(&cli.model),
+            "gemm-algos" => {
+                bench_gpu::run_gemm_algos(&cli.model.device, json.as_deref(), repeat.max(1))
+            }
             "codecs" => bench_codecs::run(
                 &cli.model.device,
                 json.as_deref(),
@@ -149,7 +154,7 @@ fn main() -> Result<()> {
                 &codecs,
             ),
             other => anyhow::bail!(
-                "unknown bench suite '{other}' (expected cpu, kernels, vsa, sp, gemm-rows or codecs)"
+                "unknown bench suite '{other}' (expected cpu, kernels, vsa, sp, gemm-rows, gemm-algos or codecs)"
             ),
         },
         Some(Command::World(cmd)) => world::run(&cmd),

@@ -7,9 +7,15 @@
 //! host time does not, so the host falls behind the stream where it did not on one card. The
 //! algorithm is the heuristic's first answer for the same descriptors, as before: the kernels
 //! (and so the bits) are those cudarc's path picks.
+//!
+//! For experiments, `WORLDLINE_GEMM_ALGO=N` (or [`set_algo_rank`]) makes new plans take the
+//! heuristic's answer of rank N instead (0 is the first), and each plan keeps what it took
+//! ([`PlanInfo`]): `worker bench gemm-algos` times the ranks against each other.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::cublaslt::result::{self, CublasError};
 use cudarc::cublaslt::sys;
@@ -123,6 +129,61 @@ struct Plan {
     b: Owned<sys::cublasLtMatrixLayout_t>,
     c: Owned<sys::cublasLtMatrixLayout_t>,
     algo: sys::cublasLtMatmulAlgo_t,
+    info: PlanInfo,
+}
+
+/// The highest answer rank new plans may ask the heuristic for.
+pub const MAX_ALGO_RANK: usize = 15;
+/// `usize::MAX` until read from `WORLDLINE_GEMM_ALGO`.
+static ALGO_RANK: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// The rank of the heuristic's answer that new plans take (0, its first, unless set).
+pub fn algo_rank() -> usize {
+    let r = ALGO_RANK.load(Ordering::Relaxed);
+    if r != usize::MAX {
+        return r;
+    }
+    let from_env = match std::env::var("WORLDLINE_GEMM_ALGO") {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n <= MAX_ALGO_RANK => n,
+            _ => {
+                tracing::warn!(
+                    value = %v,
+                    "WORLDLINE_GEMM_ALGO takes a rank from 0 to {MAX_ALGO_RANK}; GEMMs take the heuristic's first answer"
+                );
+                0
+            }
+        },
+        Err(_) => 0,
+    };
+    ALGO_RANK.store(from_env, Ordering::Relaxed);
+    from_env
+}
+
+/// Makes plans made from now on take the heuristic's answer of `rank` (at most
+/// [`MAX_ALGO_RANK`]); plans already made keep theirs, and each rank's plans are kept apart.
+pub fn set_algo_rank(rank: usize) {
+    ALGO_RANK.store(rank.min(MAX_ALGO_RANK), Ordering::Relaxed);
+}
+
+/// What one plan took from the heuristic, in cuBLASLt's column-major terms (for a linear layer
+/// `m` is its output features and `n` its tokens).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanInfo {
+    /// The operand types and epilogue, e.g. `Fp8Outer { a_vec: true, b_vec: true } None`.
+    pub kind: String,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    /// The answer's rank asked for, and how many answers the heuristic gave (up to
+    /// `MAX_ALGO_RANK + 1`).
+    pub rank: usize,
+    pub answers: usize,
+    /// The algorithm's configuration: id, tile, stages, split-K, reduction, swizzle, custom
+    /// option, cluster shape (cuBLASLt's enumerations, as numbers).
+    pub config: String,
+    /// The heuristic's estimate of the waves it runs in.
+    pub waves: f32,
 }
 
 /// The workspace size cudarc gives Hopper and later; the heuristic is asked for plans within it.
@@ -138,7 +199,7 @@ pub(crate) struct Plans {
     handle: Owned<sys::cublasLtHandle_t>,
     /// Each shape's plan, or why cuBLASLt refused one [`Plans::try_run`] asked for: kept so
     /// that it is asked once.
-    plans: HashMap<Gemm, std::result::Result<Plan, String>>,
+    plans: HashMap<(Gemm, usize), std::result::Result<Plan, String>>,
     workspace: Option<CudaSlice<u8>>,
     /// A device 1.0, the unit scale of fp8 GEMMs whose scales are applied afterwards.
     one: Option<CudaSlice<f32>>,
@@ -204,6 +265,68 @@ unsafe fn point(desc: sys::cublasLtMatmulDesc_t, ops: &Operands) -> Result<(), C
     Ok(())
 }
 
+/// Why a plan was not made.
+enum Made {
+    Lib(CublasError),
+    /// The heuristic gave this many answers, fewer than the rank asked for needs.
+    Fewer(usize),
+}
+
+impl From<CublasError> for Made {
+    fn from(e: CublasError) -> Made {
+        Made::Lib(e)
+    }
+}
+
+/// `algo`'s configuration attributes as "id I tile T stages S splitk K reduction R swizzle W
+/// custom C cluster L" (an attribute the library does not answer is left out).
+fn config(algo: &sys::cublasLtMatmulAlgo_t) -> String {
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+    let read = |attr: A| -> Option<u64> {
+        let mut size = 0usize;
+        // SAFETY: a null buffer of size 0 asks only for the attribute's size.
+        let asked = unsafe {
+            sys::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                std::ptr::null_mut(),
+                0,
+                &mut size,
+            )
+        };
+        if asked != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > 8 {
+            return None;
+        }
+        let mut v = [0u8; 8];
+        let mut written = 0usize;
+        // SAFETY: `v` holds the `size` ≤ 8 bytes the library said the attribute takes.
+        let got = unsafe {
+            sys::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                v.as_mut_ptr() as *mut c_void,
+                size,
+                &mut written,
+            )
+        };
+        (got == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then(|| u64::from_le_bytes(v))
+    };
+    [
+        ("id", A::CUBLASLT_ALGO_CONFIG_ID),
+        ("tile", A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+        ("stages", A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+        ("splitk", A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+        ("reduction", A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+        ("swizzle", A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+        ("custom", A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+        ("cluster", A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+    ]
+    .iter()
+    .filter_map(|(name, attr)| read(*attr).map(|v| format!("{name} {v}")))
+    .collect::<Vec<_>>()
+    .join(" ")
+}
+
 impl Plan {
     /// # Safety
     /// The addresses in `ops` are this device's, as the first call will use them.
@@ -211,7 +334,25 @@ impl Plan {
         handle: sys::cublasLtHandle_t,
         g: &Gemm,
         ops: &Operands,
-    ) -> Result<Plan, CublasError> {
+        rank: usize,
+    ) -> Result<Plan, String> {
+        // SAFETY: the caller's promise.
+        unsafe { Self::make(handle, g, ops, rank) }.map_err(|e| match e {
+            Made::Lib(e) => e.to_string(),
+            Made::Fewer(answers) => format!(
+                "the heuristic gave {answers} algorithm(s), none of rank {rank} (WORLDLINE_GEMM_ALGO)"
+            ),
+        })
+    }
+
+    /// # Safety
+    /// As [`Plan::new`].
+    unsafe fn make(
+        handle: sys::cublasLtHandle_t,
+        g: &Gemm,
+        ops: &Operands,
+        rank: usize,
+    ) -> Result<Plan, Made> {
         use sys::cublasComputeType_t as C;
         use sys::cublasLtMatmulDescAttributes_t as D;
         use sys::cudaDataType_t as T;
@@ -283,7 +424,10 @@ impl Plan {
                 (&size) as *const usize as *const c_void,
                 std::mem::size_of::<usize>(),
             )?;
-            let h = result::get_matmul_algo_heuristic(
+            let mut answers =
+                [MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::uninit(); MAX_ALGO_RANK + 1];
+            let mut count = 0i32;
+            sys::cublasLtMatmulAlgoGetHeuristic(
                 handle,
                 desc.handle,
                 a.handle,
@@ -291,13 +435,47 @@ impl Plan {
                 c.handle,
                 c.handle,
                 pref.handle,
-            )?;
+                (rank + 1) as i32,
+                answers[0].as_mut_ptr(),
+                &mut count,
+            )
+            .result()?;
+            let count = usize::try_from(count).unwrap_or(0);
+            if count <= rank {
+                return Err(if count == 0 {
+                    Made::Lib(CublasError(
+                        sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+                    ))
+                } else {
+                    Made::Fewer(count)
+                });
+            }
+            // The heuristic wrote `count` answers.
+            let h = answers[rank].assume_init();
+            h.state.result()?;
+            let info = PlanInfo {
+                kind: format!("{:?} {:?}", g.types, g.epilogue),
+                m: g.m,
+                n: g.n,
+                k: g.k,
+                rank,
+                answers: count,
+                config: config(&h.algo),
+                waves: h.wavesCount,
+            };
+            if rank > 0 {
+                tracing::info!(
+                    ?info,
+                    "GEMM plan with the heuristic's answer of rank {rank}"
+                );
+            }
             Ok(Plan {
                 desc,
                 a,
                 b,
                 c,
                 algo: h.algo,
+                info,
             })
         }
     }
@@ -315,6 +493,14 @@ impl Plans {
             workspace: None,
             one: None,
         })
+    }
+
+    /// What each plan made so far took from the heuristic (refused plans left out).
+    pub(crate) fn infos(&self) -> Vec<PlanInfo> {
+        self.plans
+            .values()
+            .filter_map(|p| p.as_ref().ok().map(|p| p.info.clone()))
+            .collect()
     }
 
     /// The device address of a 1.0 (f32) on `stream`'s device: the unit scale of fp8 GEMMs
@@ -381,25 +567,26 @@ impl Plans {
             let ws = unsafe { stream.alloc::<u8>(WORKSPACE) };
             self.workspace = Some(ws.map_err(|e| e.to_string())?);
         }
-        if self.plans.len() >= MAX_PLANS && !self.plans.contains_key(&g) {
+        let key = (g, algo_rank());
+        if self.plans.len() >= MAX_PLANS && !self.plans.contains_key(&key) {
             self.plans.clear();
         }
         let handle = self.handle.handle;
         // SAFETY: the caller's promise on the addresses; the plan's descriptors are live.
         unsafe {
-            let new = !self.plans.contains_key(&g);
+            let new = !self.plans.contains_key(&key);
             if new {
-                match Plan::new(handle, &g, &ops) {
+                match Plan::new(handle, &g, &ops, key.1) {
                     Ok(plan) => {
-                        self.plans.insert(g, Ok(plan));
+                        self.plans.insert(key, Ok(plan));
                     }
                     Err(e) if may_refuse => {
-                        self.plans.insert(g, Err(e.to_string()));
+                        self.plans.insert(key, Err(e));
                     }
                     Err(e) => return Err(format!("plan: {e}")),
                 }
             }
-            let plan = match self.plans.get(&g) {
+            let plan = match self.plans.get(&key) {
                 Some(Ok(plan)) => plan,
                 Some(Err(why)) => return Ok(Tried::Refused(why.clone())),
                 None => return Err(format!("no plan for {g:?}")),
@@ -436,7 +623,7 @@ impl Plans {
                     | sys::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE),
                 )) if may_refuse && new => {
                     let why = format!("{e:?}");
-                    self.plans.insert(g, Err(why.clone()));
+                    self.plans.insert(key, Err(why.clone()));
                     Ok(Tried::Refused(why))
                 }
                 Err(e) => Err(e.to_string()),

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
+pub use gemm::{algo_rank, set_algo_rank, PlanInfo, MAX_ALGO_RANK};
 pub use storage::{CudaData, CudaStorage};
 
 use crate::{Error, Result};
@@ -201,6 +202,11 @@ impl CudaBackend {
         self.blas_lock
             .lock()
             .map_err(|_| self.err("cuBLASLt lock poisoned"))
+    }
+
+    /// What each GEMM plan made on this device took from cuBLASLt's heuristic.
+    pub fn gemm_plan_infos(&self) -> Result<Vec<PlanInfo>> {
+        Ok(self.gemm_plans()?.infos())
     }
 
     /// Runs `f`, which enqueues one kind of work, between two timing marks when profiling.

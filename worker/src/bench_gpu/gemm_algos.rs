@@ -1,0 +1,167 @@
+//! `worker bench gemm-algos --device cuda`: the nine GEMMs (bf16, fp8 tensorwise and fp8
+//! rowwise at the three 14B shapes), each with the first ranks of cuBLASLt's heuristic answers
+//! (the engine takes rank 0), timed against each other in interleaved rounds so that all ranks
+//! see the same clock, each output compared with rank 0's. What each rank's algorithm is comes
+//! from the plan it made.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use kernels::{ops, DType, Device, ScaleKind, Tensor};
+use pipeline::flops;
+
+use super::{rand, round, sync, write_rows, Row, PEER_REPEAT};
+
+/// Ranks tried per GEMM, from 0.
+const RANKS: usize = 8;
+
+/// The GEMM's operands as `bench kernels` makes them.
+enum Variant {
+    Bf16,
+    Fp8(ScaleKind),
+}
+
+impl Variant {
+    fn label(&self) -> String {
+        match self {
+            Variant::Bf16 => "bf16".into(),
+            Variant::Fp8(kind) => format!("fp8 {kind:?}"),
+        }
+    }
+
+    /// How the plan's kind starts (`PlanInfo::kind`): rowwise scales run as outer vectors.
+    fn plan_kind(&self) -> &'static str {
+        match self {
+            Variant::Bf16 => "Bf16 ",
+            Variant::Fp8(ScaleKind::Tensorwise) => "Fp8 ",
+            Variant::Fp8(ScaleKind::Rowwise) => "Fp8Outer ",
+        }
+    }
+}
+
+/// Relative L2 distance of `a` from `b`.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut d, mut n) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        d += f64::from(x - y).powi(2);
+        n += f64::from(*y).powi(2);
+    }
+    (d / n.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
+    let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
+    let Device::Cuda(ordinal) = dev else {
+        bail!("bench gemm-algos ranks cuBLASLt's answers: pass --device cuda");
+    };
+    dev.ensure_available()?;
+    let backend = kernels::cuda::backend(ordinal)?;
+    let rounds = repeat.max(PEER_REPEAT);
+    let engine_rank = kernels::cuda::algo_rank();
+    let mut rows = Vec::new();
+    let mut summary = Vec::new();
+    for (m, k, n) in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)] {
+        let x = rand(dev, 1, &[m, k], 1.0, DType::BF16)?;
+        let w = rand(dev, 2, &[n, k], 0.02, DType::BF16)?;
+        for variant in [
+            Variant::Bf16,
+            Variant::Fp8(ScaleKind::Tensorwise),
+            Variant::Fp8(ScaleKind::Rowwise),
+        ] {
+            let (a, b): (Tensor, Tensor) = match &variant {
+                Variant::Bf16 => (x.clone(), w.clone()),
+                Variant::Fp8(kind) => {
+                    (ops::quantize_fp8(&x, *kind)?, ops::quantize_fp8(&w, *kind)?)
+                }
+            };
+            let name = format!("gemm {} {m}x{k}x{n}", variant.label());
+            // Each rank's plan, made by a first call: the ranks the heuristic has for this GEMM.
+            let mut live: Vec<(usize, String)> = Vec::new();
+            let mut first: Option<Vec<f32>> = None;
+            for r in 0..RANKS {
+                kernels::cuda::set_algo_rank(r);
+                let out = match ops::linear(&a, &b, None) {
+                    Ok(out) => out,
+                    Err(e) => {
+                        println!("{name}: rank {r}: no plan ({e})");
+                        break;
+                    }
+                };
+                let info = backend.gemm_plan_infos()?.into_iter().find(|i| {
+                    i.rank == r
+                        && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
+                        && i.kind.starts_with(variant.plan_kind())
+                });
+                let Some(info) = info else {
+                    // The fp8 rowwise path falls back to a separate scaling pass where cuBLASLt
+                    // refuses a plan: that is not this rank's algorithm.
+                    println!(
+                        "{name}: rank {r}: no plan of this kind (the heuristic has no such answer)"
+                    );
+                    break;
+                };
+                let got = out.to_dtype(DType::F32)?.to_vec_f32();
+                let diff = match &first {
+                    Some(base) => rel_l2(&got, base),
+                    None => {
+                        first = Some(got);
+                        0.0
+                    }
+                };
+                println!(
+                    "{name}: rank {r} of {}: {} (waves {:.2}); output against rank 0: rel L2 {diff:.2e}",
+                    info.answers, info.config, info.waves
+                );
+                live.push((r, info.config));
+            }
+            if live.is_empty() {
+                continue;
+            }
+            // Interleaved rounds: each rank once per round, the best of each.
+            let mut best = vec![Duration::MAX; live.len()];
+            for _ in 0..rounds {
+                for (slot, (r, _)) in live.iter().enumerate() {
+                    kernels::cuda::set_algo_rank(*r);
+                    let t = round(dev, 1, || {
+                        ops::linear(&a, &b, None)?;
+                        Ok(())
+                    })?
+                    .device;
+                    best[slot] = best[slot].min(t);
+                }
+            }
+            sync(dev)?;
+            let base = best[0];
+            let mut fastest = (0, base);
+            for (slot, (r, _)) in live.iter().enumerate() {
+                let row = Row::printed(
+                    format!("{name} rank {r}"),
+                    best[slot],
+                    flops::linear(m, k, n),
+                );
+                println!(
+                    "  {:.3}× rank 0",
+                    base.as_secs_f64() / best[slot].as_secs_f64()
+                );
+                rows.push(row);
+                if best[slot] < fastest.1 {
+                    fastest = (*r, best[slot]);
+                }
+            }
+            summary.push((name, base, fastest));
+        }
+    }
+    kernels::cuda::set_algo_rank(engine_rank);
+    println!("\nper GEMM: rank 0 (the engine's) against the fastest rank, best of {rounds} interleaved rounds");
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (name, base, (r, t)) in &summary {
+        println!(
+            "{name}: rank 0 {:.3} ms, fastest rank {r} {:.3} ms ({:.3}×)",
+            ms(*base),
+            ms(*t),
+            base.as_secs_f64() / t.as_secs_f64()
+        );
+    }
+    write_rows(json, &rows)
+}
