@@ -402,6 +402,12 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         );
     }
     let source = weights_source(args, &cfg);
+    // The embedded model learned exactly the default loop (pipeline/assets/world/TRAINING.md).
+    if source == WeightsSource::Embedded && stream != engine_defaults(&cfg, args.seed) {
+        warn!(
+            "the embedded model was trained with the default streaming loop (chunks of 3, a window of 18 with 6 sink frames, steps 0,250,500,750, shift 10); this one is outside what it learned"
+        );
+    }
     let world = match source {
         WeightsSource::Embedded => world::assets::embedded(),
         _ => None,

@@ -40,6 +40,10 @@ fn generate_plays_the_embedded_world_and_random_says_so() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(log.contains("embedded default weights"), "{log}");
+    assert!(
+        !log.contains("trained with the default streaming loop"),
+        "{log}"
+    );
     assert!(log.contains("tiny/world"), "the world decoder: {log}");
     assert!(!log.contains("RANDOM"), "{log}");
     assert_eq!(log.matches("chunk done").count(), 1, "{log}");
@@ -279,6 +283,10 @@ fn chunks_of_four_latent_frames_give_13_then_16_video_frames() {
     assert!(
         log.contains("\"chunk_frames\":4"),
         "the loop is logged: {log}"
+    );
+    assert!(
+        log.contains("the embedded model was trained with the default streaming loop"),
+        "{log}"
     );
     assert!(log.contains("\"frames\":13"), "{log}");
     assert!(log.contains("\"frames\":16"), "{log}");
