@@ -11,6 +11,29 @@ use pipeline::flops;
 
 use super::{profile_line, rand, round, sustained, sync, time, write_rows, Row, PEER_REPEAT};
 
+/// FLOPs the fine branch issues: every query tile's 64 rows (padding included: a 3-frame chunk
+/// fills 48 of them) against `top_k` key tiles of 64 slots, two products of head dim `d`. The
+/// VSA rows' TFLOP/s are of this work, so they compare with other block-sparse kernels' rates,
+/// not with dense attention's.
+fn fine_flop(q_grid: [usize; 3], top_k: usize, heads: usize, d: usize) -> f64 {
+    let rows = 64 * kernels::vsa::tiles(q_grid, kernels::vsa::TILE);
+    4.0 * (rows * top_k * 64 * heads * d) as f64
+}
+
+/// "query tiles: R rows issued for L queries (F %); kept key slots: S for the window's K keys".
+fn fill_line(q_grid: [usize; 3], k_grid: [usize; 3], top_k: usize) -> String {
+    let tiles = |g| kernels::vsa::tiles(g, kernels::vsa::TILE);
+    let (rows, lq) = (64 * tiles(q_grid), q_grid.iter().product::<usize>());
+    let (slots, lk) = (64 * tiles(k_grid), k_grid.iter().product::<usize>());
+    format!(
+        "query tiles {:?} of {:?}: {rows} rows issued for {lq} queries ({:.0} % real); key tiles:          {slots} slots for {lk} keys ({:.0} % real), {top_k} kept",
+        q_grid,
+        kernels::vsa::TILE,
+        100.0 * lq as f64 / rows as f64,
+        100.0 * lk as f64 / slots as f64
+    )
+}
+
 /// VSA at sparsity 0.9 over `q, k, v` on these grids, timed as `time` does: the kept key
 /// tiles, the key tiles and the time.
 fn time_vsa(
@@ -45,6 +68,7 @@ pub(super) fn vsa_rows(
     let lk = k.dim(0);
     let (q_grid, k_grid) = ([3, 30, 52], [18, 30, 52]);
     let (top_k, tiles, t_vsa) = time_vsa(dev, heavy, [q, k, v], q_grid, k_grid)?;
+    println!("vsa {}", fill_line(q_grid, k_grid, top_k));
     println!(
         "vsa sparsity 0.9 ({top_k} of {tiles} key tiles): {:.3} ms = {:.2}x faster than dense",
         t_vsa.as_secs_f64() * 1e3,
@@ -53,7 +77,7 @@ pub(super) fn vsa_rows(
     push(
         format!("vsa bf16 sparsity 0.9 {lq}q x {lk}k x {heads}h x {d}"),
         t_vsa,
-        0.0,
+        fine_flop(q_grid, top_k, heads, d),
     );
     fair_rows(dev, heavy, [q, k, v], (q_grid, k_grid), top_k, "", push)?;
     // 4-latent chunks: over a 20-frame window (FlashDreams' 4-frame LingBot preset, a window
@@ -73,6 +97,7 @@ pub(super) fn vsa_rows(
         })?;
         let (top_k, tiles, sparse) = time_vsa(dev, heavy, [&q4, &k4, &v4], q_grid, k_grid)?;
         let label = format!("4-frame chunk, {window}-frame window");
+        println!("vsa {label}: {}", fill_line(q_grid, k_grid, top_k));
         println!(
             "vsa sparsity 0.9, {label} ({top_k} of {tiles} key tiles): {:.3} ms = {:.2}x \
              faster than our dense {:.3} ms",
@@ -88,7 +113,7 @@ pub(super) fn vsa_rows(
         push(
             format!("vsa bf16 sparsity 0.9 {lq4}q x {lk4}k x {heads}h x {d} ({label})"),
             sparse,
-            0.0,
+            fine_flop(q_grid, top_k, heads, d),
         );
         fair_rows(
             dev,
@@ -189,10 +214,11 @@ fn fair_rows(
         td,
         flop,
     );
+    let fine = fine_flop(q_grid, top_k, heads, d);
     push(
         format!("vsa bf16 sparsity 0.9 {shape} ({label}sustained)"),
         ts,
-        0.0,
+        fine,
     );
 
     // Round-robin, so that each op starts where the others leave the clock.
@@ -249,7 +275,7 @@ fn fair_rows(
             db.as_secs_f64() / b.as_secs_f64(),
             dm.as_secs_f64() / m.as_secs_f64()
         );
-        push(format!("{row} {shape} ({label}interleaved)"), b, 0.0);
+        push(format!("{row} {shape} ({label}interleaved)"), b, fine);
     }
     Ok(())
 }
@@ -280,4 +306,28 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         vsa_rows(dev, heavy, [&q, &k, &v], t, &mut push)?;
     }
     write_rows(json, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fine_branch_counts_padded_query_rows_and_whole_key_tiles() {
+        // LingBot's 3-frame chunk: 1 × 8 × 13 query tiles of 64 rows against 52 key tiles.
+        let want = 4.0 * (104 * 64) as f64 * (52 * 64) as f64 * (40 * 128) as f64;
+        assert_eq!(fine_flop([3, 30, 52], 52, 40, 128), want);
+        let line = fill_line([3, 30, 52], [18, 30, 52], 52);
+        assert!(
+            line.contains("6656 rows issued for 4680 queries (70 % real)"),
+            "{line}"
+        );
+        assert!(
+            line.contains("33280 slots for 28080 keys (84 % real)"),
+            "{line}"
+        );
+        // Four frames fill every query tile in time.
+        let line = fill_line([4, 30, 52], [20, 30, 52], 65);
+        assert!(line.contains("(94 % real)"), "{line}");
+    }
 }
