@@ -1,8 +1,9 @@
 //! `worker bench gemm-algos --device cuda`: the nine GEMMs (bf16, fp8 tensorwise and fp8
-//! rowwise at the three 14B shapes), each with the first ranks of cuBLASLt's heuristic answers
-//! (the engine takes rank 0), timed against each other in interleaved rounds so that all ranks
-//! see the same clock, each output compared with rank 0's. What each rank's algorithm is comes
-//! from the plan it made.
+//! rowwise at the three 14B shapes), and fp8 rowwise as the 14B block runs it (bias in the
+//! epilogue, and GELU at the FFN's first half), each with the first ranks of cuBLASLt's
+//! heuristic answers (the engine takes rank 0), timed against each other in interleaved rounds
+//! so that all ranks see the same clock, each output compared with rank 0's. What each rank's
+//! algorithm is comes from the plan it made.
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,10 +17,14 @@ use super::{rand, round, sync, write_rows, Row, PEER_REPEAT};
 /// Ranks tried per GEMM, from 0.
 const RANKS: usize = 8;
 
-/// The GEMM's operands as `bench kernels` makes them.
+/// The GEMM's operands as `bench kernels` makes them, and the block's fp8 linear.
 enum Variant {
     Bf16,
     Fp8(ScaleKind),
+    /// fp8 rowwise with a bias, and GELU where set, in cuBLASLt's epilogue.
+    Block {
+        gelu: bool,
+    },
 }
 
 impl Variant {
@@ -27,15 +32,20 @@ impl Variant {
         match self {
             Variant::Bf16 => "bf16".into(),
             Variant::Fp8(kind) => format!("fp8 {kind:?}"),
+            Variant::Block { gelu: false } => "fp8 Rowwise + bias".into(),
+            Variant::Block { gelu: true } => "fp8 Rowwise + bias + gelu".into(),
         }
     }
 
-    /// How the plan's kind starts (`PlanInfo::kind`): rowwise scales run as outer vectors.
-    fn plan_kind(&self) -> &'static str {
+    /// How the plan's kind starts and ends (`PlanInfo::kind`: types, then the epilogue):
+    /// rowwise scales run as outer vectors.
+    fn plan_kind(&self) -> (&'static str, &'static str) {
         match self {
-            Variant::Bf16 => "Bf16 ",
-            Variant::Fp8(ScaleKind::Tensorwise) => "Fp8 ",
-            Variant::Fp8(ScaleKind::Rowwise) => "Fp8Outer ",
+            Variant::Bf16 => ("Bf16 ", " None"),
+            Variant::Fp8(ScaleKind::Tensorwise) => ("Fp8 ", " None"),
+            Variant::Fp8(ScaleKind::Rowwise) => ("Fp8Outer ", " None"),
+            Variant::Block { gelu: false } => ("Fp8Outer ", " Bias"),
+            Variant::Block { gelu: true } => ("Fp8Outer ", " GeluBias"),
         }
     }
 }
@@ -64,38 +74,55 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
     for (m, k, n) in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)] {
         let x = rand(dev, 1, &[m, k], 1.0, DType::BF16)?;
         let w = rand(dev, 2, &[n, k], 0.02, DType::BF16)?;
+        // In C's type, as the model's GPU linears keep it.
+        let bias = rand(dev, 4, &[n], 0.05, DType::BF16)?;
         for variant in [
             Variant::Bf16,
             Variant::Fp8(ScaleKind::Tensorwise),
             Variant::Fp8(ScaleKind::Rowwise),
+            Variant::Block { gelu: n == 13824 },
         ] {
             let (a, b): (Tensor, Tensor) = match &variant {
                 Variant::Bf16 => (x.clone(), w.clone()),
                 Variant::Fp8(kind) => {
                     (ops::quantize_fp8(&x, *kind)?, ops::quantize_fp8(&w, *kind)?)
                 }
+                Variant::Block { .. } => (
+                    ops::quantize_fp8(&x, ScaleKind::Rowwise)?,
+                    ops::quantize_fp8(&w, ScaleKind::Rowwise)?,
+                ),
+            };
+            let call = || -> kernels::Result<Tensor> {
+                match variant {
+                    Variant::Block { gelu: true } => ops::linear_gelu(&a, &b, Some(&bias)),
+                    Variant::Block { gelu: false } => ops::linear(&a, &b, Some(&bias)),
+                    _ => ops::linear(&a, &b, None),
+                }
             };
             let name = format!("gemm {} {m}x{k}x{n}", variant.label());
             // Each rank's plan, made by a first call: the ranks the heuristic has for this GEMM.
-            let mut live: Vec<(usize, String)> = Vec::new();
+            let mut live: Vec<usize> = Vec::new();
             let mut first: Option<Vec<f32>> = None;
             for r in 0..RANKS {
                 kernels::cuda::set_algo_rank(r);
-                let out = match ops::linear(&a, &b, None) {
+                let out = match call() {
                     Ok(out) => out,
                     Err(e) => {
                         println!("{name}: rank {r}: no plan ({e})");
                         break;
                     }
                 };
+                let (types, epilogue) = variant.plan_kind();
                 let info = backend.gemm_plan_infos()?.into_iter().find(|i| {
                     i.rank == r
                         && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
-                        && i.kind.starts_with(variant.plan_kind())
+                        && i.kind.starts_with(types)
+                        && i.kind.ends_with(epilogue)
                 });
                 let Some(info) = info else {
-                    // The fp8 rowwise path falls back to a separate scaling pass where cuBLASLt
-                    // refuses a plan: that is not this rank's algorithm.
+                    // The fp8 rowwise path falls back to a separate scaling pass, and the
+                    // epilogue to our kernels, where cuBLASLt refuses a plan: that is not this
+                    // rank's algorithm.
                     println!(
                         "{name}: rank {r}: no plan of this kind (the heuristic has no such answer)"
                     );
@@ -113,7 +140,7 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
                     "{name}: rank {r} of {}: {} (waves {:.2}); output against rank 0: rel L2 {diff:.2e}",
                     info.answers, info.config, info.waves
                 );
-                live.push((r, info.config));
+                live.push(r);
             }
             if live.is_empty() {
                 continue;
@@ -121,10 +148,10 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
             // Interleaved rounds: each rank once per round, the best of each.
             let mut best = vec![Duration::MAX; live.len()];
             for _ in 0..rounds {
-                for (slot, (r, _)) in live.iter().enumerate() {
+                for (slot, r) in live.iter().enumerate() {
                     kernels::cuda::set_algo_rank(*r);
                     let t = round(dev, 1, || {
-                        ops::linear(&a, &b, None)?;
+                        call()?;
                         Ok(())
                     })?
                     .device;
@@ -134,7 +161,7 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
             sync(dev)?;
             let base = best[0];
             let mut fastest = (0, base);
-            for (slot, (r, _)) in live.iter().enumerate() {
+            for (slot, r) in live.iter().enumerate() {
                 let row = Row::printed(
                     format!("{name} rank {r}"),
                     best[slot],
