@@ -13,7 +13,7 @@
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
 # tests and `bench vsa`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
-# and without it; profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
+# and without it; sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with
 # its peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
@@ -178,6 +178,14 @@ run() {
           --dtype fp8 --attention "$a" --chunks 3 --json "$out/chunks-14b-fp8-$a.json"
       done
       ;;
+    sparse4)
+      # The same chunks in LingBot v2's loop (chunks of 4 latent frames), where every query tile
+      # is full in time.
+      for a in vsa bf16; do
+        part "chunks4-14b-fp8-$a" 200 "$dir/worker" bench sp --model lingbot-14b --device cuda --cards 1 \
+          --dtype fp8 --attention "$a" --chunk-frames 4 --chunks 3 --json "$out/chunks4-14b-fp8-$a.json"
+      done
+      ;;
     chunks)
       for m in lingbot-14b lingbot-1.3b; do
         for d in fp8 bf16; do
@@ -186,7 +194,7 @@ run() {
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, vsa, sparse, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm)" >&2 ;;
     esac
   done
   if compgen -G "$out/test-*.log" >/dev/null; then
