@@ -69,6 +69,13 @@ for m, k, n in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)]:
     try:
         ms = bench(lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
         rows.append((f"torch _scaled_mm fp8 Rowwise {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+        # Beside `bench gemm-algos`' fast-accumulation rows (torchao's forward default).
+        ms = bench(
+            lambda: torch._scaled_mm(
+                xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=True
+            )
+        )
+        rows.append((f"torch _scaled_mm fp8 Rowwise fast-accum {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
     except RuntimeError as e:
         print(f"rowwise _scaled_mm unavailable: {e}")
 x = torch.randn(4680, 5120, device=dev)

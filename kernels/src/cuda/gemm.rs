@@ -11,11 +11,15 @@
 //! For experiments, `WORLDLINE_GEMM_ALGO=N` (or [`set_algo_rank`]) makes new plans take the
 //! heuristic's answer of rank N instead (0 is the first), and each plan keeps what it took
 //! ([`PlanInfo`]): `worker bench gemm-algos` times the ranks against each other.
+//! `WORLDLINE_GEMM_FAST_ACCUM=1` (or [`set_fp8_fast_accum`]) makes new fp8 plans accumulate in
+//! the tensor cores' own precision, without the periodic promotion into f32 that cuBLASLt does by
+//! default (`torch._scaled_mm`'s `use_fast_accum`): faster, and less exact over long sums, so off
+//! unless asked for.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use cudarc::cublaslt::result::{self, CublasError};
 use cudarc::cublaslt::sys;
@@ -166,6 +170,35 @@ pub fn set_algo_rank(rank: usize) {
     ALGO_RANK.store(rank.min(MAX_ALGO_RANK), Ordering::Relaxed);
 }
 
+/// 0 / 1 once set, `u8::MAX` until read from `WORLDLINE_GEMM_FAST_ACCUM`.
+static FAST_ACCUM: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Whether new fp8 plans accumulate fast (see the module's comment); off unless set.
+pub fn fp8_fast_accum() -> bool {
+    match FAST_ACCUM.load(Ordering::Relaxed) {
+        u8::MAX => {
+            let on = match std::env::var("WORLDLINE_GEMM_FAST_ACCUM") {
+                Ok(v) if v == "1" => true,
+                Ok(v) if v == "0" => false,
+                Ok(v) => {
+                    tracing::warn!(value = %v, "WORLDLINE_GEMM_FAST_ACCUM takes 0 or 1; fp8 GEMMs accumulate exactly");
+                    false
+                }
+                Err(_) => false,
+            };
+            FAST_ACCUM.store(on as u8, Ordering::Relaxed);
+            on
+        }
+        v => v == 1,
+    }
+}
+
+/// Makes fp8 plans made from now on accumulate fast (`true`) or with cuBLASLt's promotion into
+/// f32; plans already made keep theirs, and the two kinds are kept apart.
+pub fn set_fp8_fast_accum(on: bool) {
+    FAST_ACCUM.store(on as u8, Ordering::Relaxed);
+}
+
 /// What one plan took from the heuristic, in cuBLASLt's column-major terms (for a linear layer
 /// `m` is its output features and `n` its tokens).
 #[derive(Clone, Debug, PartialEq)]
@@ -184,6 +217,8 @@ pub struct PlanInfo {
     pub config: String,
     /// The heuristic's estimate of the waves it runs in.
     pub waves: f32,
+    /// fp8 accumulation without promotion into f32 ([`set_fp8_fast_accum`]).
+    pub fast_accum: bool,
 }
 
 /// The workspace size cudarc gives Hopper and later; the heuristic is asked for plans within it.
@@ -199,10 +234,17 @@ pub(crate) struct Plans {
     handle: Owned<sys::cublasLtHandle_t>,
     /// Each shape's plan, or why cuBLASLt refused one [`Plans::try_run`] asked for: kept so
     /// that it is asked once.
-    plans: HashMap<(Gemm, usize), std::result::Result<Plan, String>>,
+    plans: HashMap<(Gemm, Choice), std::result::Result<Plan, String>>,
     workspace: Option<CudaSlice<u8>>,
     /// A device 1.0, the unit scale of fp8 GEMMs whose scales are applied afterwards.
     one: Option<CudaSlice<f32>>,
+}
+
+/// What a plan takes beyond its shape: the heuristic's answer, and fp8's fast accumulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Choice {
+    rank: usize,
+    fast_accum: bool,
 }
 
 /// Device addresses of one GEMM's operands (see [`Plans::run`]).
@@ -334,10 +376,11 @@ impl Plan {
         handle: sys::cublasLtHandle_t,
         g: &Gemm,
         ops: &Operands,
-        rank: usize,
+        choice: Choice,
     ) -> Result<Plan, String> {
+        let rank = choice.rank;
         // SAFETY: the caller's promise.
-        unsafe { Self::make(handle, g, ops, rank) }.map_err(|e| match e {
+        unsafe { Self::make(handle, g, ops, choice) }.map_err(|e| match e {
             Made::Lib(e) => e.to_string(),
             Made::Fewer(answers) => format!(
                 "the heuristic gave {answers} algorithm(s), none of rank {rank} (WORLDLINE_GEMM_ALGO)"
@@ -351,8 +394,9 @@ impl Plan {
         handle: sys::cublasLtHandle_t,
         g: &Gemm,
         ops: &Operands,
-        rank: usize,
+        choice: Choice,
     ) -> Result<Plan, Made> {
+        let rank = choice.rank;
         use sys::cublasComputeType_t as C;
         use sys::cublasLtMatmulDescAttributes_t as D;
         use sys::cudaDataType_t as T;
@@ -401,6 +445,15 @@ impl Plan {
                 ] {
                     set(desc.handle, attr, (&v) as *const i32 as *const c_void, 4)?;
                 }
+            }
+            if choice.fast_accum {
+                let on = 1i8;
+                set(
+                    desc.handle,
+                    D::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                    (&on) as *const i8 as *const c_void,
+                    1,
+                )?;
             }
             set(
                 desc.handle,
@@ -462,11 +515,12 @@ impl Plan {
                 answers: count,
                 config: config(&h.algo),
                 waves: h.wavesCount,
+                fast_accum: choice.fast_accum,
             };
-            if rank > 0 {
+            if rank > 0 || choice.fast_accum {
                 tracing::info!(
                     ?info,
-                    "GEMM plan with the heuristic's answer of rank {rank}"
+                    "GEMM plan other than the default (heuristic's answer of rank {rank})"
                 );
             }
             Ok(Plan {
@@ -567,7 +621,11 @@ impl Plans {
             let ws = unsafe { stream.alloc::<u8>(WORKSPACE) };
             self.workspace = Some(ws.map_err(|e| e.to_string())?);
         }
-        let key = (g, algo_rank());
+        let choice = Choice {
+            rank: algo_rank(),
+            fast_accum: g.types.fp8() && fp8_fast_accum(),
+        };
+        let key = (g, choice);
         if self.plans.len() >= MAX_PLANS && !self.plans.contains_key(&key) {
             self.plans.clear();
         }

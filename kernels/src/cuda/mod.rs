@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
-pub use gemm::{algo_rank, set_algo_rank, PlanInfo, MAX_ALGO_RANK};
+pub use gemm::{
+    algo_rank, fp8_fast_accum, set_algo_rank, set_fp8_fast_accum, PlanInfo, MAX_ALGO_RANK,
+};
 pub use storage::{CudaData, CudaStorage};
 
 use crate::{Error, Result};

@@ -1,9 +1,10 @@
 //! `worker bench gemm-algos --device cuda`: the nine GEMMs (bf16, fp8 tensorwise and fp8
 //! rowwise at the three 14B shapes), and fp8 rowwise as the 14B block runs it (bias in the
 //! epilogue, and GELU at the FFN's first half), each with the first ranks of cuBLASLt's
-//! heuristic answers (the engine takes rank 0), timed against each other in interleaved rounds
-//! so that all ranks see the same clock, each output compared with rank 0's. What each rank's
-//! algorithm is comes from the plan it made.
+//! heuristic answers (the engine takes rank 0), and the fp8 ones also at rank 0 with fast
+//! accumulation (no promotion into f32; off in the engine), timed against each other in
+//! interleaved rounds so that all see the same clock, each output compared with rank 0's. What
+//! each one's algorithm is comes from the plan it made.
 
 use std::path::Path;
 use std::time::Duration;
@@ -50,6 +51,28 @@ impl Variant {
     }
 }
 
+/// One plan choice: the heuristic's answer, and fp8's fast accumulation.
+#[derive(Clone, Copy)]
+struct Choice {
+    rank: usize,
+    fast: bool,
+}
+
+impl Choice {
+    fn label(self) -> String {
+        if self.fast {
+            format!("rank {} fast-accum", self.rank)
+        } else {
+            format!("rank {}", self.rank)
+        }
+    }
+
+    fn apply(self) {
+        kernels::cuda::set_algo_rank(self.rank);
+        kernels::cuda::set_fp8_fast_accum(self.fast);
+    }
+}
+
 /// Relative L2 distance of `a` from `b`.
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let (mut d, mut n) = (0f64, 0f64);
@@ -68,7 +91,10 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
     dev.ensure_available()?;
     let backend = kernels::cuda::backend(ordinal)?;
     let rounds = repeat.max(PEER_REPEAT);
-    let engine_rank = kernels::cuda::algo_rank();
+    let engine = Choice {
+        rank: kernels::cuda::algo_rank(),
+        fast: kernels::cuda::fp8_fast_accum(),
+    };
     let mut rows = Vec::new();
     let mut summary = Vec::new();
     for (m, k, n) in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)] {
@@ -100,21 +126,35 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
                 }
             };
             let name = format!("gemm {} {m}x{k}x{n}", variant.label());
-            // Each rank's plan, made by a first call: the ranks the heuristic has for this GEMM.
-            let mut live: Vec<usize> = Vec::new();
+            // Each choice's plan, made by a first call: the ranks the heuristic has for this
+            // GEMM, then (fp8) rank 0 with fast accumulation.
+            let mut choices: Vec<Choice> = (0..RANKS)
+                .map(|rank| Choice { rank, fast: false })
+                .collect();
+            if !matches!(variant, Variant::Bf16) {
+                choices.push(Choice {
+                    rank: 0,
+                    fast: true,
+                });
+            }
+            let mut live: Vec<Choice> = Vec::new();
             let mut first: Option<Vec<f32>> = None;
-            for r in 0..RANKS {
-                kernels::cuda::set_algo_rank(r);
+            for c in choices {
+                if c.rank > 0 && !c.fast && live.len() < c.rank {
+                    continue; // a lower rank had no plan: neither has this one
+                }
+                c.apply();
                 let out = match call() {
                     Ok(out) => out,
                     Err(e) => {
-                        println!("{name}: rank {r}: no plan ({e})");
-                        break;
+                        println!("{name}: {}: no plan ({e})", c.label());
+                        continue;
                     }
                 };
                 let (types, epilogue) = variant.plan_kind();
                 let info = backend.gemm_plan_infos()?.into_iter().find(|i| {
-                    i.rank == r
+                    i.rank == c.rank
+                        && i.fast_accum == c.fast
                         && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
                         && i.kind.starts_with(types)
                         && i.kind.ends_with(epilogue)
@@ -122,11 +162,12 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
                 let Some(info) = info else {
                     // The fp8 rowwise path falls back to a separate scaling pass, and the
                     // epilogue to our kernels, where cuBLASLt refuses a plan: that is not this
-                    // rank's algorithm.
+                    // choice's algorithm.
                     println!(
-                        "{name}: rank {r}: no plan of this kind (the heuristic has no such answer)"
+                        "{name}: {}: no plan of this kind (the heuristic has no such answer)",
+                        c.label()
                     );
-                    break;
+                    continue;
                 };
                 let got = out.to_dtype(DType::F32)?.to_vec_f32();
                 let diff = match &first {
@@ -137,19 +178,23 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
                     }
                 };
                 println!(
-                    "{name}: rank {r} of {}: {} (waves {:.2}); output against rank 0: rel L2 {diff:.2e}",
-                    info.answers, info.config, info.waves
+                    "{name}: {} of {}: {} (waves {:.2}); output against rank 0: rel L2 {diff:.2e}",
+                    c.label(),
+                    info.answers,
+                    info.config,
+                    info.waves
                 );
-                live.push(r);
+                live.push(c);
             }
-            if live.is_empty() {
+            if live.is_empty() || live[0].rank != 0 || live[0].fast {
+                println!("{name}: no plan at rank 0, nothing to compare");
                 continue;
             }
-            // Interleaved rounds: each rank once per round, the best of each.
+            // Interleaved rounds: each choice once per round, the best of each.
             let mut best = vec![Duration::MAX; live.len()];
             for _ in 0..rounds {
-                for (slot, r) in live.iter().enumerate() {
-                    kernels::cuda::set_algo_rank(*r);
+                for (slot, c) in live.iter().enumerate() {
+                    c.apply();
                     let t = round(dev, 1, || {
                         call()?;
                         Ok(())
@@ -160,10 +205,10 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
             }
             sync(dev)?;
             let base = best[0];
-            let mut fastest = (0, base);
-            for (slot, r) in live.iter().enumerate() {
+            let mut fastest = (live[0], base);
+            for (slot, c) in live.iter().enumerate() {
                 let row = Row::printed(
-                    format!("{name} rank {r}"),
+                    format!("{name} {}", c.label()),
                     best[slot],
                     flops::linear(m, k, n),
                 );
@@ -173,19 +218,20 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
                 );
                 rows.push(row);
                 if best[slot] < fastest.1 {
-                    fastest = (*r, best[slot]);
+                    fastest = (*c, best[slot]);
                 }
             }
             summary.push((name, base, fastest));
         }
     }
-    kernels::cuda::set_algo_rank(engine_rank);
-    println!("\nper GEMM: rank 0 (the engine's) against the fastest rank, best of {rounds} interleaved rounds");
+    engine.apply();
+    println!("\nper GEMM: rank 0 (the engine's) against the fastest choice, best of {rounds} interleaved rounds");
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    for (name, base, (r, t)) in &summary {
+    for (name, base, (c, t)) in &summary {
         println!(
-            "{name}: rank 0 {:.3} ms, fastest rank {r} {:.3} ms ({:.3}×)",
+            "{name}: rank 0 {:.3} ms, fastest {} {:.3} ms ({:.3}×)",
             ms(*base),
+            c.label(),
             ms(*t),
             base.as_secs_f64() / t.as_secs_f64()
         );
