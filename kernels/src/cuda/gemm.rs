@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::cublaslt::result::{self, CublasError};
 use cudarc::cublaslt::sys;
@@ -141,27 +141,32 @@ pub const MAX_ALGO_RANK: usize = 15;
 /// `usize::MAX` until read from `WORLDLINE_GEMM_ALGO`.
 static ALGO_RANK: AtomicUsize = AtomicUsize::new(usize::MAX);
 
-/// The rank of the heuristic's answer that new plans take (0, its first, unless set).
-pub fn algo_rank() -> usize {
-    let r = ALGO_RANK.load(Ordering::Relaxed);
-    if r != usize::MAX {
-        return r;
+/// `cell`'s value, read once from the environment variable `var` (0 where unset; 0 and a warning
+/// where `parse` refuses it) unless set before.
+fn setting(cell: &AtomicUsize, var: &str, parse: fn(&str) -> Option<usize>, takes: &str) -> usize {
+    let v = cell.load(Ordering::Relaxed);
+    if v != usize::MAX {
+        return v;
     }
-    let from_env = match std::env::var("WORLDLINE_GEMM_ALGO") {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(n) if n <= MAX_ALGO_RANK => n,
-            _ => {
-                tracing::warn!(
-                    value = %v,
-                    "WORLDLINE_GEMM_ALGO takes a rank from 0 to {MAX_ALGO_RANK}; GEMMs take the heuristic's first answer"
-                );
-                0
-            }
-        },
+    let from_env = match std::env::var(var) {
+        Ok(v) => parse(&v).unwrap_or_else(|| {
+            tracing::warn!(value = %v, "{var} takes {takes}; left at its default");
+            0
+        }),
         Err(_) => 0,
     };
-    ALGO_RANK.store(from_env, Ordering::Relaxed);
+    cell.store(from_env, Ordering::Relaxed);
     from_env
+}
+
+/// The rank of the heuristic's answer that new plans take (0, its first, unless set).
+pub fn algo_rank() -> usize {
+    setting(
+        &ALGO_RANK,
+        "WORLDLINE_GEMM_ALGO",
+        |v| v.parse().ok().filter(|n| *n <= MAX_ALGO_RANK),
+        &format!("a rank from 0 to {MAX_ALGO_RANK}"),
+    )
 }
 
 /// Makes plans made from now on take the heuristic's answer of `rank` (at most
@@ -170,33 +175,23 @@ pub fn set_algo_rank(rank: usize) {
     ALGO_RANK.store(rank.min(MAX_ALGO_RANK), Ordering::Relaxed);
 }
 
-/// 0 / 1 once set, `u8::MAX` until read from `WORLDLINE_GEMM_FAST_ACCUM`.
-static FAST_ACCUM: AtomicU8 = AtomicU8::new(u8::MAX);
+/// `usize::MAX` until read from `WORLDLINE_GEMM_FAST_ACCUM`.
+static FAST_ACCUM: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Whether new fp8 plans accumulate fast (see the module's comment); off unless set.
 pub fn fp8_fast_accum() -> bool {
-    match FAST_ACCUM.load(Ordering::Relaxed) {
-        u8::MAX => {
-            let on = match std::env::var("WORLDLINE_GEMM_FAST_ACCUM") {
-                Ok(v) if v == "1" => true,
-                Ok(v) if v == "0" => false,
-                Ok(v) => {
-                    tracing::warn!(value = %v, "WORLDLINE_GEMM_FAST_ACCUM takes 0 or 1; fp8 GEMMs accumulate exactly");
-                    false
-                }
-                Err(_) => false,
-            };
-            FAST_ACCUM.store(on as u8, Ordering::Relaxed);
-            on
-        }
-        v => v == 1,
-    }
+    let on = |v: &str| match v {
+        "0" => Some(0),
+        "1" => Some(1),
+        _ => None,
+    };
+    setting(&FAST_ACCUM, "WORLDLINE_GEMM_FAST_ACCUM", on, "0 or 1") == 1
 }
 
 /// Makes fp8 plans made from now on accumulate fast (`true`) or with cuBLASLt's promotion into
 /// f32; plans already made keep theirs, and the two kinds are kept apart.
 pub fn set_fp8_fast_accum(on: bool) {
-    FAST_ACCUM.store(on as u8, Ordering::Relaxed);
+    FAST_ACCUM.store(on as usize, Ordering::Relaxed);
 }
 
 /// What one plan took from the heuristic, in cuBLASLt's column-major terms (for a linear layer
@@ -696,5 +691,42 @@ pub(crate) fn operand<'a>(d: &'a CudaData, s: &'a CudaStream) -> Option<(u64, Sy
         CudaData::F32(b) => Some(b.device_ptr(s)),
         CudaData::BF16(b) => Some(b.device_ptr(s)),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bit(v: &str) -> Option<usize> {
+        (v == "0" || v == "1").then(|| usize::from(v == "1"))
+    }
+
+    #[test]
+    fn a_setting_is_read_once_and_a_bad_value_falls_back_to_the_default() {
+        let cell = AtomicUsize::new(usize::MAX);
+        std::env::set_var("WORLDLINE_TEST_SETTING_GOOD", "1");
+        assert_eq!(
+            setting(&cell, "WORLDLINE_TEST_SETTING_GOOD", bit, "0 or 1"),
+            1
+        );
+        // Read once: a later change of the variable does not reach the cell.
+        std::env::set_var("WORLDLINE_TEST_SETTING_GOOD", "0");
+        assert_eq!(
+            setting(&cell, "WORLDLINE_TEST_SETTING_GOOD", bit, "0 or 1"),
+            1
+        );
+
+        let bad = AtomicUsize::new(usize::MAX);
+        std::env::set_var("WORLDLINE_TEST_SETTING_BAD", "yes");
+        assert_eq!(
+            setting(&bad, "WORLDLINE_TEST_SETTING_BAD", bit, "0 or 1"),
+            0
+        );
+        let unset = AtomicUsize::new(usize::MAX);
+        assert_eq!(
+            setting(&unset, "WORLDLINE_TEST_SETTING_UNSET", bit, "0 or 1"),
+            0
+        );
     }
 }
