@@ -1233,7 +1233,7 @@ static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn vsa_attention_matches_the_cpu(dev: Device) {
     let _env = VSA_ENV.lock().unwrap_or_else(|e| e.into_inner());
-    for fine in ["pingpong", "free"] {
+    for fine in ["pingpong", "free", "pair"] {
         println!("VSA fine kernel: {fine}");
         std::env::set_var("WORLDLINE_VSA_FINE", fine);
         vsa_cases(dev);

@@ -160,8 +160,8 @@ type Op<'a> = dyn FnMut() -> Result<()> + 'a;
 /// attention (740 TFLOP/s) starts at the clock that left: on 2026-12-05 one build's VSA call
 /// measured 1.44 ms there and 1.29 ms a few rows later, on the same inputs. Two ways, each with
 /// its ratio: sustained (each op back to back for two seconds, at the clock it holds alone) and
-/// interleaved (a dense call, a VSA call, a select-only one and one on the fine kernel without
-/// turns, `repeat` times, all under the same mixed load, as in a model's stream where attention
+/// interleaved (a dense call, a VSA call, a select-only one and one on each fine-kernel
+/// variant, `repeat` times, all under the same mixed load, as in a model's stream where attention
 /// sits between GEMMs).
 fn fair_rows(
     dev: Device,
@@ -187,15 +187,18 @@ fn fair_rows(
         kernels::vsa::attention_with(q, k, v, select, q_grid, k_grid, top_k)?;
         Ok(())
     };
-    // Hopper's fine kernel without the consumers' turn-taking (`WORLDLINE_VSA_FINE=free`,
-    // unmeasured until this row): elsewhere the same kernel as `sparse`.
-    let mut free = || -> Result<()> {
-        std::env::set_var("WORLDLINE_VSA_FINE", "free");
-        let ran = kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k);
-        std::env::remove_var("WORLDLINE_VSA_FINE");
-        ran?;
-        Ok(())
+    // Hopper's fine-kernel variants (`WORLDLINE_VSA_FINE`, unmeasured until these rows):
+    // elsewhere the same kernel as `sparse`.
+    let variant = |name: &'static str| {
+        move || -> Result<()> {
+            std::env::set_var("WORLDLINE_VSA_FINE", name);
+            let ran = kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k);
+            std::env::remove_var("WORLDLINE_VSA_FINE");
+            ran?;
+            Ok(())
+        }
     };
+    let (mut free, mut pair) = (variant("free"), variant("pair"));
     let ms = |t: Duration| t.as_secs_f64() * 1e3;
     let shape = format!("{lq}q x {lk}k x {heads}h x {d}");
 
@@ -222,7 +225,7 @@ fn fair_rows(
     );
 
     // Round-robin, so that each op starts where the others leave the clock.
-    let mut ops: [(&str, &str, &mut Op); 4] = [
+    let mut ops: [(&str, &str, &mut Op); 5] = [
         ("dense", "attention bf16", &mut dense),
         ("vsa", "vsa bf16 sparsity 0.9", &mut sparse),
         (
@@ -234,6 +237,11 @@ fn fair_rows(
             "fine kernel without turns (WORLDLINE_VSA_FINE=free)",
             "vsa bf16 sparsity 0.9 free",
             &mut free,
+        ),
+        (
+            "fine kernel over two kept tiles a step (WORLDLINE_VSA_FINE=pair)",
+            "vsa bf16 sparsity 0.9 pair",
+            &mut pair,
         ),
     ];
     for (_, _, f) in ops.iter_mut() {
