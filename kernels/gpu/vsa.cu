@@ -139,6 +139,50 @@ WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const
     vsa_mean_slice(is_k ? km : vm, is_k ? k : v, k_order, job, k_offsets[job], k_sizes[job], row, c0);
 }
 
+// Sums of each frame's 1×4×4 slabs (edge slabs partial) of x from token row `first` on, frames
+// of gh × gw tokens: out[(f·nh + bh)·nw + bw, c], the slab's tokens added in row-major order
+// from 0, as vsa.rs's frame_sums (what a KV cache keeps so that key-tile means need not read
+// it). A thread per 16 bytes of the `row` = heads · d columns; block b is column slice
+// b % chunks of slab b / chunks.
+template <typename T>
+WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int gw, wl_u64 row, int chunks) {
+    constexpr int V = 16 / sizeof(T);
+    const int slab = blockIdx.x / chunks;
+    const wl_u64 c = (wl_u64)(blockIdx.x % chunks) * WL_VSA_MEAN_THREADS * V + (wl_u64)threadIdx.x * V;
+    if (c >= row) return;
+    const int nh = (gh + 3) / 4, nw = (gw + 3) / 4;
+    const int f = slab / (nh * nw), y0 = slab / nw % nh * 4, x0 = slab % nw * 4;
+    float acc[V];
+    for (int u = 0; u < V; ++u) acc[u] = 0.0f;
+    for (int y = y0; y < min(y0 + 4, gh); ++y)
+        for (int xx = x0; xx < min(x0 + 4, gw); ++xx) {
+            const T* src = x + (first + ((wl_u64)f * gh + y) * gw + xx) * row + c;
+            for (int u = 0; u < V; ++u)
+                if (c + u < row) acc[u] += wl_ld(src, u);
+        }
+    float* dst = out + (wl_u64)slab * row + c;
+    for (int u = 0; u < V; ++u)
+        if (c + u < row) dst[u] = acc[u];
+}
+
+// Key-tile means from frame sums (vsa_frame_sums' rows): tile j's mean adds the slab sums of its
+// frames in frame order from 0, then divides by its token count, as vsa.rs's means_from_sums. A
+// thread per column; block b is column slice b % chunks of job b / chunks: k's tiles, then v's.
+WL_KERNEL void vsa_means_from_sums(float* km, float* vm, const float* ks, const float* vs, int gt, int gh, int gw,
+                                   int nk, int row, int chunks) {
+    int job = blockIdx.x / chunks;
+    const int c = (blockIdx.x % chunks) * blockDim.x + threadIdx.x;
+    if (c >= row) return;
+    const bool is_k = job < nk;
+    if (!is_k) job -= nk;
+    const float* src = is_k ? ks : vs;
+    const vsa_tile b = vsa_tile_of(job, gt, gh, gw);
+    const int nh = (gh + 3) / 4, nw = (gw + 3) / 4;
+    float acc = 0.0f;
+    for (int f = b.t0; f < b.t0 + b.lt; ++f) acc += src[((wl_u64)(f * nh + b.h0 / 4) * nw + b.w0 / 4) * row + c];
+    (is_k ? km : vm)[(wl_u64)job * row + c] = acc / (float)(b.lt * b.lh * b.lw);
+}
+
 // Scores as unsigned keys whose order is Rust's `f32::total_cmp` (the CPU's sort): flip every bit
 // of a negative, the sign bit of a positive.
 WL_DEVICE unsigned int vsa_key(float s) {
@@ -453,6 +497,10 @@ WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gat
                                        int nk, int row, int chunks) {                                          \
         vsa_tile_means(qm, km, vm, q, k, v, q_order, q_offsets, q_sizes, k_order, k_offsets, k_sizes, nq, nk, row, \
                        chunks);                                                                                \
+    }                                                                                                         \
+    WL_KERNEL void vsa_frame_sums_##tn(float* out, const T* x, wl_u64 first, int gh, int gw, wl_u64 row,        \
+                                       int chunks) {                                                           \
+        vsa_frame_sums(out, x, first, gh, gw, row, chunks);                                                   \
     }                                                                                                         \
     WL_KERNEL void vsa_fine_##tn(T* out, const T* q, const T* k, const T* v, const T* gate, int mix,            \
                                  const float* coarse,                                                         \

@@ -146,6 +146,140 @@ pub fn attention_with(
     k_grid: [usize; 3],
     top_k: usize,
 ) -> Result<Tensor> {
+    attention_inner(q, k, v, None, coarse, q_grid, k_grid, top_k)
+}
+
+/// Per-frame sums of keys (and values) that a KV cache keeps beside them ([`frame_sums`]), from
+/// which the key-tile means are made without reading the cache: `[frames · nh · nw, heads, d]`
+/// f32, at least `k_grid`'s frames. Values' are needed unless the coarse branch is
+/// [`Coarse::SelectOnly`].
+#[derive(Clone, Copy, Debug)]
+pub struct KeySums<'a> {
+    pub k: &'a Tensor,
+    pub v: Option<&'a Tensor>,
+}
+
+/// [`attention_with`] with the key (and value) tile means made from `sums` rather than from `k`
+/// and `v`: the means of a streaming cache's frames are summed once, when the frames are
+/// written, instead of on every call over the whole window. A tile's mean adds its frames' slab
+/// sums in frame order, so it may differ from [`attention_with`]'s in the last bits (and a
+/// near-tie in the top-k may go the other way); the CPU and the GPUs add in the same order.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_cached(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sums: KeySums,
+    coarse: Coarse,
+    q_grid: [usize; 3],
+    k_grid: [usize; 3],
+    top_k: usize,
+) -> Result<Tensor> {
+    let slabs = k_grid[0] * slabs_per_frame([k_grid[1], k_grid[2]]);
+    let fits = |t: &Tensor| {
+        t.dtype() == DType::F32
+            && t.rank() == 3
+            && t.dim(0) >= slabs
+            && t.shape()[1..] == k.shape()[1..]
+            && t.device() == k.device()
+    };
+    let v_needed = !matches!(coarse, Coarse::SelectOnly);
+    if !fits(sums.k) || sums.v.is_some_and(|v| !fits(v)) || (v_needed && sums.v.is_none()) {
+        return Err(shape_err(
+            "vsa attention (cached sums)",
+            format!(
+                "key sums {:?} {:?}, value sums {:?}: want f32 [≥ {slabs}, {}, {}] on {} for \
+                 {k_grid:?}{}",
+                sums.k.shape(),
+                sums.k.dtype(),
+                sums.v.map(|v| v.shape().to_vec()),
+                k.dim(1),
+                k.dim(2),
+                k.device(),
+                if v_needed { " (values' too)" } else { "" }
+            ),
+        ));
+    }
+    attention_inner(q, k, v, Some(sums), coarse, q_grid, k_grid, top_k)
+}
+
+/// 1×4×4 slabs (edge slabs partial) of a frame of `h × w` tokens.
+pub fn slabs_per_frame([h, w]: [usize; 2]) -> usize {
+    h.div_ceil(TILE[1]) * w.div_ceil(TILE[2])
+}
+
+/// Sums of each frame's 1×4×4 slabs of `x: [tokens, heads, d]`, over the frames of `grid`
+/// starting at token row `first`: `[t · nh · nw, heads, d]` f32, slab `(f, bh, bw)` at row
+/// `(f·nh + bh)·nw + bw`, its tokens added in row-major order from 0. Rows of whole frames, so a
+/// cache moves and writes them as it does its keys.
+pub fn frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tensor> {
+    let tokens: usize = grid.iter().product();
+    if x.rank() != 3 || first + tokens > x.dim(0) || tokens == 0 {
+        return Err(shape_err(
+            "vsa frame sums",
+            format!("{:?} from row {first} on {grid:?}", x.shape()),
+        ));
+    }
+    let (heads, d) = (x.dim(1), x.dim(2));
+    match x.storage() {
+        Storage::Cpu(_) => {
+            let xs = x.cpu_f32();
+            let sums = frame_sums_cpu(&xs[first * heads * d..], grid, heads * d);
+            Tensor::from_f32(sums, &[sums_len(grid), heads, d], DType::F32)
+        }
+        Storage::Cuda(_) => crate::cuda::ops::vsa_frame_sums(x, first, grid),
+        Storage::Rocm(_) => crate::rocm::ops::vsa_frame_sums(x, first, grid),
+    }
+}
+
+fn sums_len(grid: [usize; 3]) -> usize {
+    grid[0] * slabs_per_frame([grid[1], grid[2]])
+}
+
+fn frame_sums_cpu(x: &[f32], [t, h, w]: [usize; 3], row: usize) -> Vec<f32> {
+    let (nh, nw) = (h.div_ceil(TILE[1]), w.div_ceil(TILE[2]));
+    let mut out = vec![0f32; t * nh * nw * row];
+    for (slab, acc) in out.chunks_mut(row).enumerate() {
+        let (f, bh, bw) = (slab / (nh * nw), slab / nw % nh, slab % nw);
+        for y in bh * TILE[1]..((bh + 1) * TILE[1]).min(h) {
+            for xx in bw * TILE[2]..((bw + 1) * TILE[2]).min(w) {
+                let src = &x[((f * h + y) * w + xx) * row..][..row];
+                acc.iter_mut().zip(src).for_each(|(a, &s)| *a += s);
+            }
+        }
+    }
+    out
+}
+
+/// Per head: key-tile means from frame sums ([`frame_sums`]' layout), each tile's frames added
+/// in order from 0, then over its token count (the GPU kernels' order).
+fn means_from_sums(sums: &[f32], kt: &Tiling, heads: usize, d: usize, h: usize) -> Vec<f32> {
+    let [gt, gh, gw] = kt.grid;
+    let (nh, nw) = (gh.div_ceil(TILE[1]), gw.div_ceil(TILE[2]));
+    let mut out = vec![0f32; kt.tiles() * d];
+    for (j, row) in out.chunks_mut(d).enumerate() {
+        let (bt, bh, bw) = (j / (nh * nw), j / nw % nh, j % nw);
+        for f in bt * TILE[0]..((bt + 1) * TILE[0]).min(gt) {
+            let src = &sums[(((f * nh + bh) * nw + bw) * heads + h) * d..][..d];
+            row.iter_mut().zip(src).for_each(|(a, &s)| *a += s);
+        }
+        let n = kt.sizes[j] as f32;
+        row.iter_mut().for_each(|r| *r /= n);
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_inner(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sums: Option<KeySums>,
+    coarse: Coarse,
+    q_grid: [usize; 3],
+    k_grid: [usize; 3],
+    top_k: usize,
+) -> Result<Tensor> {
     let gate = coarse.gate();
     let k_tokens = k_grid.iter().product::<usize>();
     let ok = q.rank() == 3
@@ -190,19 +324,30 @@ pub fn attention_with(
                 d: q.dim(2),
                 top_k,
             };
-            let out = cpu(
-                &q.cpu_f32(),
-                &k.cpu_f32(),
-                &v.cpu_f32(),
-                &mix,
-                &qt,
-                &kt,
-                dims,
+            let (ks, vs) = (
+                sums.map(|s| s.k.cpu_f32()),
+                sums.and_then(|s| s.v).map(|v| v.cpu_f32()),
             );
+            let (k, v) = (k.cpu_f32(), v.cpu_f32());
+            let (heads, d) = (dims.heads, dims.d);
+            // Key and value tile means of head h, from the sums where given.
+            let key_means = |h: usize, with_v: bool| {
+                let means = |x: &[f32], sums: &Option<std::borrow::Cow<[f32]>>| match sums {
+                    Some(s) => means_from_sums(s, &kt, heads, d, h),
+                    None => tile_means(x, &kt, heads, d, h),
+                };
+                let vc = if with_v { means(&v, &vs) } else { Vec::new() };
+                (means(&k, &ks), vc)
+            };
+            let out = cpu(&q.cpu_f32(), &k, &v, &mix, &qt, &kt, dims, &key_means);
             Tensor::from_f32(out, q.shape(), q.dtype())
         }
-        Storage::Cuda(_) => crate::cuda::ops::vsa_attention(q, k, v, coarse, q_grid, k_grid, top_k),
-        Storage::Rocm(_) => crate::rocm::ops::vsa_attention(q, k, v, coarse, q_grid, k_grid, top_k),
+        Storage::Cuda(_) => {
+            crate::cuda::ops::vsa_attention(q, k, v, sums, coarse, q_grid, k_grid, top_k)
+        }
+        Storage::Rocm(_) => {
+            crate::rocm::ops::vsa_attention(q, k, v, sums, coarse, q_grid, k_grid, top_k)
+        }
     }
 }
 
@@ -297,6 +442,10 @@ fn keep(scores: &[f32], top_k: usize) -> Vec<usize> {
     keep
 }
 
+/// Key and value tile means of a head (the values' only where asked for).
+type KeyMeans<'a> = dyn Fn(usize, bool) -> (Vec<f32>, Vec<f32>) + Sync + 'a;
+
+#[allow(clippy::too_many_arguments)]
 fn cpu(
     q: &[f32],
     k: &[f32],
@@ -305,19 +454,14 @@ fn cpu(
     qt: &Tiling,
     kt: &Tiling,
     dims: Dims,
+    key_means: &KeyMeans,
 ) -> Vec<f32> {
     let Dims { heads, d, top_k } = dims;
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; q.len()];
     for h in 0..heads {
-        let (qc, kc) = (
-            tile_means(q, qt, heads, d, h),
-            tile_means(k, kt, heads, d, h),
-        );
-        let vc = match mix {
-            Mix::None => Vec::new(),
-            _ => tile_means(v, kt, heads, d, h),
-        };
+        let qc = tile_means(q, qt, heads, d, h);
+        let (kc, vc) = key_means(h, !matches!(mix, Mix::None));
         // One row per query tile: its tokens' outputs (in tiled order), computed in parallel.
         let rows: Vec<Vec<(usize, Vec<f32>)>> = (0..qt.tiles())
             .into_par_iter()

@@ -1329,7 +1329,38 @@ fn vsa_case(
                 kernels::vsa::attention_with(&x[0], &x[1], &x[2], only, q_grid, k_grid, top_k)
             },
         );
+        // Key and value means from frame sums as a cache keeps them, made on the backend
+        // under test (the selections are the CPU's to the bit on this path too).
+        check(
+            &format!("vsa {dt:?} {k_grid:?} sparsity {sparsity} gated, from frame sums"),
+            dev,
+            tol(dt),
+            &[&q, &k, &v, &g],
+            |x| {
+                let ks = kernels::vsa::frame_sums(&x[1], 0, k_grid)?;
+                let vs = kernels::vsa::frame_sums(&x[2], 0, k_grid)?;
+                let sums = kernels::vsa::KeySums {
+                    k: &ks,
+                    v: Some(&vs),
+                };
+                let gated = kernels::vsa::Coarse::Gated(&x[3]);
+                kernels::vsa::attention_cached(
+                    &x[0], &x[1], &x[2], sums, gated, q_grid, k_grid, top_k,
+                )
+            },
+        );
     }
+    // The sums alone, f32 whatever the input (bit for bit: the same adds in the same order),
+    // from a row past the first, as a cache writes a chunk's frames.
+    let frames = [k_grid[0] - 1, k_grid[1], k_grid[2]];
+    let first = k_grid[1] * k_grid[2];
+    check(
+        &format!("vsa frame sums {dt:?} {frames:?} from row {first}"),
+        dev,
+        1e-6,
+        &[&k],
+        |x| kernels::vsa::frame_sums(&x[0], first, frames),
+    );
 }
 
 /// `t` with `n` more rows of NaN.

@@ -537,6 +537,55 @@ fn vsa_fine_runs_on_the_matrix_cores() {
     assert_eq!(launches("vsa_fine_mfma_bf16_d128"), fine + 3);
 }
 
+/// VSA's key means from a cache's frame sums (`vsa::attention_cached`): the frame sums from a row
+/// past the first, bit for bit as the CPU adds them, and the cached path's means, coarse
+/// selection and fine branch against the CPU's, gated and select-only. The host code is the
+/// one CUDA shares (`gpu_common/vsa.rs`).
+#[test]
+fn vsa_means_from_frame_sums_match_the_cpu_on_the_emulated_gpu() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    let (qg, kg) = ([3, 6, 9], [9, 6, 9]);
+    let (q, k, v, gate) = (
+        input(64, &[162, 2, 128], DType::BF16),
+        input(65, &[486 + 54, 2, 128], DType::BF16),
+        input(66, &[486 + 54, 2, 128], DType::BF16),
+        input(67, &[162, 2, 128], DType::BF16),
+    );
+    for dt in [DType::F32, DType::BF16] {
+        let x = k.to_dtype(dt).expect("dtype");
+        check(&format!("vsa frame sums {dt:?}"), dev, 0.0, &[&x], |t| {
+            kernels::vsa::frame_sums(&t[0], 54, kg)
+        });
+    }
+    let cached = |coarse: &str, t: &[Tensor]| {
+        let ks = kernels::vsa::frame_sums(&t[1], 0, kg)?;
+        let vs = kernels::vsa::frame_sums(&t[2], 0, kg)?;
+        let sums = kernels::vsa::KeySums {
+            k: &ks,
+            v: Some(&vs),
+        };
+        let mix = match coarse {
+            "gated" => kernels::vsa::Coarse::Gated(&t[3]),
+            _ => kernels::vsa::Coarse::SelectOnly,
+        };
+        kernels::vsa::attention_cached(&t[0], &t[1], &t[2], sums, mix, qg, kg, 5)
+    };
+    let means = launches("vsa_means_from_sums");
+    for coarse in ["gated", "select-only"] {
+        check(
+            &format!("vsa d 128 top-5 {coarse}, means from frame sums"),
+            dev,
+            1e-2,
+            &[&q, &k, &v, &gate],
+            |t| cached(coarse, t),
+        );
+    }
+    assert_eq!(launches("vsa_means_from_sums"), means + 2);
+}
+
 /// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as
 /// the CPU writes it, code for code.
 #[test]

@@ -310,3 +310,104 @@ fn the_device_check_on_the_cpu_is_exact() {
     // The CPU against itself: the check's own arithmetic, on the inputs it gives a device.
     assert_eq!(vsa::check(kernels::Device::Cpu).expect("check"), 0.0);
 }
+
+#[test]
+fn frame_sums_add_each_frames_slabs() {
+    // Naive: every token added to the slab its coordinates fall in, in f64.
+    let mut rng = Rng::new(35);
+    let (grid, heads, d, first) = ([3, 6, 9], 2, 8, 54);
+    let n = first + grid.iter().product::<usize>();
+    let x = Tensor::from_vec(rng.normals(n * heads * d, 1.0), &[n, heads, d]).expect("x");
+    let got = vsa::frame_sums(&x, first, grid).expect("sums");
+    let (nh, nw) = (grid[1].div_ceil(4), grid[2].div_ceil(4));
+    assert_eq!(got.shape(), &[grid[0] * nh * nw, heads, d]);
+    assert_eq!(vsa::slabs_per_frame([grid[1], grid[2]]), nh * nw);
+    let xs = x.to_vec_f32();
+    let mut want = vec![0f64; got.elem_count()];
+    for g in 0..grid.iter().product::<usize>() {
+        let [t, y, w] = coords(g, grid);
+        let slab = (t * nh + y / 4) * nw + w / 4;
+        for c in 0..heads * d {
+            want[slab * heads * d + c] += xs[(first + g) * heads * d + c] as f64;
+        }
+    }
+    let e = rel_l2(&got.to_vec_f32(), &want);
+    assert!(e < 1e-6, "rel L2 {e:e}");
+    let msg = vsa::frame_sums(&x, first + 1, grid)
+        .expect_err("past the end")
+        .to_string();
+    assert!(msg.contains("frame sums"), "{msg}");
+}
+
+#[test]
+fn means_from_frame_sums_give_the_same_attention() {
+    // A cache's sums (frames written in two parts, as chunks arrive) in place of the means of
+    // its rows: the same result up to the order of the f32 additions.
+    let mut rng = Rng::new(36);
+    let c = Case {
+        q_grid: [3, 6, 9],
+        k_grid: [9, 6, 9],
+        heads: 2,
+        d: 16,
+    };
+    let [q, k, v, gate] = inputs(&mut rng, &c);
+    let sums = |x: &Tensor| {
+        let (a, b) = (
+            vsa::frame_sums(x, 0, [5, 6, 9]).expect("first frames"),
+            vsa::frame_sums(x, 5 * 54, [4, 6, 9]).expect("last frames"),
+        );
+        let mut all = a.to_vec_f32();
+        all.extend(b.to_vec_f32());
+        Tensor::from_vec(all, &[9 * 6, c.heads, c.d]).expect("sums")
+    };
+    let (ks, vs) = (sums(&k), sums(&v));
+    assert_eq!(
+        ks.to_vec_f32(),
+        vsa::frame_sums(&k, 0, c.k_grid)
+            .expect("whole")
+            .to_vec_f32(),
+        "frames summed apart differ from frames summed at once"
+    );
+    let nk = vsa::tiles(c.k_grid, TILE);
+    for sparsity in [0.0, 0.5, 0.9] {
+        let top_k = vsa::top_k(sparsity, nk);
+        for coarse in [Coarse::Added, Coarse::Gated(&gate), Coarse::SelectOnly] {
+            let want =
+                vsa::attention_with(&q, &k, &v, coarse, c.q_grid, c.k_grid, top_k).expect("vsa");
+            let with = vsa::KeySums {
+                k: &ks,
+                v: Some(&vs),
+            };
+            let got = vsa::attention_cached(&q, &k, &v, with, coarse, c.q_grid, c.k_grid, top_k)
+                .expect("cached");
+            let e = rel_l2(&got.to_vec_f32(), &common::widen(&want.to_vec_f32()));
+            assert!(e < 1e-5, "{coarse:?} sparsity {sparsity}: rel L2 {e:e}");
+        }
+    }
+    // Select-only reads no value sums; the coarse output needs them.
+    let top_k = vsa::top_k(0.5, nk);
+    let keys_only = vsa::KeySums { k: &ks, v: None };
+    let only = Coarse::SelectOnly;
+    vsa::attention_cached(&q, &k, &v, keys_only, only, c.q_grid, c.k_grid, top_k)
+        .expect("select-only without value sums");
+    let msg = vsa::attention_cached(
+        &q,
+        &k,
+        &v,
+        keys_only,
+        Coarse::Added,
+        c.q_grid,
+        c.k_grid,
+        top_k,
+    )
+    .expect_err("needs the values' sums")
+    .to_string();
+    assert!(msg.contains("values' too"), "{msg}");
+    // Sums of fewer frames than the key grid are refused.
+    let short = vsa::frame_sums(&k, 0, [8, 6, 9]).expect("8 frames");
+    let few = vsa::KeySums { k: &short, v: None };
+    let msg = vsa::attention_cached(&q, &k, &v, few, only, c.q_grid, c.k_grid, top_k)
+        .expect_err("too few frames")
+        .to_string();
+    assert!(msg.contains("sums"), "{msg}");
+}

@@ -11,7 +11,7 @@ use super::{
     cast, push, push_mut, storage, suffix, wrap, Backend as CudaBackend, DeviceBuf as CudaSlice,
     GpuData as CudaData, GpuStorage as CudaStorage, LaunchConfig,
 };
-use crate::vsa::{tiles, Coarse, Tiling, TILE};
+use crate::vsa::{slabs_per_frame, tiles, Coarse, KeySums, Tiling, TILE};
 use crate::{DType, Result, Tensor};
 
 /// Warps per block of the fine kernel (`WL_VSA_WARPS`).
@@ -100,7 +100,7 @@ fn tile_means(
     let (qs, ks, vs) = (storage(q)?, storage(k)?, storage(v)?);
     let dev = &qs.dev;
     let mut qm = CudaStorage::alloc(dev, DType::F32, nq * row)?;
-    let mut km = CudaStorage::alloc(dev, DType::F32, nk * row)?;
+    let mut km = CudaStorage::alloc(dev, DType::F32, (nk * row).max(1))?;
     let mut vm = CudaStorage::alloc(dev, DType::F32, if with_v { nk * row } else { 1 })?;
     let chunks = row.div_ceil(MEAN_THREADS * 16 / q.dtype().size_in_bytes());
     // Jobs run q's tiles, then k's, then v's: leaving v's out is launching fewer blocks.
@@ -136,10 +136,90 @@ fn tile_means(
     Ok([qm, km, vm])
 }
 
+/// Key (and value) tile means `[tiles, heads, d]` from a cache's frame sums (vsa.cu's
+/// `vsa_means_from_sums`), one launch; without `with_v`, a one-element buffer stands in for v's.
+fn means_from_sums(
+    dev: &std::sync::Arc<CudaBackend>,
+    sums: KeySums,
+    k_grid: [usize; 3],
+    row: usize,
+    with_v: bool,
+) -> Result<[CudaStorage; 2]> {
+    const THREADS: usize = 256;
+    let nk = tiles(k_grid, TILE);
+    let ks = storage(sums.k)?;
+    let vs = match (with_v, sums.v) {
+        (true, Some(v)) => storage(v)?,
+        (true, None) => return Err(dev.err("vsa: the coarse output needs the values' sums")),
+        (false, _) => ks,
+    };
+    let (ksd, vsd) = (f32_data(ks)?, f32_data(vs)?);
+    let mut km = CudaStorage::alloc(dev, DType::F32, nk * row)?;
+    let mut vm = CudaStorage::alloc(dev, DType::F32, if with_v { nk * row } else { 1 })?;
+    let chunks = row.div_ceil(THREADS);
+    let blocks = nk * if with_v { 2 } else { 1 } * chunks;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            u32::try_from(blocks).map_err(|_| dev.err(format!("vsa: {blocks} means blocks")))?,
+            1,
+            1,
+        ),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let [gt, gh, gw] = k_grid.map(|x| x as i32);
+    let (nk32, row32, chunks32) = (nk as i32, row as i32, chunks as i32);
+    launch!(kind = "vsa means"; dev, "vsa", "vsa_means_from_sums", cfg, |b| {
+        push_mut(b, &mut km.data);
+        push_mut(b, &mut vm.data);
+        b.arg(ksd).arg(vsd);
+        b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&chunks32);
+    });
+    Ok([km, vm])
+}
+
+/// [`crate::vsa::frame_sums`] on the device (vsa.cu's `vsa_frame_sums`).
+pub fn vsa_frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tensor> {
+    if !matches!(x.dtype(), DType::F32 | DType::BF16) {
+        return vsa_frame_sums(&cast(x, DType::F32)?, first, grid);
+    }
+    let xs = storage(x)?;
+    let dev = &xs.dev;
+    let (heads, d) = (x.dim(1), x.dim(2));
+    let row = heads * d;
+    let slabs = grid[0] * slabs_per_frame([grid[1], grid[2]]);
+    if i32::try_from(row).is_err() || i32::try_from(grid[1] * grid[2]).is_err() {
+        return Err(dev.err(format!("vsa frame sums: {grid:?} × {row} exceed i32")));
+    }
+    let mut out = CudaStorage::alloc(dev, DType::F32, slabs * row)?;
+    let chunks = row.div_ceil(MEAN_THREADS * 16 / x.dtype().size_in_bytes());
+    let blocks = slabs * chunks;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            u32::try_from(blocks).map_err(|_| dev.err(format!("vsa: {blocks} sums blocks")))?,
+            1,
+            1,
+        ),
+        block_dim: (MEAN_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let name = format!("vsa_frame_sums_{}", suffix(x.dtype())?);
+    let (first64, row64) = (first as u64, row as u64);
+    let (gh, gw, chunks32) = (grid[1] as i32, grid[2] as i32, chunks as i32);
+    launch!(kind = "vsa means"; dev, "vsa", name, cfg, |b| {
+        push_mut(b, &mut out.data);
+        push(b, &xs.data);
+        b.arg(&first64).arg(&gh).arg(&gw).arg(&row64).arg(&chunks32);
+    });
+    Ok(wrap(out, &[slabs, heads, d]))
+}
+
+#[allow(clippy::too_many_arguments)]
 pub fn vsa_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    sums: Option<KeySums>,
     coarse_mix: Coarse,
     q_grid: [usize; 3],
     k_grid: [usize; 3],
@@ -158,7 +238,7 @@ pub fn vsa_attention(
             _ => coarse_mix,
         };
         let q16 = cast(q, DType::BF16)?;
-        let out = vsa_attention(&q16, k, v, mix, q_grid, k_grid, top_k)?;
+        let out = vsa_attention(&q16, k, v, sums, mix, q_grid, k_grid, top_k)?;
         return cast(&out, q.dtype());
     }
     let s = storage(q)?;
@@ -183,7 +263,15 @@ pub fn vsa_attention(
     // Select-only: the coarse branch's output is neither computed nor read (nor v's means).
     let with_out = !matches!(coarse_mix, Coarse::SelectOnly);
     let (qi, ki) = (device_tiling(&dev, q_grid)?, device_tiling(&dev, k_grid)?);
-    let [qc, kc, vc] = tile_means([q, &k, &v], (nq, nk), &qi, &ki, heads * d, with_out)?;
+    let [qc, kc, vc] = match sums {
+        None => tile_means([q, &k, &v], (nq, nk), &qi, &ki, heads * d, with_out)?,
+        Some(sums) => {
+            // Only the queries' means read the tokens; the keys' come from the cache's sums.
+            let [qc, _, _] = tile_means([q, q, q], (nq, 0), &qi, &qi, heads * d, false)?;
+            let [kc, vc] = means_from_sums(&dev, sums, k_grid, heads * d, with_out)?;
+            [qc, kc, vc]
+        }
+    };
     let coarse_len = if with_out { nq * heads * d } else { 1 };
     let mut coarse = CudaStorage::alloc(&dev, DType::F32, coarse_len)?;
     let mut kept = dev
