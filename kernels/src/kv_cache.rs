@@ -19,6 +19,17 @@ pub struct KvCache {
     v: Tensor,
     /// The same keys and values quantized for the fp8 attention, where asked for.
     fp8: Option<Fp8Kv>,
+    /// Per-frame slab sums of the keys for VSA's key-tile means, where asked for.
+    key_sums: Option<KeySums>,
+}
+
+/// The keys' 1×4×4 slab sums ([`crate::vsa::frame_sums`]) of every held frame, row for frame
+/// as the keys: `[window_frames · slabs, heads, head_dim]` f32.
+#[derive(Clone, Debug)]
+struct KeySums {
+    hw: [usize; 2],
+    slabs: usize,
+    sums: Tensor,
 }
 
 impl KvCache {
@@ -71,6 +82,7 @@ impl KvCache {
             k: Tensor::zeros_on(&shape, dtype, device)?,
             v: Tensor::zeros_on(&shape, dtype, device)?,
             fp8: None,
+            key_sums: None,
         })
     }
 
@@ -78,6 +90,9 @@ impl KvCache {
     pub fn on_device(mut self, device: crate::Device) -> Result<Self> {
         self.k = self.k.to_device(device)?;
         self.v = self.v.to_device(device)?;
+        if let Some(ks) = &mut self.key_sums {
+            ks.sums = ks.sums.to_device(device)?;
+        }
         if self.fp8.is_some() {
             self.fp8 = None;
             return self.with_fp8_attention();
@@ -105,6 +120,47 @@ impl KvCache {
         kv.requantize(&self.k, &self.v, 0..held, held)?;
         self.fp8 = Some(kv);
         Ok(self)
+    }
+
+    /// The same cache also keeping its keys' per-frame slab sums, for VSA over it
+    /// ([`crate::vsa::attention_cached`]): a write sums the frames it writes, an eviction moves
+    /// the sums with the keys, so a sparse attention call reads only its chunk's keys for the
+    /// key-tile means, not the whole window. `hw` is a frame's rows and columns of tokens.
+    pub fn with_key_sums(mut self, hw: [usize; 2]) -> Result<Self> {
+        if hw[0] * hw[1] != self.tokens_per_frame {
+            return Err(Error::Invalid {
+                op: "KvCache::with_key_sums",
+                msg: format!(
+                    "{}×{} tokens per frame, the cache holds {}",
+                    hw[0], hw[1], self.tokens_per_frame
+                ),
+            });
+        }
+        let slabs = crate::vsa::slabs_per_frame(hw);
+        let shape = [self.window_frames * slabs, self.k.dim(1), self.k.dim(2)];
+        let sums = Tensor::zeros_on(&shape, DType::F32, self.k.device())?;
+        self.key_sums = Some(KeySums { hw, slabs, sums });
+        self.resum(0, self.len_tokens())?;
+        Ok(self)
+    }
+
+    /// The keys' per-frame slab sums (the first `frames().len()` frames' rows hold data), when
+    /// the cache keeps them.
+    pub fn key_sums(&self) -> Option<&Tensor> {
+        self.key_sums.as_ref().map(|s| &s.sums)
+    }
+
+    /// Sums the keys of rows `at .. at + n` (whole frames) into the slab sums, if kept.
+    fn resum(&mut self, at: usize, n: usize) -> Result<()> {
+        let tpf = self.tokens_per_frame;
+        match &mut self.key_sums {
+            Some(ks) if n > 0 => {
+                let grid = [n / tpf, ks.hw[0], ks.hw[1]];
+                let sums = crate::vsa::frame_sums(&self.k, at, grid)?;
+                ops::write_rows(&mut ks.sums, at / tpf * ks.slabs, &sums)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The fp8 copy, when the cache keeps one.
@@ -178,7 +234,8 @@ impl KvCache {
         if new {
             self.frames.extend((0..n as u64).map(|i| first_frame + i));
         }
-        self.requantize(at, v.dim(0))
+        self.requantize(at, v.dim(0))?;
+        self.resum(at, v.dim(0))
     }
 
     /// The first row of `n` frames from `first_frame`, and whether they are new: rows they
@@ -221,6 +278,14 @@ impl KvCache {
             let (from, keep) = (self.sink_frames + evict, len - self.sink_frames - evict);
             ops::move_rows(&mut self.k, from * tpf, self.sink_frames * tpf, keep * tpf)?;
             ops::move_rows(&mut self.v, from * tpf, self.sink_frames * tpf, keep * tpf)?;
+            if let Some(ks) = &mut self.key_sums {
+                let (from, to, keep) = (
+                    from * ks.slabs,
+                    self.sink_frames * ks.slabs,
+                    keep * ks.slabs,
+                );
+                ops::move_rows(&mut ks.sums, from, to, keep)?;
+            }
             self.frames
                 .drain(self.sink_frames..self.sink_frames + evict);
             self.requantize(self.sink_frames * tpf, keep * tpf)?;

@@ -395,3 +395,67 @@ test_device!(
     kv_cache_fp8_copy_follows_every_write,
     kv_cache_fp8_copy_follows_every_write_cpu
 );
+
+/// A cache that keeps its keys' slab sums for VSA: after every write (appends, rewrites in
+/// place, evictions that move rows) the sums of the held frames are, bit for bit, the sums of the
+/// cache's keys made afresh; a cache asked for them once it holds frames sums what it holds.
+fn kv_cache_key_sums_follow_every_write(dev: Device) -> Result<()> {
+    let hw = [5, 6];
+    let s = Setup {
+        window: 6,
+        sink: 2,
+        tpf: 30,
+        heads: 2,
+        hd: 8,
+    };
+    let mut rng = Rng::new(45);
+    let plain = KvCache::new(s.window, s.sink, s.tpf, s.heads, s.hd, DType::F32)?.on_device(dev)?;
+    let mut cache = plain.clone().with_key_sums(hw)?;
+    let slabs = kernels::vsa::slabs_per_frame(hw);
+    let fresh = |c: &KvCache| -> Result<(Vec<f32>, Vec<f32>)> {
+        let frames = c.frames().len();
+        let kept = c.key_sums().expect("the cache keeps key sums");
+        let want = kernels::vsa::frame_sums(c.keys(), 0, [frames, hw[0], hw[1]])?;
+        Ok((
+            kept.narrow(0, 0, frames * slabs)?.to_vec_f32(),
+            want.to_vec_f32(),
+        ))
+    };
+    for (step, (first, n)) in [
+        (0, 2),
+        (2, 3),
+        (2, 3),
+        (5, 1),
+        (6, 2),
+        (8, 3),
+        (8, 3),
+        (11, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (k, v, _, _) = s.chunk(dev, &mut rng, n)?;
+        cache.write(first, &k, &v)?;
+        let (kept, want) = fresh(&cache)?;
+        assert_bits_eq(&format!("step {step}: key sums"), &kept, &want);
+    }
+    assert_eq!(cache.frames(), &[0, 1, 8, 9, 10, 11]);
+    // Asked for on a cache that already holds frames.
+    let mut late = plain;
+    let (k, v, _, _) = s.chunk(dev, &mut rng, 3)?;
+    late.write(0, &k, &v)?;
+    let late = late.with_key_sums(hw)?;
+    let (kept, want) = fresh(&late)?;
+    assert_bits_eq("sums of frames held before", &kept, &want);
+    // A frame shape that is not the cache's is refused.
+    let msg = KvCache::new(4, 1, 30, 1, 8, DType::F32)?
+        .with_key_sums([4, 6])
+        .expect_err("24 tokens a frame")
+        .to_string();
+    assert!(msg.contains("tokens per frame"), "{msg}");
+    Ok(())
+}
+test_device!(
+    kv_cache_key_sums_follow_every_write,
+    kv_cache_key_sums_follow_every_write_cpu
+);

@@ -193,7 +193,8 @@ impl Engine {
         let schedule = FlowSchedule::new(cfg.num_train_steps, cfg.shift)?;
         let steps = schedule.steps(&cfg.step_indices)?;
         let (h, w) = cfg.latent_hw();
-        let tokens_per_frame = (h / mc.patch[1]) * (w / mc.patch[2]);
+        let frame_hw = [h / mc.patch[1], w / mc.patch[2]];
+        let tokens_per_frame = frame_hw[0] * frame_hw[1];
         // GPUs attend in bf16 (the tensor-core kernel); the CPU reference keeps f32.
         let cache_dtype = if model.device().is_cpu() {
             DType::F32
@@ -216,6 +217,9 @@ impl Engine {
             })
             .map(|c| match c {
                 Ok(c) if model.fp8_attention => c.with_fp8_attention(),
+                // Sparse attention's key-tile means from sums kept as frames arrive, so a call
+                // reads its chunk's keys for them instead of the whole window's.
+                Ok(c) if model.sparse_attention().is_some() => c.with_key_sums(frame_hw),
                 other => other,
             })
             .collect::<kernels::Result<Vec<_>>>()?;

@@ -14,7 +14,8 @@ mod harness;
 mod common;
 
 use common::dit::{
-    block_1_3b, block_1_3b_cached_dense, block_1_3b_fp8_attention, block_1_3b_sparse, tiny_stream,
+    block_1_3b, block_1_3b_cached_dense, block_1_3b_fp8_attention, block_1_3b_sparse,
+    block_1_3b_sparse_summed, tiny_stream,
 };
 use common::rel_l2;
 use kernels::{DType, Device};
@@ -119,4 +120,15 @@ fn a_block_with_sparse_attention_matches_the_cpu_on_the_emulated_gpu() {
         println!("lingbot-1.3b block, sparsity {sparsity}, on the emulated {ARCH}: rel L2 {e:.2e}");
         assert!(e < 2e-2, "sparsity {sparsity}: {e:.3e} ≥ 2e-2");
     }
+    // As the engine's caches run it: the key-tile means from the cache's slab sums, which the
+    // block's attention must take (the launch count says it did).
+    let before = harness::launches("vsa_means_from_sums");
+    let got = block_1_3b_sparse_summed(dev, grid, 0.5);
+    assert!(
+        harness::launches("vsa_means_from_sums") > before,
+        "the means did not come from the cache's sums"
+    );
+    let e = rel_l2(&got, &block_1_3b_sparse_summed(Device::Cpu, grid, 0.5));
+    println!("lingbot-1.3b block, sparsity 0.5, key sums, on the emulated {ARCH}: rel L2 {e:.2e}");
+    assert!(e < 2e-2, "key sums: {e:.3e} ≥ 2e-2");
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::dit::{block_1_3b_sparse, tiny_stream, tiny_stream_sparse};
+use common::dit::{block_1_3b_sparse, block_1_3b_sparse_summed, tiny_stream, tiny_stream_sparse};
 use common::rel_l2;
 use kernels::{DType, Device};
 use pipeline::{ModelConfig, WanModel, WeightStore};
@@ -60,6 +60,20 @@ fn a_1_3b_block_over_a_cache() {
     let e = rel_l2(&sparse, &all);
     println!("lingbot-1.3b block, sparsity 0.5: rel L2 {e:.2e} against dense");
     assert!(e > 1e-4, "sparse attention changed nothing ({e:e})");
+}
+
+/// The cache's key sums in place of the means of its rows (the engine's form): the same block
+/// output, up to the order of the means' f32 additions.
+#[test]
+fn a_cache_with_key_sums_gives_the_same_block() {
+    let grid = [1, 8, 12];
+    for sparsity in [0.5, 0.9] {
+        let rows = block_1_3b_sparse(Device::Cpu, grid, sparsity);
+        let sums = block_1_3b_sparse_summed(Device::Cpu, grid, sparsity);
+        let e = rel_l2(&sums, &rows);
+        println!("lingbot-1.3b block, sparsity {sparsity}, key sums: rel L2 {e:.2e}");
+        assert!(e < 1e-5, "sparsity {sparsity}: rel L2 {e:e}");
+    }
 }
 
 #[test]

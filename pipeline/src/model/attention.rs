@@ -60,7 +60,8 @@ impl SelfAttention {
     /// `q` (on `grid`) over the first `len` rows of `keys` and `values`: dense attention, or
     /// with `sparsity` set, VSA over the key tiles the coarse scores rank highest, its fine
     /// branch alone (Wan's checkpoints have no gate for a coarse branch). The keys are whole
-    /// frames of `grid`'s rows and columns: the chunk's own, or a KV cache's.
+    /// frames of `grid`'s rows and columns: the chunk's own, or a KV cache's, whose slab sums
+    /// (`key_sums`, where it keeps them) then give the key-tile means.
     fn attend(
         &self,
         q: &Tensor,
@@ -68,6 +69,7 @@ impl SelfAttention {
         values: &Tensor,
         len: usize,
         grid: [usize; 3],
+        key_sums: Option<&Tensor>,
     ) -> Result<Tensor> {
         let Some(sparsity) = self.sparsity else {
             return Ok(ops::attention(q, keys, values, len, AttnMask::None)?);
@@ -82,9 +84,13 @@ impl SelfAttention {
         let k_grid = [len / frame, grid[1], grid[2]];
         let top_k = vsa::top_k(sparsity, vsa::tiles(k_grid, vsa::TILE));
         let only = Coarse::SelectOnly;
-        Ok(vsa::attention_with(
-            q, keys, values, only, grid, k_grid, top_k,
-        )?)
+        Ok(match key_sums {
+            Some(k) => {
+                let sums = vsa::KeySums { k, v: None };
+                vsa::attention_cached(q, keys, values, sums, only, grid, k_grid, top_k)?
+            }
+            None => vsa::attention_with(q, keys, values, only, grid, k_grid, top_k)?,
+        })
     }
 
     fn heads_view(&self, t: &Tensor) -> Result<Tensor> {
@@ -205,7 +211,7 @@ impl SelfAttention {
             None => k,
             Some(_) => ops::rope_3d(&k, grid, t_offset, rope)?,
         };
-        let mut fp8 = None;
+        let (mut fp8, mut key_sums) = (None, None);
         let (keys, values, kv_len, mask) = match mode {
             KvMode::Full => (k, v, l, AttnMask::None),
             KvMode::BlockCausal { block_tokens } => {
@@ -223,6 +229,7 @@ impl SelfAttention {
                     u.resend_like_stock(cache.keys(), cache.values(), cached)?;
                 }
                 fp8 = cache.fp8().cloned();
+                key_sums = cache.key_sums().cloned();
                 (
                     cache.keys().clone(),
                     cache.values().clone(),
@@ -245,7 +252,9 @@ impl SelfAttention {
         };
         let out = match (&fp8, mask) {
             (Some(kv), _) => kernels::attention_fp8(&q, kv, kv_len)?,
-            (None, AttnMask::None) => self.attend(&q, &keys, &values, kv_len, grid)?,
+            (None, AttnMask::None) => {
+                self.attend(&q, &keys, &values, kv_len, grid, key_sums.as_ref())?
+            }
             (None, mask) => ops::attention(&q, &keys, &values, kv_len, mask)?,
         };
         let out = match sp {
@@ -285,7 +294,10 @@ impl SelfAttention {
         let len = cache.len_tokens();
         let out = match cache.fp8() {
             Some(kv) => kernels::attention_fp8(&q, kv, len)?,
-            None => self.attend(&q, cache.keys(), cache.values(), len, grid)?,
+            None => {
+                let sums = cache.key_sums();
+                self.attend(&q, cache.keys(), cache.values(), len, grid, sums)?
+            }
         };
         let out = out.reshape(&[x.dim(0), x.dim(1)])?;
         Ok(Some(self.o.forward(&out)?))

@@ -126,24 +126,38 @@ pub fn block_1_3b(dev: Device, dtype: DType, fp8: bool, grid: [usize; 3]) -> Vec
 /// runs in fp8 (the GPU's fp8 kernel, the dequantizing reference on the CPU): the cache already
 /// holds two frames of `grid`'s size and the chunk is the third, without camera conditioning.
 pub fn block_1_3b_fp8_attention(dev: Device, grid: [usize; 3]) -> Vec<f32> {
-    block_1_3b_cached(dev, grid, true, None)
+    block_1_3b_cached(dev, grid, Keeps::Fp8, None)
 }
 
 /// The same block over the same cache with sparse self-attention at `sparsity` (VSA's fine
 /// branch; bf16 attention, no fp8 copy).
 pub fn block_1_3b_sparse(dev: Device, grid: [usize; 3], sparsity: f64) -> Vec<f32> {
-    block_1_3b_cached(dev, grid, false, Some(sparsity))
+    block_1_3b_cached(dev, grid, Keeps::Rows, Some(sparsity))
+}
+
+/// [`block_1_3b_sparse`] over a cache that also keeps its keys' slab sums, as the engine's
+/// caches do under sparse attention: the key-tile means come from them.
+pub fn block_1_3b_sparse_summed(dev: Device, grid: [usize; 3], sparsity: f64) -> Vec<f32> {
+    block_1_3b_cached(dev, grid, Keeps::KeySums, Some(sparsity))
 }
 
 /// The same block over the same cache, dense bf16 attention.
 pub fn block_1_3b_cached_dense(dev: Device, grid: [usize; 3]) -> Vec<f32> {
-    block_1_3b_cached(dev, grid, false, None)
+    block_1_3b_cached(dev, grid, Keeps::Rows, None)
+}
+
+/// What the cache keeps beside its rows.
+#[derive(Clone, Copy, PartialEq)]
+enum Keeps {
+    Rows,
+    Fp8,
+    KeySums,
 }
 
 fn block_1_3b_cached(
     dev: Device,
     grid: [usize; 3],
-    fp8_attention: bool,
+    keeps: Keeps,
     sparsity: Option<f64>,
 ) -> Vec<f32> {
     let cfg = ModelConfig::lingbot_1_3b();
@@ -167,9 +181,10 @@ fn block_1_3b_cached(
     };
     let mut cache = kernels::KvCache::new(4, 1, tokens, cfg.num_heads, cfg.head_dim(), dtype)
         .and_then(|c| c.on_device(dev))
-        .and_then(|c| match fp8_attention {
-            true => c.with_fp8_attention(),
-            false => Ok(c),
+        .and_then(|c| match keeps {
+            Keeps::Fp8 => c.with_fp8_attention(),
+            Keeps::KeySums => c.with_key_sums([grid[1], grid[2]]),
+            Keeps::Rows => Ok(c),
         })
         .expect("cache");
     let h = up(&held).to_dtype(dtype).expect("dtype");

@@ -160,8 +160,8 @@ type Op<'a> = dyn FnMut() -> Result<()> + 'a;
 /// attention (740 TFLOP/s) starts at the clock that left: on 2026-12-05 one build's VSA call
 /// measured 1.44 ms there and 1.29 ms a few rows later, on the same inputs. Two ways, each with
 /// its ratio: sustained (each op back to back for two seconds, at the clock it holds alone) and
-/// interleaved (a dense call, a VSA call, a select-only one and one on each fine-kernel
-/// variant, `repeat` times, all under the same mixed load, as in a model's stream where attention
+/// interleaved (a dense call, a VSA call, a select-only one, one on each fine-kernel variant and
+/// the two forms with the means from a cache's frame sums, `repeat` times, all under the same mixed load, as in a model's stream where attention
 /// sits between GEMMs).
 fn fair_rows(
     dev: Device,
@@ -199,6 +199,43 @@ fn fair_rows(
         }
     };
     let (mut free, mut pair) = (variant("free"), variant("pair"));
+    // As a streaming cache runs it: the key (and value) tile means from per-frame slab sums
+    // the cache keeps, where each call pays for summing its chunk's frames (the window's last
+    // q_grid[0]) and writing them into the sums, not for reading the whole window.
+    let chunk = [q_grid[0], k_grid[1], k_grid[2]];
+    let chunk_at = (k_grid[0] - q_grid[0]) * k_grid[1] * k_grid[2];
+    let slabs_at = (k_grid[0] - q_grid[0]) * kernels::vsa::slabs_per_frame([k_grid[1], k_grid[2]]);
+    let resum = |sums: &mut Tensor, x: &Tensor| -> Result<()> {
+        let fresh = kernels::vsa::frame_sums(x, chunk_at, chunk)?;
+        ops::write_rows(sums, slabs_at, &fresh)?;
+        Ok(())
+    };
+    let (mut ks, mut vs) = (
+        kernels::vsa::frame_sums(k, 0, k_grid)?,
+        kernels::vsa::frame_sums(v, 0, k_grid)?,
+    );
+    let mut summed = || -> Result<()> {
+        resum(&mut ks, k)?;
+        resum(&mut vs, v)?;
+        let sums = kernels::vsa::KeySums {
+            k: &ks,
+            v: Some(&vs),
+        };
+        let added = kernels::vsa::Coarse::Added;
+        kernels::vsa::attention_cached(q, k, v, sums, added, q_grid, k_grid, top_k)?;
+        Ok(())
+    };
+    let mut ks_only = kernels::vsa::frame_sums(k, 0, k_grid)?;
+    let mut only_summed = || -> Result<()> {
+        resum(&mut ks_only, k)?;
+        let sums = kernels::vsa::KeySums {
+            k: &ks_only,
+            v: None,
+        };
+        let select = kernels::vsa::Coarse::SelectOnly;
+        kernels::vsa::attention_cached(q, k, v, sums, select, q_grid, k_grid, top_k)?;
+        Ok(())
+    };
     let ms = |t: Duration| t.as_secs_f64() * 1e3;
     let shape = format!("{lq}q x {lk}k x {heads}h x {d}");
 
@@ -225,7 +262,7 @@ fn fair_rows(
     );
 
     // Round-robin, so that each op starts where the others leave the clock.
-    let mut ops: [(&str, &str, &mut Op); 5] = [
+    let mut ops: [(&str, &str, &mut Op); 7] = [
         ("dense", "attention bf16", &mut dense),
         ("vsa", "vsa bf16 sparsity 0.9", &mut sparse),
         (
@@ -242,6 +279,16 @@ fn fair_rows(
             "fine kernel over two kept tiles a step (WORLDLINE_VSA_FINE=pair)",
             "vsa bf16 sparsity 0.9 pair",
             &mut pair,
+        ),
+        (
+            "vsa with the means from a cache's frame sums",
+            "vsa bf16 sparsity 0.9 from frame sums",
+            &mut summed,
+        ),
+        (
+            "select-only from a cache's key sums (the engine's form)",
+            "vsa bf16 sparsity 0.9 select-only from key sums",
+            &mut only_summed,
         ),
     ];
     for (_, _, f) in ops.iter_mut() {
