@@ -340,6 +340,19 @@ fn kv_cache_keys_made_in_place(dev: Device) -> Result<()> {
 }
 test_device!(kv_cache_keys_made_in_place, kv_cache_keys_made_in_place_cpu);
 
+/// (first frame, frames) written in turn into a cache of 6 frames with 2 sink frames: appends, a
+/// rewrite in place, evictions of one and of several frames; it ends holding 0, 1, 8–11.
+const WRITES: [(u64, usize); 8] = [
+    (0, 2),
+    (2, 3),
+    (2, 3),
+    (5, 1),
+    (6, 2),
+    (8, 3),
+    (8, 3),
+    (11, 1),
+];
+
 /// A cache that keeps an fp8 copy: after every write (appends, rewrites in place, evictions that
 /// move rows) the copy reads as a store freshly quantized from the cache's rows. Frames of 50
 /// tokens, so quantization tiles (128 keys) straddle frames and every write touches a tile that
@@ -356,20 +369,7 @@ fn kv_cache_fp8_copy_follows_every_write(dev: Device) -> Result<()> {
     let mut cache =
         KvCache::new(s.window, s.sink, s.tpf, s.heads, s.hd, DType::F32)?.with_fp8_attention()?;
     let q = randn(dev, &mut rng, &[7, s.heads, s.hd])?;
-    // (first frame, frames): appends, a rewrite, evictions of one and of several frames.
-    for (step, (first, n)) in [
-        (0, 2),
-        (2, 3),
-        (2, 3),
-        (5, 1),
-        (6, 2),
-        (8, 3),
-        (8, 3),
-        (11, 1),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (step, (first, n)) in WRITES.into_iter().enumerate() {
         let (k, v, _, _) = s.chunk(dev, &mut rng, n)?;
         cache.write(first, &k, &v)?;
         let held = cache.len_tokens();
@@ -421,19 +421,7 @@ fn kv_cache_key_sums_follow_every_write(dev: Device) -> Result<()> {
             want.to_vec_f32(),
         ))
     };
-    for (step, (first, n)) in [
-        (0, 2),
-        (2, 3),
-        (2, 3),
-        (5, 1),
-        (6, 2),
-        (8, 3),
-        (8, 3),
-        (11, 1),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (step, (first, n)) in WRITES.into_iter().enumerate() {
         let (k, v, _, _) = s.chunk(dev, &mut rng, n)?;
         cache.write(first, &k, &v)?;
         let (kept, want) = fresh(&cache)?;
