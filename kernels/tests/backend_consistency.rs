@@ -1227,18 +1227,8 @@ fn channels_last_convolutions_match_the_cpu(dev: Device) {
 }
 backend_test!(channels_last_convolutions_match_the_cpu);
 
-/// Held by the VSA test, which sets `WORLDLINE_VSA_FINE` (read at each call) for each of
-/// Hopper's fine kernels; elsewhere the variable is ignored and both rounds run the same kernel.
-static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn vsa_attention_matches_the_cpu(dev: Device) {
-    let _env = VSA_ENV.lock().unwrap_or_else(|e| e.into_inner());
-    for fine in ["pingpong", "free", "pair"] {
-        println!("VSA fine kernel: {fine}");
-        std::env::set_var("WORLDLINE_VSA_FINE", fine);
-        vsa_cases(dev);
-    }
-    std::env::remove_var("WORLDLINE_VSA_FINE");
+    vsa_cases(dev);
 }
 backend_test!(vsa_attention_matches_the_cpu);
 

@@ -529,22 +529,9 @@ const VSA_TMA_THREADS: u32 = 384;
 /// Bytes of one 4×4×4 tile of q, k or v at head dim 128 in bf16.
 const VSA_TILE_BYTES: u32 = 64 * 256;
 
-/// The Hopper fine kernel and its dynamic shared memory. By default each query tile is held in
-/// registers and the two consumers take turns on the tensor cores over one kept tile a step, in
-/// three key/value stages each. `WORLDLINE_VSA_FINE` (read at each call) picks a variant that
-/// has not been measured yet: `free` (no turns) or `pair` (two kept tiles a step, six one-tile
-/// slots per consumer, the query tile in shared memory).
-fn vsa_fine_kernel() -> (&'static str, u32) {
-    // Per consumer a query tile and six tiles of keys and values (three K|V stages, or six
-    // slots), then its barriers: 2 per stage or slot and one for the query tile.
-    const STAGED: u32 = 2 * (VSA_TILE_BYTES + 6 * VSA_TILE_BYTES) + 2 * 7 * 8;
-    const SLOTS: u32 = 2 * (VSA_TILE_BYTES + 6 * VSA_TILE_BYTES) + 2 * 13 * 8;
-    match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
-        Ok("free") => ("vsa_fine_tma_free_bf16_d128", STAGED),
-        Ok("pair") => ("vsa_fine_tma_pair_bf16_d128", SLOTS),
-        _ => ("vsa_fine_tma_bf16_d128", STAGED),
-    }
-}
+/// The fine kernel's dynamic shared memory: per consumer a query tile and three key/value
+/// stages, then 7 barriers each.
+const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 7 * 8;
 
 /// VSA's fine branch (plus `gate ⊙ coarse`) on Hopper through TMA, where it applies: bf16, head
 /// dim 128, sm_90a, 4×4×4 tiles. `None` elsewhere (the caller takes the portable kernel).
@@ -589,7 +576,7 @@ pub(crate) fn vsa_fine_fast(
     };
     let (tq, tk, tv) = (map(q_p, q_grid)?, map(k_p, k_grid)?, map(v_p, k_grid)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
-    let (name, smem) = vsa_fine_kernel();
+    let (name, smem) = ("vsa_fine_tma_bf16_d128", VSA_FINE_SMEM);
     let func = dev.func("attention", name)?;
     dev.allow_dynamic_smem(&func, smem)?;
     let cfg = LaunchConfig {

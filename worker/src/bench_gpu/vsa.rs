@@ -160,8 +160,8 @@ type Op<'a> = dyn FnMut() -> Result<()> + 'a;
 /// attention (740 TFLOP/s) starts at the clock that left: on 2026-12-05 one build's VSA call
 /// measured 1.44 ms there and 1.29 ms a few rows later, on the same inputs. Two ways, each with
 /// its ratio: sustained (each op back to back for two seconds, at the clock it holds alone) and
-/// interleaved (a dense call, a VSA call, a select-only one, one on each fine-kernel variant and
-/// the two forms with the means from a cache's frame sums, `repeat` times, all under the same mixed load, as in a model's stream where attention
+/// interleaved (a dense call, a VSA call, a select-only one and the two forms with the means from
+/// a cache's frame sums, `repeat` times, all under the same mixed load, as in a model's stream where attention
 /// sits between GEMMs).
 fn fair_rows(
     dev: Device,
@@ -187,18 +187,6 @@ fn fair_rows(
         kernels::vsa::attention_with(q, k, v, select, q_grid, k_grid, top_k)?;
         Ok(())
     };
-    // Hopper's fine-kernel variants (`WORLDLINE_VSA_FINE`, unmeasured until these rows):
-    // elsewhere the same kernel as `sparse`.
-    let variant = |name: &'static str| {
-        move || -> Result<()> {
-            std::env::set_var("WORLDLINE_VSA_FINE", name);
-            let ran = kernels::vsa::attention(q, k, v, None, q_grid, k_grid, top_k);
-            std::env::remove_var("WORLDLINE_VSA_FINE");
-            ran?;
-            Ok(())
-        }
-    };
-    let (mut free, mut pair) = (variant("free"), variant("pair"));
     // As a streaming cache runs it: the key (and value) tile means from per-frame slab sums
     // the cache keeps, where each call pays for summing its chunk's frames (the window's last
     // q_grid[0]) and writing them into the sums, not for reading the whole window.
@@ -262,23 +250,13 @@ fn fair_rows(
     );
 
     // Round-robin, so that each op starts where the others leave the clock.
-    let mut ops: [(&str, &str, &mut Op); 7] = [
+    let mut ops: [(&str, &str, &mut Op); 5] = [
         ("dense", "attention bf16", &mut dense),
         ("vsa", "vsa bf16 sparsity 0.9", &mut sparse),
         (
             "select-only (the model's form)",
             "vsa bf16 sparsity 0.9 select-only",
             &mut only,
-        ),
-        (
-            "fine kernel without turns (WORLDLINE_VSA_FINE=free)",
-            "vsa bf16 sparsity 0.9 free",
-            &mut free,
-        ),
-        (
-            "fine kernel over two kept tiles a step (WORLDLINE_VSA_FINE=pair)",
-            "vsa bf16 sparsity 0.9 pair",
-            &mut pair,
         ),
         (
             "vsa with the means from a cache's frame sums",
