@@ -28,7 +28,6 @@ pub struct KvCache {
 #[derive(Clone, Debug)]
 struct KeySums {
     hw: [usize; 2],
-    slabs: usize,
     sums: Tensor,
 }
 
@@ -139,7 +138,7 @@ impl KvCache {
         let slabs = crate::vsa::slabs_per_frame(hw);
         let shape = [self.window_frames * slabs, self.k.dim(1), self.k.dim(2)];
         let sums = Tensor::zeros_on(&shape, DType::F32, self.k.device())?;
-        self.key_sums = Some(KeySums { hw, slabs, sums });
+        self.key_sums = Some(KeySums { hw, sums });
         self.resum(0, self.len_tokens())?;
         Ok(self)
     }
@@ -157,7 +156,8 @@ impl KvCache {
             Some(ks) if n > 0 => {
                 let grid = [n / tpf, ks.hw[0], ks.hw[1]];
                 let sums = crate::vsa::frame_sums(&self.k, at, grid)?;
-                ops::write_rows(&mut ks.sums, at / tpf * ks.slabs, &sums)
+                let slabs = crate::vsa::slabs_per_frame(ks.hw);
+                ops::write_rows(&mut ks.sums, at / tpf * slabs, &sums)
             }
             _ => Ok(()),
         }
@@ -279,11 +279,8 @@ impl KvCache {
             ops::move_rows(&mut self.k, from * tpf, self.sink_frames * tpf, keep * tpf)?;
             ops::move_rows(&mut self.v, from * tpf, self.sink_frames * tpf, keep * tpf)?;
             if let Some(ks) = &mut self.key_sums {
-                let (from, to, keep) = (
-                    from * ks.slabs,
-                    self.sink_frames * ks.slabs,
-                    keep * ks.slabs,
-                );
+                let slabs = crate::vsa::slabs_per_frame(ks.hw);
+                let (from, to, keep) = (from * slabs, self.sink_frames * slabs, keep * slabs);
                 ops::move_rows(&mut ks.sums, from, to, keep)?;
             }
             self.frames

@@ -175,7 +175,7 @@ pub fn attention_cached(
     k_grid: [usize; 3],
     top_k: usize,
 ) -> Result<Tensor> {
-    let slabs = k_grid[0] * slabs_per_frame([k_grid[1], k_grid[2]]);
+    let slabs = sums_len(k_grid);
     let fits = |t: &Tensor| {
         t.dtype() == DType::F32
             && t.rank() == 3
@@ -232,7 +232,8 @@ pub fn frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tensor> 
     }
 }
 
-fn sums_len(grid: [usize; 3]) -> usize {
+/// Rows of [`frame_sums`] over `grid`: its frames' slabs.
+pub(crate) fn sums_len(grid: [usize; 3]) -> usize {
     grid[0] * slabs_per_frame([grid[1], grid[2]])
 }
 

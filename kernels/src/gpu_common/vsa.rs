@@ -11,7 +11,7 @@ use super::{
     cast, push, push_mut, storage, suffix, wrap, Backend as CudaBackend, DeviceBuf as CudaSlice,
     GpuData as CudaData, GpuStorage as CudaStorage, LaunchConfig,
 };
-use crate::vsa::{slabs_per_frame, tiles, Coarse, KeySums, Tiling, TILE};
+use crate::vsa::{sums_len, tiles, Coarse, KeySums, Tiling, TILE};
 use crate::{DType, Result, Tensor};
 
 /// Warps per block of the fine kernel (`WL_VSA_WARPS`).
@@ -187,7 +187,7 @@ pub fn vsa_frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tens
     let dev = &xs.dev;
     let (heads, d) = (x.dim(1), x.dim(2));
     let row = heads * d;
-    let slabs = grid[0] * slabs_per_frame([grid[1], grid[2]]);
+    let slabs = sums_len(grid);
     if i32::try_from(row).is_err() || i32::try_from(grid[1] * grid[2]).is_err() {
         return Err(dev.err(format!("vsa frame sums: {grid:?} × {row} exceed i32")));
     }
