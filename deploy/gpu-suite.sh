@@ -15,8 +15,10 @@
 # tests and `bench vsa`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
 # and without it; sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
-# answers; rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with
-# its peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test logs end up in one
+# answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
+# rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with its
+# peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test
+# logs end up in one
 # archive, test-logs.tgz: the device tool brings back only a few files from $OUT.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
 # under 20 s left is skipped and said so, so the summary still comes out inside one device call.
@@ -117,6 +119,9 @@ run() {
       ;;
     gemm-algos)
       part bench-gemm-algos 200 "$dir/worker" bench gemm-algos --device cuda --json "$out/gemm-algos.json"
+      ;;
+    gemm-configs)
+      part bench-gemm-configs 300 "$dir/worker" bench gemm-configs --device cuda --json "$out/gemm-configs.json"
       ;;
     codecs)
       part bench-codecs 300 "$dir/worker" bench codecs --device cuda --repeat 3 --json "$out/codecs.json"

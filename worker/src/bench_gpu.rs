@@ -14,8 +14,10 @@ use pipeline::{flops, ModelConfig, WeightStore};
 use serde::Serialize;
 
 mod gemm_algos;
+mod gemm_configs;
 mod vsa;
 pub use gemm_algos::run_gemm_algos;
+pub use gemm_configs::run_gemm_configs;
 pub use vsa::run_vsa;
 use vsa::vsa_rows;
 

@@ -69,7 +69,9 @@ enum Command {
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
         /// on --device, at LingBot's shapes. `vsa`: only the dense and sparse attention rows of
         /// `kernels`. `gemm-algos`: the `kernels` GEMMs with each of the first ranks of
-        /// cuBLASLt's heuristic answers, timed against each other (CUDA). `sp`: the streaming
+        /// cuBLASLt's heuristic answers, timed against each other (CUDA). `gemm-configs`: the
+        /// same GEMMs with other configurations (tile, cluster, stages …) of the heuristic's
+        /// first algorithm, the fastest against its own (CUDA). `sp`: the streaming
         /// loop of --model on 1, 2, 4 … --cards GPUs (Ulysses), each against one card,
         /// --chunks timed chunks. `gemm-rows`: a rank's GEMM rows against the whole chunk's.
         /// `codecs`: the tiny decoder/encoder and the Wan2.1 VAE on one 480×832 chunk on
@@ -146,6 +148,9 @@ fn main() -> Result<()> {
             "gemm-algos" => {
                 bench_gpu::run_gemm_algos(&cli.model.device, json.as_deref(), repeat.max(1))
             }
+            "gemm-configs" => {
+                bench_gpu::run_gemm_configs(&cli.model.device, json.as_deref(), repeat.max(1))
+            }
             "codecs" => bench_codecs::run(
                 &cli.model.device,
                 json.as_deref(),
@@ -154,7 +159,7 @@ fn main() -> Result<()> {
                 &codecs,
             ),
             other => anyhow::bail!(
-                "unknown bench suite '{other}' (expected cpu, kernels, vsa, sp, gemm-rows, gemm-algos or codecs)"
+                "unknown bench suite '{other}' (expected cpu, kernels, vsa, sp, gemm-rows, gemm-algos, gemm-configs or codecs)"
             ),
         },
         Some(Command::World(cmd)) => world::run(&cmd),

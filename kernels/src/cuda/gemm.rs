@@ -175,6 +175,43 @@ pub fn set_algo_rank(rank: usize) {
     ALGO_RANK.store(rank.min(MAX_ALGO_RANK), Ordering::Relaxed);
 }
 
+/// An algorithm configuration of cuBLASLt's (its enumerations, as numbers): tile, stages, the
+/// kernel's custom option, cluster shape and CTA swizzling. Split-K and the reduction stay as
+/// the heuristic's answer has them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AlgoConfig {
+    pub tile: u32,
+    pub stages: u32,
+    pub custom: u32,
+    pub cluster: u32,
+    pub swizzle: u32,
+}
+
+/// What an algorithm says it can take (`cublasLtMatmulAlgoCapGetAttribute`): the tiles and
+/// stage counts, the highest custom option, whether it swizzles CTAs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AlgoCaps {
+    pub tiles: Vec<u32>,
+    pub stages: Vec<u32>,
+    pub custom_max: u32,
+    pub swizzle: bool,
+}
+
+static CONFIG: std::sync::Mutex<Option<AlgoConfig>> = std::sync::Mutex::new(None);
+
+/// Makes plans made from now on take `config` in place of the heuristic's (`None`: the
+/// heuristic's own). A configuration cuBLASLt's check refuses makes no plan. For `bench
+/// gemm-algos`; plans already made keep theirs, and each configuration's plans are kept apart.
+pub fn set_algo_config(config: Option<AlgoConfig>) {
+    if let Ok(mut c) = CONFIG.lock() {
+        *c = config;
+    }
+}
+
+fn algo_config() -> Option<AlgoConfig> {
+    CONFIG.lock().ok().and_then(|c| *c)
+}
+
 /// `usize::MAX` until read from `WORLDLINE_GEMM_FAST_ACCUM`.
 static FAST_ACCUM: AtomicUsize = AtomicUsize::new(usize::MAX);
 
@@ -214,6 +251,12 @@ pub struct PlanInfo {
     pub waves: f32,
     /// fp8 accumulation without promotion into f32 ([`set_fp8_fast_accum`]).
     pub fast_accum: bool,
+    /// The configuration put in place of the heuristic's ([`set_algo_config`]), if any.
+    pub forced: Option<AlgoConfig>,
+    /// The configuration the plan runs (the heuristic's, or the forced one).
+    pub used: AlgoConfig,
+    /// What the heuristic's algorithm can take, for trying other configurations of it.
+    pub caps: AlgoCaps,
 }
 
 /// The workspace size cudarc gives Hopper and later; the heuristic is asked for plans within it.
@@ -235,11 +278,13 @@ pub(crate) struct Plans {
     one: Option<CudaSlice<f32>>,
 }
 
-/// What a plan takes beyond its shape: the heuristic's answer, and fp8's fast accumulation.
+/// What a plan takes beyond its shape: the heuristic's answer, fp8's fast accumulation, and a
+/// configuration put in place of the answer's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Choice {
     rank: usize,
     fast_accum: bool,
+    config: Option<AlgoConfig>,
 }
 
 /// Device addresses of one GEMM's operands (see [`Plans::run`]).
@@ -315,39 +360,38 @@ impl From<CublasError> for Made {
     }
 }
 
+/// One configuration attribute of `algo` (`None` where the library does not answer it).
+fn read_config(
+    algo: &sys::cublasLtMatmulAlgo_t,
+    attr: sys::cublasLtMatmulAlgoConfigAttributes_t,
+) -> Option<u64> {
+    let mut size = 0usize;
+    // SAFETY: a null buffer of size 0 asks only for the attribute's size.
+    let asked = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut size)
+    };
+    if asked != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > 8 {
+        return None;
+    }
+    let mut v = [0u8; 8];
+    let mut written = 0usize;
+    // SAFETY: `v` holds the `size` ≤ 8 bytes the library said the attribute takes.
+    let got = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            attr,
+            v.as_mut_ptr() as *mut c_void,
+            size,
+            &mut written,
+        )
+    };
+    (got == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then(|| u64::from_le_bytes(v))
+}
+
 /// `algo`'s configuration attributes as "id I tile T stages S splitk K reduction R swizzle W
 /// custom C cluster L" (an attribute the library does not answer is left out).
 fn config(algo: &sys::cublasLtMatmulAlgo_t) -> String {
     use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
-    let read = |attr: A| -> Option<u64> {
-        let mut size = 0usize;
-        // SAFETY: a null buffer of size 0 asks only for the attribute's size.
-        let asked = unsafe {
-            sys::cublasLtMatmulAlgoConfigGetAttribute(
-                algo,
-                attr,
-                std::ptr::null_mut(),
-                0,
-                &mut size,
-            )
-        };
-        if asked != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > 8 {
-            return None;
-        }
-        let mut v = [0u8; 8];
-        let mut written = 0usize;
-        // SAFETY: `v` holds the `size` ≤ 8 bytes the library said the attribute takes.
-        let got = unsafe {
-            sys::cublasLtMatmulAlgoConfigGetAttribute(
-                algo,
-                attr,
-                v.as_mut_ptr() as *mut c_void,
-                size,
-                &mut written,
-            )
-        };
-        (got == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then(|| u64::from_le_bytes(v))
-    };
     [
         ("id", A::CUBLASLT_ALGO_CONFIG_ID),
         ("tile", A::CUBLASLT_ALGO_CONFIG_TILE_ID),
@@ -359,9 +403,90 @@ fn config(algo: &sys::cublasLtMatmulAlgo_t) -> String {
         ("cluster", A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
     ]
     .iter()
-    .filter_map(|(name, attr)| read(*attr).map(|v| format!("{name} {v}")))
+    .filter_map(|(name, attr)| read_config(algo, *attr).map(|v| format!("{name} {v}")))
     .collect::<Vec<_>>()
     .join(" ")
+}
+
+/// The part of `algo`'s configuration that [`AlgoConfig`] sets (0 where not answered).
+fn used(algo: &sys::cublasLtMatmulAlgo_t) -> AlgoConfig {
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+    let get = |attr| read_config(algo, attr).unwrap_or(0) as u32;
+    AlgoConfig {
+        tile: get(A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+        stages: get(A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+        custom: get(A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+        cluster: get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+        swizzle: get(A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+    }
+}
+
+/// A capability attribute of `algo` as u32 values (an array attribute gives all of its; one the
+/// library does not answer gives none).
+fn cap(algo: &sys::cublasLtMatmulAlgo_t, attr: sys::cublasLtMatmulAlgoCapAttributes_t) -> Vec<u32> {
+    let mut size = 0usize;
+    // SAFETY: a null buffer of size 0 asks only for the attribute's size.
+    let asked = unsafe {
+        sys::cublasLtMatmulAlgoCapGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut size)
+    };
+    if asked != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > 4096 {
+        return Vec::new();
+    }
+    // Scalar attributes may be 4 or 8 bytes; arrays are of 4-byte enumerations.
+    let mut buf = vec![0u8; size];
+    let mut written = 0usize;
+    // SAFETY: `buf` holds the `size` bytes the library said the attribute takes.
+    let got = unsafe {
+        sys::cublasLtMatmulAlgoCapGetAttribute(
+            algo,
+            attr,
+            buf.as_mut_ptr() as *mut c_void,
+            size,
+            &mut written,
+        )
+    };
+    if got != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Vec::new();
+    }
+    buf.chunks_exact(4)
+        .take(written.min(size) / 4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn caps(algo: &sys::cublasLtMatmulAlgo_t) -> AlgoCaps {
+    use sys::cublasLtMatmulAlgoCapAttributes_t as C;
+    let first = |attr| cap(algo, attr).first().copied().unwrap_or(0);
+    AlgoCaps {
+        tiles: cap(algo, C::CUBLASLT_ALGO_CAP_TILE_IDS),
+        stages: cap(algo, C::CUBLASLT_ALGO_CAP_STAGES_IDS),
+        custom_max: first(C::CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX),
+        swizzle: first(C::CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT) != 0,
+    }
+}
+
+/// Puts `cfg` into `algo` (the heuristic's answer, so id, split-K and reduction stay its).
+fn configure(algo: &mut sys::cublasLtMatmulAlgo_t, cfg: AlgoConfig) -> Result<(), CublasError> {
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+    for (attr, v) in [
+        (A::CUBLASLT_ALGO_CONFIG_TILE_ID, cfg.tile),
+        (A::CUBLASLT_ALGO_CONFIG_STAGES_ID, cfg.stages),
+        (A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, cfg.custom),
+        (A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cfg.cluster),
+        (A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, cfg.swizzle),
+    ] {
+        // SAFETY: each attribute is a 32-bit value here, read from `v` during the call.
+        unsafe {
+            sys::cublasLtMatmulAlgoConfigSetAttribute(
+                algo,
+                attr,
+                (&v) as *const u32 as *const c_void,
+                4,
+            )
+        }
+        .result()?;
+    }
+    Ok(())
 }
 
 impl Plan {
@@ -499,8 +624,32 @@ impl Plan {
                 });
             }
             // The heuristic wrote `count` answers.
-            let h = answers[rank].assume_init();
+            let mut h = answers[rank].assume_init();
             h.state.result()?;
+            let caps = caps(&h.algo);
+            if let Some(cfg) = choice.config {
+                configure(&mut h.algo, cfg)?;
+                let mut checked = MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::uninit();
+                sys::cublasLtMatmulAlgoCheck(
+                    handle,
+                    desc.handle,
+                    a.handle,
+                    b.handle,
+                    c.handle,
+                    c.handle,
+                    &h.algo,
+                    checked.as_mut_ptr(),
+                )
+                .result()?;
+                let checked = checked.assume_init();
+                checked.state.result()?;
+                if checked.workspaceSize > WORKSPACE {
+                    return Err(Made::Lib(CublasError(
+                        sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+                    )));
+                }
+                h.wavesCount = checked.wavesCount;
+            }
             let info = PlanInfo {
                 kind: format!("{:?} {:?}", g.types, g.epilogue),
                 m: g.m,
@@ -511,8 +660,11 @@ impl Plan {
                 config: config(&h.algo),
                 waves: h.wavesCount,
                 fast_accum: choice.fast_accum,
+                forced: choice.config,
+                used: used(&h.algo),
+                caps,
             };
-            if rank > 0 || choice.fast_accum {
+            if rank > 0 || choice.fast_accum || choice.config.is_some() {
                 tracing::info!(
                     ?info,
                     "GEMM plan other than the default (heuristic's answer of rank {rank})"
@@ -619,6 +771,7 @@ impl Plans {
         let choice = Choice {
             rank: algo_rank(),
             fast_accum: g.types.fp8() && fp8_fast_accum(),
+            config: algo_config(),
         };
         let key = (g, choice);
         if self.plans.len() >= MAX_PLANS && !self.plans.contains_key(&key) {

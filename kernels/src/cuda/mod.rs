@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 pub use gemm::{
-    algo_rank, fp8_fast_accum, set_algo_rank, set_fp8_fast_accum, PlanInfo, MAX_ALGO_RANK,
+    algo_rank, fp8_fast_accum, set_algo_config, set_algo_rank, set_fp8_fast_accum, AlgoCaps,
+    AlgoConfig, PlanInfo, MAX_ALGO_RANK,
 };
 pub use storage::{CudaData, CudaStorage};
 

@@ -19,7 +19,7 @@ use super::{rand, round, sync, write_rows, Row, PEER_REPEAT};
 const RANKS: usize = 8;
 
 /// The GEMM's operands as `bench kernels` makes them, and the block's fp8 linear.
-enum Variant {
+pub(super) enum Variant {
     Bf16,
     Fp8(ScaleKind),
     /// fp8 rowwise with a bias, and GELU where set, in cuBLASLt's epilogue.
@@ -29,7 +29,7 @@ enum Variant {
 }
 
 impl Variant {
-    fn label(&self) -> String {
+    pub(super) fn label(&self) -> String {
         match self {
             Variant::Bf16 => "bf16".into(),
             Variant::Fp8(kind) => format!("fp8 {kind:?}"),
@@ -40,7 +40,7 @@ impl Variant {
 
     /// How the plan's kind starts and ends (`PlanInfo::kind`: types, then the epilogue):
     /// rowwise scales run as outer vectors.
-    fn plan_kind(&self) -> (&'static str, &'static str) {
+    pub(super) fn plan_kind(&self) -> (&'static str, &'static str) {
         match self {
             Variant::Bf16 => ("Bf16 ", " None"),
             Variant::Fp8(ScaleKind::Tensorwise) => ("Fp8 ", " None"),
@@ -74,7 +74,7 @@ impl Choice {
 }
 
 /// Relative L2 distance of `a` from `b`.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+pub(super) fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let (mut d, mut n) = (0f64, 0f64);
     for (x, y) in a.iter().zip(b) {
         d += f64::from(x - y).powi(2);

@@ -1,0 +1,241 @@
+//! `worker bench gemm-configs --device cuda`: the `gemm-algos` GEMMs with other configurations of
+//! the heuristic's first algorithm (tile, cluster shape, the kernel's custom option, then stages
+//! and CTA swizzling for the best few), each one cuBLASLt's check accepts timed once to screen,
+//! and the fastest few against the heuristic's own in interleaved rounds, every output compared
+//! with the heuristic's. The heuristic answers rowwise fp8 with one algorithm; this asks whether
+//! another configuration of it is faster, and at what cost in exactness.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use kernels::cuda::{AlgoConfig, PlanInfo};
+use kernels::{ops, DType, Device, ScaleKind, Tensor};
+use pipeline::flops;
+
+use super::gemm_algos::{rel_l2, Variant};
+use super::{rand, round, sync, write_rows, Row, PEER_REPEAT};
+
+/// cuBLASLt's cluster shapes tried: auto, 1×1×1, 2×1×1, 1×2×1, 2×2×1.
+const CLUSTERS: [u32; 5] = [0, 2, 3, 5, 6];
+/// How many of the screened configurations go on to the stage and swizzle variants, and to the
+/// interleaved rounds.
+const KEEP: usize = 3;
+const FINAL: usize = 5;
+
+/// The K width of a stage id of cuBLASLt's (`CUBLASLT_MATMUL_STAGES_<K>x<N>`), so that only
+/// stage counts of the K width the algorithm runs are tried.
+fn stage_width(id: u32) -> Option<u32> {
+    Some(match id {
+        1..=6 | 27 | 29 | 33 => 16,
+        7..=12 | 25 | 34 => 32,
+        13..=18 | 30 | 35 => 64,
+        19..=24 | 36 => 128,
+        26 | 28 | 31 | 32 => 8,
+        _ => return None,
+    })
+}
+
+/// One configuration's result: time, and its output against the heuristic's.
+struct Tried {
+    cfg: AlgoConfig,
+    best: Duration,
+    diff: f64,
+}
+
+pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
+    let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
+    let Device::Cuda(ordinal) = dev else {
+        bail!("bench gemm-configs tries cuBLASLt's configurations: pass --device cuda");
+    };
+    dev.ensure_available()?;
+    let backend = kernels::cuda::backend(ordinal)?;
+    let rounds = repeat.max(PEER_REPEAT);
+    kernels::cuda::set_algo_rank(0);
+    kernels::cuda::set_fp8_fast_accum(false);
+    let mut rows = Vec::new();
+    let mut summary = Vec::new();
+    for (m, k, n) in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)] {
+        let x = rand(dev, 1, &[m, k], 1.0, DType::BF16)?;
+        let w = rand(dev, 2, &[n, k], 0.02, DType::BF16)?;
+        let bias = rand(dev, 4, &[n], 0.05, DType::BF16)?;
+        for variant in [
+            Variant::Bf16,
+            Variant::Fp8(ScaleKind::Tensorwise),
+            Variant::Fp8(ScaleKind::Rowwise),
+            Variant::Block { gelu: n == 13824 },
+        ] {
+            let (a, b): (Tensor, Tensor) = match &variant {
+                Variant::Bf16 => (x.clone(), w.clone()),
+                Variant::Fp8(kind) => {
+                    (ops::quantize_fp8(&x, *kind)?, ops::quantize_fp8(&w, *kind)?)
+                }
+                Variant::Block { .. } => (
+                    ops::quantize_fp8(&x, ScaleKind::Rowwise)?,
+                    ops::quantize_fp8(&w, ScaleKind::Rowwise)?,
+                ),
+            };
+            let call = || -> kernels::Result<Tensor> {
+                match variant {
+                    Variant::Block { gelu: true } => ops::linear_gelu(&a, &b, Some(&bias)),
+                    Variant::Block { gelu: false } => ops::linear(&a, &b, Some(&bias)),
+                    _ => ops::linear(&a, &b, None),
+                }
+            };
+            let name = format!("gemm {} {m}x{k}x{n}", variant.label());
+            let (types, epilogue) = variant.plan_kind();
+            let plan = |forced: Option<AlgoConfig>| -> Result<Option<PlanInfo>> {
+                Ok(backend.gemm_plan_infos()?.into_iter().find(|i| {
+                    i.rank == 0
+                        && !i.fast_accum
+                        && i.forced == forced
+                        && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
+                        && i.kind.starts_with(types)
+                        && i.kind.ends_with(epilogue)
+                }))
+            };
+            // The heuristic's own plan, output and time.
+            kernels::cuda::set_algo_config(None);
+            let base_out = call()?.to_dtype(DType::F32)?.to_vec_f32();
+            let Some(info) = plan(None)? else {
+                println!("{name}: no cuBLASLt plan of this kind, skipped");
+                continue;
+            };
+            let heuristic = info.used;
+            println!(
+                "{name}: heuristic {} (waves {:.2}); caps: tiles {:?}, stages {:?}, custom ≤ {}, swizzle {}",
+                info.config, info.waves, info.caps.tiles, info.caps.stages, info.caps.custom_max, info.caps.swizzle
+            );
+            // Runs `cfg` once to make its plan, then times it; `None` where cuBLASLt refused it.
+            let attempt = |cfg: AlgoConfig| -> Result<Option<Tried>> {
+                kernels::cuda::set_algo_config(Some(cfg));
+                let Ok(out) = call() else {
+                    return Ok(None);
+                };
+                if plan(Some(cfg))?.is_none() {
+                    return Ok(None); // refused: the call took a fallback path
+                }
+                let diff = rel_l2(&out.to_dtype(DType::F32)?.to_vec_f32(), &base_out);
+                let mut best = Duration::MAX;
+                for _ in 0..3 {
+                    best =
+                        best.min(round(dev, 1, || call().map(|_| ()).map_err(Into::into))?.device);
+                }
+                Ok(Some(Tried { cfg, best, diff }))
+            };
+            let tiles = if info.caps.tiles.is_empty() {
+                vec![heuristic.tile]
+            } else {
+                info.caps.tiles.clone()
+            };
+            let mut screened = Vec::new();
+            let mut refused = 0usize;
+            for &tile in &tiles {
+                for cluster in CLUSTERS {
+                    for custom in 0..=info.caps.custom_max {
+                        let cfg = AlgoConfig {
+                            tile,
+                            cluster,
+                            custom,
+                            ..heuristic
+                        };
+                        match attempt(cfg)? {
+                            Some(t) => screened.push(t),
+                            None => refused += 1,
+                        }
+                    }
+                }
+            }
+            screened.sort_by_key(|t| t.best);
+            // Stage counts of the same K width, and swizzling, for the best few.
+            let width = stage_width(heuristic.stages);
+            let stages: Vec<u32> = info
+                .caps
+                .stages
+                .iter()
+                .copied()
+                .filter(|&s| s != heuristic.stages && width.is_some() && stage_width(s) == width)
+                .collect();
+            let swizzles: &[u32] = if info.caps.swizzle { &[0, 1] } else { &[0] };
+            let leaders: Vec<AlgoConfig> = screened.iter().take(KEEP).map(|t| t.cfg).collect();
+            for lead in leaders {
+                for &stages in stages.iter().chain([&lead.stages]) {
+                    for &swizzle in swizzles {
+                        let cfg = AlgoConfig {
+                            stages,
+                            swizzle,
+                            ..lead
+                        };
+                        if cfg == lead || screened.iter().any(|t| t.cfg == cfg) {
+                            continue;
+                        }
+                        match attempt(cfg)? {
+                            Some(t) => screened.push(t),
+                            None => refused += 1,
+                        }
+                    }
+                }
+            }
+            screened.sort_by_key(|t| t.best);
+            println!(
+                "{name}: {} configurations accepted, {refused} refused; screened best {}",
+                screened.len(),
+                screened
+                    .first()
+                    .map(|t| format!("{:.3} ms {:?}", t.best.as_secs_f64() * 1e3, t.cfg))
+                    .unwrap_or_else(|| "none".into())
+            );
+            // The heuristic's against the fastest few, in interleaved rounds.
+            let mut finalists: Vec<Option<&Tried>> = vec![None];
+            finalists.extend(
+                screened
+                    .iter()
+                    .filter(|t| t.cfg != heuristic)
+                    .take(FINAL)
+                    .map(Some),
+            );
+            let mut best = vec![Duration::MAX; finalists.len()];
+            for _ in 0..rounds {
+                for (slot, f) in finalists.iter().enumerate() {
+                    kernels::cuda::set_algo_config(f.map(|t| t.cfg));
+                    let t = round(dev, 1, || call().map(|_| ()).map_err(Into::into))?.device;
+                    best[slot] = best[slot].min(t);
+                }
+            }
+            sync(dev)?;
+            kernels::cuda::set_algo_config(None);
+            let base = best[0];
+            let mut fastest = (None, base, 0.0);
+            for (slot, f) in finalists.iter().enumerate() {
+                let label = match f {
+                    None => format!("{name} heuristic {heuristic:?}"),
+                    Some(t) => format!("{name} {:?}", t.cfg),
+                };
+                rows.push(Row::printed(label, best[slot], flops::linear(m, k, n)));
+                let diff = f.map_or(0.0, |t| t.diff);
+                println!(
+                    "  {:.3}× the heuristic's; output against it: rel L2 {diff:.2e}",
+                    base.as_secs_f64() / best[slot].as_secs_f64()
+                );
+                if best[slot] < fastest.1 {
+                    fastest = (f.map(|t| t.cfg), best[slot], diff);
+                }
+            }
+            summary.push((name, base, fastest));
+        }
+    }
+    println!("\nper GEMM: the heuristic's configuration against the fastest, best of {rounds} interleaved rounds");
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (name, base, (cfg, t, diff)) in &summary {
+        match cfg {
+            None => println!("{name}: heuristic {:.3} ms, the fastest", ms(*base)),
+            Some(cfg) => println!(
+                "{name}: heuristic {:.3} ms, fastest {:.3} ms ({:.3}×, rel L2 {diff:.2e}) {cfg:?}",
+                ms(*base),
+                ms(*t),
+                base.as_secs_f64() / t.as_secs_f64()
+            ),
+        }
+    }
+    write_rows(json, &rows)
+}
