@@ -552,6 +552,67 @@ fn fp8_gemm_matches_the_cpu(dev: Device) {
 }
 backend_test!(fp8_gemm_matches_the_cpu);
 
+/// GEMM tuning (`WORLDLINE_GEMM_TUNE`, on by default): a large GEMM's plan, tuned on its first
+/// call, runs another configuration of cuBLASLt's algorithm only where the output is the
+/// heuristic's bit for bit. Each case runs untuned, then tuned (a plan of its own), at a size
+/// the tuner takes; outputs equal to the bit, and both near the CPU.
+fn tuned_gemms_give_the_heuristics_bits(dev: Device) {
+    let Device::Cuda(ordinal) = dev else {
+        println!("skipping {dev}: GEMM tuning is cuBLASLt's");
+        return;
+    };
+    let mut rng = Rng::new(47);
+    let (m, k, n) = (2048, 2048, 2560);
+    let x = rand(&mut rng, &[m, k], DType::BF16);
+    let w = rand(&mut rng, &[n, k], DType::BF16);
+    let bias = rand(&mut rng, &[n], DType::BF16);
+    let q = |t: &Tensor| ops::quantize_fp8(t, ScaleKind::Rowwise).expect("fp8");
+    let (xq, wq) = (q(&x), q(&w));
+    type Case<'a> = (&'a str, [&'a Tensor; 3], fn(&[Tensor]) -> Result<Tensor>);
+    let cases: [Case; 4] = [
+        ("bf16", [&x, &w, &bias], |v| ops::linear(&v[0], &v[1], None)),
+        ("fp8 rowwise", [&xq, &wq, &bias], |v| {
+            ops::linear(&v[0], &v[1], None)
+        }),
+        ("fp8 rowwise + bias", [&xq, &wq, &bias], |v| {
+            ops::linear(&v[0], &v[1], Some(&v[2]))
+        }),
+        ("fp8 rowwise + bias + gelu", [&xq, &wq, &bias], |v| {
+            ops::linear_gelu(&v[0], &v[1], Some(&v[2]))
+        }),
+    ];
+    for (what, inputs, f) in cases {
+        let gpu: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| t.to_device(dev).expect("up"))
+            .collect();
+        kernels::cuda::set_gemm_tune(false);
+        let plain = f(&gpu).expect("untuned").to_vec_f32();
+        kernels::cuda::set_gemm_tune(true);
+        let tuned = f(&gpu).expect("tuned").to_vec_f32();
+        let same = plain
+            .iter()
+            .zip(&tuned)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{what}: the tuned plan's output differs from the heuristic's"
+        );
+        let cpu: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
+        let want = f(&cpu).expect("cpu");
+        let e = rel_l2(&tuned, &widen(&want.to_vec_f32()));
+        println!("{what} {m}×{k}×{n}: tuned = untuned bit for bit; against the CPU rel L2 {e:.2e}");
+        assert!(e < 1e-2, "{what}: rel L2 {e:.3e}");
+    }
+    let infos = kernels::cuda::backend(ordinal)
+        .and_then(|b| b.gemm_plan_infos())
+        .expect("plans");
+    for i in infos.iter().filter(|i| i.tuned) {
+        println!("tuned: {} {}×{}×{}: {}", i.kind, i.m, i.n, i.k, i.config);
+    }
+}
+backend_test!(tuned_gemms_give_the_heuristics_bits);
+
 fn fp8_quantization_matches_the_cpu_code_for_code(dev: Device) {
     let mut rng = Rng::new(3);
     // Rows of a whole number of 16-byte vectors (quant_rows_vec: 300 f32, 1000 of either) and

@@ -27,6 +27,10 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop}
 
 use super::CudaData;
 
+#[path = "gemm_tune.rs"]
+mod tune;
+pub use tune::{gemm_tune, set_gemm_tune};
+
 /// What cuBLASLt does after the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Epilogue {
@@ -257,6 +261,8 @@ pub struct PlanInfo {
     pub used: AlgoConfig,
     /// What the heuristic's algorithm can take, for trying other configurations of it.
     pub caps: AlgoCaps,
+    /// The configuration is a tuned one (see [`gemm_tune`]), not the heuristic's.
+    pub tuned: bool,
 }
 
 /// The workspace size cudarc gives Hopper and later; the heuristic is asked for plans within it.
@@ -276,6 +282,8 @@ pub(crate) struct Plans {
     workspace: Option<CudaSlice<u8>>,
     /// A device 1.0, the unit scale of fp8 GEMMs whose scales are applied afterwards.
     one: Option<CudaSlice<f32>>,
+    /// The tuning choices made on this GPU (see [`gemm_tune`]).
+    tuning: tune::TuneCache,
 }
 
 /// What a plan takes beyond its shape: the heuristic's answer, fp8's fast accumulation, and a
@@ -285,6 +293,8 @@ struct Choice {
     rank: usize,
     fast_accum: bool,
     config: Option<AlgoConfig>,
+    /// Tuned on its first call (see [`gemm_tune`]); tuned and untuned plans are kept apart.
+    tune: bool,
 }
 
 /// Device addresses of one GEMM's operands (see [`Plans::run`]).
@@ -468,22 +478,33 @@ fn caps(algo: &sys::cublasLtMatmulAlgo_t) -> AlgoCaps {
 /// Puts `cfg` into `algo` (the heuristic's answer, so id, split-K and reduction stay its).
 fn configure(algo: &mut sys::cublasLtMatmulAlgo_t, cfg: AlgoConfig) -> Result<(), CublasError> {
     use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
-    for (attr, v) in [
+    // The cluster shape is a uint16_t attribute, the others uint32_t; the library refuses a
+    // value of the wrong size.
+    let cluster = u16::try_from(cfg.cluster)
+        .map_err(|_| CublasError(sys::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE))?;
+    let words = [
         (A::CUBLASLT_ALGO_CONFIG_TILE_ID, cfg.tile),
         (A::CUBLASLT_ALGO_CONFIG_STAGES_ID, cfg.stages),
         (A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, cfg.custom),
-        (A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cfg.cluster),
         (A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, cfg.swizzle),
-    ] {
-        // SAFETY: each attribute is a 32-bit value here, read from `v` during the call.
-        unsafe {
+    ];
+    // SAFETY: each value is read during its call, at the size the attribute takes.
+    unsafe {
+        for (attr, v) in words {
             sys::cublasLtMatmulAlgoConfigSetAttribute(
                 algo,
                 attr,
                 (&v) as *const u32 as *const c_void,
                 4,
             )
+            .result()?;
         }
+        sys::cublasLtMatmulAlgoConfigSetAttribute(
+            algo,
+            A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+            (&cluster) as *const u16 as *const c_void,
+            2,
+        )
         .result()?;
     }
     Ok(())
@@ -663,8 +684,9 @@ impl Plan {
                 forced: choice.config,
                 used: used(&h.algo),
                 caps,
+                tuned: false,
             };
-            if rank > 0 || choice.fast_accum || choice.config.is_some() {
+            if rank > 0 || choice.fast_accum {
                 tracing::info!(
                     ?info,
                     "GEMM plan other than the default (heuristic's answer of rank {rank})"
@@ -683,8 +705,8 @@ impl Plan {
 }
 
 impl Plans {
-    /// A new handle for the device whose context is bound to this thread.
-    pub(crate) fn new() -> Result<Plans, CublasError> {
+    /// A new handle for the device (named `device`) whose context is bound to this thread.
+    pub(crate) fn new(device: &str) -> Result<Plans, CublasError> {
         Ok(Plans {
             handle: Owned {
                 handle: result::create_handle()?,
@@ -693,6 +715,7 @@ impl Plans {
             plans: HashMap::new(),
             workspace: None,
             one: None,
+            tuning: tune::TuneCache::open(device),
         })
     }
 
@@ -772,6 +795,11 @@ impl Plans {
             rank: algo_rank(),
             fast_accum: g.types.fp8() && fp8_fast_accum(),
             config: algo_config(),
+            tune: false,
+        };
+        let choice = Choice {
+            tune: choice.rank == 0 && choice.config.is_none() && tune::worth_it(&g) && gemm_tune(),
+            ..choice
         };
         let key = (g, choice);
         if self.plans.len() >= MAX_PLANS && !self.plans.contains_key(&key) {
@@ -783,7 +811,25 @@ impl Plans {
             let new = !self.plans.contains_key(&key);
             if new {
                 match Plan::new(handle, &g, &ops, key.1) {
-                    Ok(plan) => {
+                    Ok(mut plan) => {
+                        if choice.tune {
+                            let ws = self.workspace.as_mut().ok_or("no workspace")?;
+                            let (w, _w) = ws.device_ptr_mut(stream);
+                            // Tuning only speeds a plan up: where it fails, the heuristic's
+                            // plan stays, and the call below says what is wrong.
+                            let tuned = self.tuning.apply(
+                                &mut plan,
+                                handle,
+                                &g,
+                                &ops,
+                                w,
+                                stream,
+                                choice.fast_accum,
+                            );
+                            if let Err(e) = tuned {
+                                tracing::warn!(gemm = ?g, error = %e, "GEMM not tuned");
+                            }
+                        }
                         self.plans.insert(key, Ok(plan));
                     }
                     Err(e) if may_refuse => {

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 pub use gemm::{
-    algo_rank, fp8_fast_accum, set_algo_config, set_algo_rank, set_fp8_fast_accum, AlgoCaps,
-    AlgoConfig, PlanInfo, MAX_ALGO_RANK,
+    algo_rank, fp8_fast_accum, gemm_tune, set_algo_config, set_algo_rank, set_fp8_fast_accum,
+    set_gemm_tune, AlgoCaps, AlgoConfig, PlanInfo, MAX_ALGO_RANK,
 };
 pub use storage::{CudaData, CudaStorage};
 
@@ -169,7 +169,8 @@ impl CudaBackend {
         let stream = ctx.new_stream().map_err(|e| dev_err(ordinal, e))?;
         keep_pool_memory(ordinal);
         ctx.bind_to_thread().map_err(|e| dev_err(ordinal, e))?;
-        let plans = gemm::Plans::new().map_err(|e| dev_err(ordinal, e))?;
+        let name = ctx.name().map_err(|e| dev_err(ordinal, e))?;
+        let plans = gemm::Plans::new(&name).map_err(|e| dev_err(ordinal, e))?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let attr = |a| ctx.attribute(a).map_err(|e| dev_err(ordinal, e));
         let (major, minor) = (
@@ -183,7 +184,6 @@ impl CudaBackend {
             format!("sm_{major}{minor}")
         };
         let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
-        let name = ctx.name().map_err(|e| dev_err(ordinal, e))?;
         Ok(CudaBackend {
             ordinal,
             name,

@@ -1,7 +1,8 @@
 //! `worker bench gemm-algos --device cuda`: the nine GEMMs (bf16, fp8 tensorwise and fp8
 //! rowwise at the three 14B shapes), and fp8 rowwise as the 14B block runs it (bias in the
 //! epilogue, and GELU at the FFN's first half), each with the first ranks of cuBLASLt's
-//! heuristic answers (the engine takes rank 0), and the fp8 ones also at rank 0 with fast
+//! heuristic answers, untuned (the engine takes rank 0 and tunes its configuration: `bench
+//! gemm-configs` times that), and the fp8 ones also at rank 0 with fast
 //! accumulation (no promotion into f32; off in the engine), timed against each other in
 //! interleaved rounds so that all see the same clock, each output compared with rank 0's. What
 //! each one's algorithm is comes from the plan it made.
@@ -91,6 +92,8 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
     dev.ensure_available()?;
     let backend = kernels::cuda::backend(ordinal)?;
     let rounds = repeat.max(PEER_REPEAT);
+    let tune = kernels::cuda::gemm_tune();
+    kernels::cuda::set_gemm_tune(false);
     let engine = Choice {
         rank: kernels::cuda::algo_rank(),
         fast: kernels::cuda::fp8_fast_accum(),
@@ -225,6 +228,7 @@ pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Resul
         }
     }
     engine.apply();
+    kernels::cuda::set_gemm_tune(tune);
     println!("\nper GEMM: rank 0 (the engine's) against the fastest choice, best of {rounds} interleaved rounds");
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     for (name, base, (c, t)) in &summary {

@@ -1,12 +1,12 @@
 //! `worker bench gemm-configs --device cuda`: the `gemm-algos` GEMMs with other configurations of
 //! the heuristic's first algorithm (tile, cluster shape, the kernel's custom option, then stages
 //! and CTA swizzling for the best few), each one cuBLASLt's check accepts timed once to screen,
-//! and the fastest few against the heuristic's own in interleaved rounds, every output compared
-//! with the heuristic's. The heuristic answers rowwise fp8 with one algorithm; this asks whether
-//! another configuration of it is faster, and at what cost in exactness.
+//! then the heuristic's plan, the engine's tuned plan (`WORLDLINE_GEMM_TUNE`, kernels'
+//! `gemm_tune.rs`) and the fastest few in interleaved rounds, every output compared with the
+//! heuristic's.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use kernels::cuda::{AlgoConfig, PlanInfo};
@@ -22,6 +22,12 @@ const CLUSTERS: [u32; 5] = [0, 2, 3, 5, 6];
 /// interleaved rounds.
 const KEEP: usize = 3;
 const FINAL: usize = 5;
+/// The highest custom option tried (the heuristic's answers so far used up to 7).
+const MAX_CUSTOM: u32 = 15;
+/// Screening time per GEMM: cuBLASLt lists hundreds of tiles for Hopper, so the heuristic's tile
+/// is screened first (every cluster shape and custom option), then the others in the list's
+/// order until this runs out.
+const SCREEN: Duration = Duration::from_secs(4);
 
 /// The K width of a stage id of cuBLASLt's (`CUBLASLT_MATMUL_STAGES_<K>x<N>`), so that only
 /// stage counts of the K width the algorithm runs are tried.
@@ -36,11 +42,30 @@ fn stage_width(id: u32) -> Option<u32> {
     })
 }
 
-/// One configuration's result: time, and its output against the heuristic's.
+/// A plan in the final rounds.
+#[derive(Clone, Copy)]
+enum Finalist {
+    /// cuBLASLt's heuristic answer, untuned.
+    Heuristic,
+    /// What the engine runs: the plan tuned on its first call.
+    Tuned,
+    Forced(AlgoConfig),
+}
+
+impl Finalist {
+    fn apply(self) {
+        kernels::cuda::set_algo_config(match self {
+            Finalist::Forced(c) => Some(c),
+            _ => None,
+        });
+        kernels::cuda::set_gemm_tune(matches!(self, Finalist::Tuned));
+    }
+}
+
+/// One configuration's screening time.
 struct Tried {
     cfg: AlgoConfig,
     best: Duration,
-    diff: f64,
 }
 
 pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
@@ -53,6 +78,8 @@ pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Res
     let rounds = repeat.max(PEER_REPEAT);
     kernels::cuda::set_algo_rank(0);
     kernels::cuda::set_fp8_fast_accum(false);
+    // The heuristic's own plans are the baseline; the tuned ones are a finalist.
+    kernels::cuda::set_gemm_tune(false);
     let mut rows = Vec::new();
     let mut summary = Vec::new();
     for (m, k, n) in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)] {
@@ -102,43 +129,52 @@ pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Res
                 continue;
             };
             let heuristic = info.used;
+            let tiles = &info.caps.tiles;
             println!(
-                "{name}: heuristic {} (waves {:.2}); caps: tiles {:?}, stages {:?}, custom ≤ {}, swizzle {}",
-                info.config, info.waves, info.caps.tiles, info.caps.stages, info.caps.custom_max, info.caps.swizzle
+                "{name}: heuristic {} (waves {:.2}); caps: {} tiles ({}–{}), stages {:?}, custom ≤ {}, swizzle {}",
+                info.config,
+                info.waves,
+                tiles.len(),
+                tiles.iter().min().unwrap_or(&0),
+                tiles.iter().max().unwrap_or(&0),
+                info.caps.stages,
+                info.caps.custom_max,
+                info.caps.swizzle
             );
-            // Runs `cfg` once to make its plan, then times it; `None` where cuBLASLt refused it.
+            // Makes `cfg`'s plan by a first call, then times it; `None` where cuBLASLt refused
+            // it. Outputs are compared for the finalists only (a copy to the host each).
             let attempt = |cfg: AlgoConfig| -> Result<Option<Tried>> {
                 kernels::cuda::set_algo_config(Some(cfg));
-                let Ok(out) = call() else {
-                    return Ok(None);
-                };
-                if plan(Some(cfg))?.is_none() {
-                    return Ok(None); // refused: the call took a fallback path
+                if call().is_err() || plan(Some(cfg))?.is_none() {
+                    return Ok(None); // refused, or the call took a fallback path
                 }
-                let diff = rel_l2(&out.to_dtype(DType::F32)?.to_vec_f32(), &base_out);
                 let mut best = Duration::MAX;
-                for _ in 0..3 {
-                    best =
-                        best.min(round(dev, 1, || call().map(|_| ()).map_err(Into::into))?.device);
+                for _ in 0..2 {
+                    let t = round(dev, 1, || call().map(|_| ()).map_err(Into::into))?;
+                    best = best.min(t.device);
                 }
-                Ok(Some(Tried { cfg, best, diff }))
+                Ok(Some(Tried { cfg, best }))
             };
-            let tiles = if info.caps.tiles.is_empty() {
-                vec![heuristic.tile]
-            } else {
-                info.caps.tiles.clone()
-            };
-            let mut screened = Vec::new();
-            let mut refused = 0usize;
-            for &tile in &tiles {
+            let mut order = vec![heuristic.tile];
+            order.extend(tiles.iter().copied().filter(|&t| t != heuristic.tile));
+            let started = Instant::now();
+            let (mut screened, mut refused, mut tiles_screened) = (Vec::new(), 0usize, 0usize);
+            for &tile in &order {
+                if started.elapsed() > SCREEN {
+                    break;
+                }
+                tiles_screened += 1;
                 for cluster in CLUSTERS {
-                    for custom in 0..=info.caps.custom_max {
+                    for custom in 0..=info.caps.custom_max.min(MAX_CUSTOM) {
                         let cfg = AlgoConfig {
                             tile,
                             cluster,
                             custom,
                             ..heuristic
                         };
+                        if cfg == heuristic {
+                            continue;
+                        }
                         match attempt(cfg)? {
                             Some(t) => screened.push(t),
                             None => refused += 1,
@@ -178,49 +214,80 @@ pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Res
             }
             screened.sort_by_key(|t| t.best);
             println!(
-                "{name}: {} configurations accepted, {refused} refused; screened best {}",
+                "{name}: {tiles_screened} of {} tiles screened; {} configurations accepted, {refused} refused; screened best {}",
+                order.len(),
                 screened.len(),
                 screened
                     .first()
                     .map(|t| format!("{:.3} ms {:?}", t.best.as_secs_f64() * 1e3, t.cfg))
                     .unwrap_or_else(|| "none".into())
             );
-            // The heuristic's against the fastest few, in interleaved rounds.
-            let mut finalists: Vec<Option<&Tried>> = vec![None];
+            // The heuristic's against the engine's tuned plan and the fastest few, in
+            // interleaved rounds.
+            let mut finalists = vec![Finalist::Heuristic, Finalist::Tuned];
             finalists.extend(
                 screened
                     .iter()
                     .filter(|t| t.cfg != heuristic)
                     .take(FINAL)
-                    .map(Some),
+                    .map(|t| Finalist::Forced(t.cfg)),
             );
+            // Each finalist's output against the heuristic's (the tuned plan is made here).
+            let mut diffs = vec![0.0; finalists.len()];
+            for (slot, f) in finalists.iter().enumerate().skip(1) {
+                f.apply();
+                diffs[slot] = rel_l2(&call()?.to_dtype(DType::F32)?.to_vec_f32(), &base_out);
+            }
+            let tuned = backend
+                .gemm_plan_infos()?
+                .into_iter()
+                .find(|i| {
+                    i.tuned
+                        && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
+                        && i.kind.starts_with(types)
+                        && i.kind.ends_with(epilogue)
+                })
+                .map(|i| i.used);
             let mut best = vec![Duration::MAX; finalists.len()];
             for _ in 0..rounds {
                 for (slot, f) in finalists.iter().enumerate() {
-                    kernels::cuda::set_algo_config(f.map(|t| t.cfg));
+                    f.apply();
                     let t = round(dev, 1, || call().map(|_| ()).map_err(Into::into))?.device;
                     best[slot] = best[slot].min(t);
                 }
             }
             sync(dev)?;
-            kernels::cuda::set_algo_config(None);
+            Finalist::Heuristic.apply();
             let base = best[0];
             let mut fastest = (None, base, 0.0);
             for (slot, f) in finalists.iter().enumerate() {
+                let diff = diffs[slot];
                 let label = match f {
-                    None => format!("{name} heuristic {heuristic:?}"),
-                    Some(t) => format!("{name} {:?}", t.cfg),
+                    Finalist::Heuristic => format!("{name} heuristic {heuristic:?}"),
+                    Finalist::Tuned => match tuned {
+                        Some(c) => format!("{name} tuned (the engine's) {c:?}, rel L2 {diff:.1e}"),
+                        None => format!("{name} tuned (the engine's): the heuristic's kept"),
+                    },
+                    Finalist::Forced(c) => format!("{name} {c:?}, rel L2 {diff:.1e}"),
                 };
                 rows.push(Row::printed(label, best[slot], flops::linear(m, k, n)));
-                let diff = f.map_or(0.0, |t| t.diff);
                 println!(
-                    "  {:.3}× the heuristic's; output against it: rel L2 {diff:.2e}",
+                    "  {:.3}× the heuristic's",
                     base.as_secs_f64() / best[slot].as_secs_f64()
                 );
-                if best[slot] < fastest.1 {
-                    fastest = (f.map(|t| t.cfg), best[slot], diff);
+                if let Finalist::Forced(c) = f {
+                    if best[slot] < fastest.1 {
+                        fastest = (Some(*c), best[slot], diff);
+                    }
                 }
             }
+            let tuned_t = best[1];
+            println!(
+                "{name}: the engine's tuned plan {:.3} ms against the heuristic's {:.3} ms ({:.3}×)",
+                tuned_t.as_secs_f64() * 1e3,
+                base.as_secs_f64() * 1e3,
+                base.as_secs_f64() / tuned_t.as_secs_f64()
+            );
             summary.push((name, base, fastest));
         }
     }
