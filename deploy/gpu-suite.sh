@@ -199,7 +199,7 @@ run() {
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm)" >&2 ;;
     esac
   done
   if compgen -G "$out/test-*.log" >/dev/null; then

@@ -90,9 +90,20 @@ fn rounds(
     calls: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<Vec<Round>> {
+    let warm = Instant::now();
     f()?;
     sync(dev)?;
+    settle(warm.elapsed());
     (0..repeat).map(|_| round(dev, calls, &mut f)).collect()
+}
+
+/// After a warm-up that took `took`: a first call that tuned GEMM plans (up to ~2 s of GEMMs
+/// back to back, kernels' `gemm_tune.rs`) leaves the card at its power cap, and rounds timed
+/// right after ran 20 % slow on an H100 (2026-12-05). A second's rest lets its clock recover.
+fn settle(took: Duration) {
+    if took > Duration::from_millis(300) {
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 /// One round: `calls` calls of `f`, timed on the stream (events on CUDA, the host clock and a
