@@ -16,7 +16,9 @@
 // once, measured 20-25 % slower on the H200 even where the lists shared 45 % of their tiles.
 // What bounds this kernel is issue: at the same instructions per cycle as the dense kernel it
 // executes 1.57 times the instructions per key, the fixed cost of a step spread over 64 keys
-// where the dense kernel's covers 128 (BENCHMARKS.md, 2026-12-05). Two kept tiles a step (one
+// where the dense kernel's covers 128 (BENCHMARKS.md, 2026-12-05). Not the width of S: two
+// warpgroups issuing only this kernel's products (8 × m64n64k16, 4 × m64n128k16 a step) kept
+// an H100's tensor cores busy every cycle. Two kept tiles a step (one
 // softmax pass per 128 keys), in six one-tile slots per consumer since two K and two V tiles do
 // not fit three stages, measured 25-40 % slower: the next pair's V could only start loading
 // once this step's scores were done.
