@@ -370,32 +370,38 @@ impl From<CublasError> for Made {
     }
 }
 
+/// An attribute read cuBLASLt's way: `get(buffer, size, written)` asked first with no buffer
+/// for the size, then with a buffer of that size (at most `max` bytes); `None` where the library
+/// does not answer.
+fn attribute(
+    max: usize,
+    get: impl Fn(*mut c_void, usize, &mut usize) -> sys::cublasStatus_t,
+) -> Option<Vec<u8>> {
+    let ok = sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+    let mut size = 0usize;
+    if get(std::ptr::null_mut(), 0, &mut size) != ok || size == 0 || size > max {
+        return None;
+    }
+    let mut buf = vec![0u8; size];
+    let mut written = 0usize;
+    (get(buf.as_mut_ptr() as *mut c_void, size, &mut written) == ok).then(|| {
+        buf.truncate(written.min(size));
+        buf
+    })
+}
+
 /// One configuration attribute of `algo` (`None` where the library does not answer it).
 fn read_config(
     algo: &sys::cublasLtMatmulAlgo_t,
     attr: sys::cublasLtMatmulAlgoConfigAttributes_t,
 ) -> Option<u64> {
-    let mut size = 0usize;
-    // SAFETY: a null buffer of size 0 asks only for the attribute's size.
-    let asked = unsafe {
-        sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut size)
-    };
-    if asked != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > 8 {
-        return None;
-    }
-    let mut v = [0u8; 8];
-    let mut written = 0usize;
-    // SAFETY: `v` holds the `size` ≤ 8 bytes the library said the attribute takes.
-    let got = unsafe {
-        sys::cublasLtMatmulAlgoConfigGetAttribute(
-            algo,
-            attr,
-            v.as_mut_ptr() as *mut c_void,
-            size,
-            &mut written,
-        )
-    };
-    (got == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then(|| u64::from_le_bytes(v))
+    // SAFETY: `get` passes a buffer of the size it states, or none with size 0.
+    let v = attribute(8, |buf, size, written| unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, buf, size, written)
+    })?;
+    let mut bytes = [0u8; 8];
+    bytes[..v.len()].copy_from_slice(&v);
+    Some(u64::from_le_bytes(bytes))
 }
 
 /// `algo`'s configuration attributes as "id I tile T stages S splitk K reduction R swizzle W
@@ -434,32 +440,13 @@ fn used(algo: &sys::cublasLtMatmulAlgo_t) -> AlgoConfig {
 /// A capability attribute of `algo` as u32 values (an array attribute gives all of its; one the
 /// library does not answer gives none).
 fn cap(algo: &sys::cublasLtMatmulAlgo_t, attr: sys::cublasLtMatmulAlgoCapAttributes_t) -> Vec<u32> {
-    let mut size = 0usize;
-    // SAFETY: a null buffer of size 0 asks only for the attribute's size.
-    let asked = unsafe {
-        sys::cublasLtMatmulAlgoCapGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut size)
-    };
-    if asked != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > 4096 {
-        return Vec::new();
-    }
-    // Scalar attributes may be 4 or 8 bytes; arrays are of 4-byte enumerations.
-    let mut buf = vec![0u8; size];
-    let mut written = 0usize;
-    // SAFETY: `buf` holds the `size` bytes the library said the attribute takes.
-    let got = unsafe {
-        sys::cublasLtMatmulAlgoCapGetAttribute(
-            algo,
-            attr,
-            buf.as_mut_ptr() as *mut c_void,
-            size,
-            &mut written,
-        )
-    };
-    if got != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        return Vec::new();
-    }
-    buf.chunks_exact(4)
-        .take(written.min(size) / 4)
+    // SAFETY: `get` passes a buffer of the size it states, or none with size 0.
+    let v = attribute(4096, |buf, size, written| unsafe {
+        sys::cublasLtMatmulAlgoCapGetAttribute(algo, attr, buf, size, written)
+    });
+    // Arrays are of 4-byte enumerations; scalars are 4 bytes (or 8: the low word).
+    v.unwrap_or_default()
+        .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
@@ -645,32 +632,9 @@ impl Plan {
                 });
             }
             // The heuristic wrote `count` answers.
-            let mut h = answers[rank].assume_init();
+            let h = answers[rank].assume_init();
             h.state.result()?;
             let caps = caps(&h.algo);
-            if let Some(cfg) = choice.config {
-                configure(&mut h.algo, cfg)?;
-                let mut checked = MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::uninit();
-                sys::cublasLtMatmulAlgoCheck(
-                    handle,
-                    desc.handle,
-                    a.handle,
-                    b.handle,
-                    c.handle,
-                    c.handle,
-                    &h.algo,
-                    checked.as_mut_ptr(),
-                )
-                .result()?;
-                let checked = checked.assume_init();
-                checked.state.result()?;
-                if checked.workspaceSize > WORKSPACE {
-                    return Err(Made::Lib(CublasError(
-                        sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
-                    )));
-                }
-                h.wavesCount = checked.wavesCount;
-            }
             let info = PlanInfo {
                 kind: format!("{:?} {:?}", g.types, g.epilogue),
                 m: g.m,
@@ -692,14 +656,25 @@ impl Plan {
                     "GEMM plan other than the default (heuristic's answer of rank {rank})"
                 );
             }
-            Ok(Plan {
+            let mut plan = Plan {
                 desc,
                 a,
                 b,
                 c,
                 algo: h.algo,
                 info,
-            })
+            };
+            if let Some(cfg) = choice.config {
+                let not_taken = Made::Lib(CublasError(
+                    sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+                ));
+                let (algo, waves) = plan.checked(handle, cfg).ok_or(not_taken)?;
+                plan.algo = algo;
+                plan.info.used = cfg;
+                plan.info.config = config(&algo);
+                plan.info.waves = waves;
+            }
+            Ok(plan)
         }
     }
 }
@@ -848,25 +823,7 @@ impl Plans {
             }
             let ws = self.workspace.as_mut().ok_or("no workspace")?;
             let (w, _w) = ws.device_ptr_mut(stream);
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            let ran = result::matmul(
-                handle,
-                plan.desc.handle,
-                (&alpha) as *const f32 as *const c_void,
-                (&beta) as *const f32 as *const c_void,
-                ops.a as *const c_void,
-                plan.a.handle,
-                ops.b as *const c_void,
-                plan.b.handle,
-                ops.c as *const c_void,
-                plan.c.handle,
-                ops.c as *mut c_void,
-                plan.c.handle,
-                &plan.algo,
-                w as *mut c_void,
-                WORKSPACE,
-                stream.cu_stream() as *mut _,
-            );
+            let ran = plan.launch(handle, &plan.algo, &ops, w, stream);
             match ran {
                 Ok(()) => Ok(Tried::Ran),
                 // cuBLASLt checks these before it launches anything.

@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use cudarc::cublaslt::{result, sys};
+use cudarc::cublaslt::result::{self, CublasError};
+use cudarc::cublaslt::sys;
 use cudarc::driver::CudaStream;
 
 use super::{configure, setting, AlgoConfig, Gemm, Operands, Plan, Types, WORKSPACE};
@@ -133,7 +134,7 @@ impl TuneCache {
             Some(Some(cfg)) => {
                 // A kept choice the library no longer accepts leaves the heuristic's.
                 // SAFETY: a live plan.
-                if let Some(algo) = unsafe { plan.checked(handle, cfg) } {
+                if let Some((algo, _)) = unsafe { plan.checked(handle, cfg) } {
                     plan.adopt(cfg, algo);
                 }
             }
@@ -202,8 +203,8 @@ pub(super) struct Tuned {
 }
 
 impl Plan {
-    /// Puts `cfg` into a copy of the plan's algorithm and asks cuBLASLt's check; the copy where
-    /// it is accepted within the workspace.
+    /// Puts `cfg` into a copy of the plan's algorithm and asks cuBLASLt's check; the copy, and
+    /// the check's estimate of its waves, where it is accepted within the workspace.
     ///
     /// # Safety
     /// A live plan.
@@ -211,7 +212,7 @@ impl Plan {
         &self,
         handle: sys::cublasLtHandle_t,
         cfg: AlgoConfig,
-    ) -> Option<sys::cublasLtMatmulAlgo_t> {
+    ) -> Option<(sys::cublasLtMatmulAlgo_t, f32)> {
         let mut algo = self.algo;
         configure(&mut algo, cfg).ok()?;
         let mut checked = MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::uninit();
@@ -232,7 +233,7 @@ impl Plan {
             let checked = checked.assume_init();
             (checked.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
                 && checked.workspaceSize <= WORKSPACE)
-                .then_some(algo)
+                .then_some((algo, checked.wavesCount))
         }
     }
 
@@ -247,7 +248,7 @@ impl Plan {
         ops: &Operands,
         ws: u64,
         stream: &CudaStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), CublasError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the caller's promise on the addresses; the plan's live descriptors.
         unsafe {
@@ -270,7 +271,6 @@ impl Plan {
                 stream.cu_stream() as *mut _,
             )
         }
-        .map_err(|e| e.to_string())
     }
 
     /// Times `algo` on the real operands: the best of two calls after a first, in ms.
@@ -288,12 +288,12 @@ impl Plan {
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let e = |e: cudarc::driver::DriverError| e.to_string();
         // SAFETY: the caller's promise.
-        unsafe { self.launch(handle, algo, ops, ws, stream) }?;
+        let launch = |p: &Plan| unsafe { p.launch(handle, algo, ops, ws, stream) };
+        launch(self).map_err(|e| e.to_string())?;
         let mut best = f32::MAX;
         for _ in 0..2 {
             let start = stream.record_event(timing).map_err(e)?;
-            // SAFETY: the caller's promise.
-            unsafe { self.launch(handle, algo, ops, ws, stream) }?;
+            launch(self).map_err(|e| e.to_string())?;
             let end = stream.record_event(timing).map_err(e)?;
             best = best.min(start.elapsed_ms(&end).map_err(e)?);
         }
@@ -318,7 +318,8 @@ impl Plan {
         let mut host = vec![0u8; bytes];
         // SAFETY: the caller's promise; C holds `bytes` bytes at ops.c.
         unsafe {
-            self.launch(handle, algo, ops, ws, stream)?;
+            self.launch(handle, algo, ops, ws, stream)
+                .map_err(|e| e.to_string())?;
             cudarc::driver::result::memcpy_dtoh_async(&mut host, ops.c, stream.cu_stream())
                 .map_err(|e| e.to_string())?;
         }
@@ -367,7 +368,7 @@ impl Plan {
                     if cfg == heuristic {
                         continue;
                     }
-                    let Some(algo) = (unsafe { self.checked(handle, cfg) }) else {
+                    let Some((algo, _)) = (unsafe { self.checked(handle, cfg) }) else {
                         continue;
                     };
                     // A configuration the check accepts may still fail to launch: skip it.

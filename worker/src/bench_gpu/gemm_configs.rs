@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use kernels::cuda::{AlgoConfig, PlanInfo};
-use kernels::{ops, DType, Device, ScaleKind, Tensor};
+use kernels::{DType, Device};
 use pipeline::flops;
 
-use super::gemm_algos::{rel_l2, Variant};
-use super::{rand, round, sync, write_rows, Row, PEER_REPEAT};
+use super::gemm_algos::{for_each_case, rel_l2};
+use super::{round, sync, write_rows, Row, PEER_REPEAT};
 
 /// cuBLASLt's cluster shapes tried: auto, 1×1×1, 2×1×1, 1×2×1, 2×2×1.
 const CLUSTERS: [u32; 5] = [0, 2, 3, 5, 6];
@@ -82,55 +82,31 @@ pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Res
     kernels::cuda::set_gemm_tune(false);
     let mut rows = Vec::new();
     let mut summary = Vec::new();
-    for (m, k, n) in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)] {
-        let x = rand(dev, 1, &[m, k], 1.0, DType::BF16)?;
-        let w = rand(dev, 2, &[n, k], 0.02, DType::BF16)?;
-        let bias = rand(dev, 4, &[n], 0.05, DType::BF16)?;
-        for variant in [
-            Variant::Bf16,
-            Variant::Fp8(ScaleKind::Tensorwise),
-            Variant::Fp8(ScaleKind::Rowwise),
-            Variant::Block { gelu: n == 13824 },
-        ] {
-            let (a, b): (Tensor, Tensor) = match &variant {
-                Variant::Bf16 => (x.clone(), w.clone()),
-                Variant::Fp8(kind) => {
-                    (ops::quantize_fp8(&x, *kind)?, ops::quantize_fp8(&w, *kind)?)
-                }
-                Variant::Block { .. } => (
-                    ops::quantize_fp8(&x, ScaleKind::Rowwise)?,
-                    ops::quantize_fp8(&w, ScaleKind::Rowwise)?,
-                ),
-            };
-            let call = || -> kernels::Result<Tensor> {
-                match variant {
-                    Variant::Block { gelu: true } => ops::linear_gelu(&a, &b, Some(&bias)),
-                    Variant::Block { gelu: false } => ops::linear(&a, &b, Some(&bias)),
-                    _ => ops::linear(&a, &b, None),
-                }
-            };
-            let name = format!("gemm {} {m}x{k}x{n}", variant.label());
-            let (types, epilogue) = variant.plan_kind();
-            let plan = |forced: Option<AlgoConfig>| -> Result<Option<PlanInfo>> {
-                Ok(backend.gemm_plan_infos()?.into_iter().find(|i| {
-                    i.rank == 0
-                        && !i.fast_accum
-                        && i.forced == forced
-                        && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
-                        && i.kind.starts_with(types)
-                        && i.kind.ends_with(epilogue)
-                }))
-            };
-            // The heuristic's own plan, output and time.
-            kernels::cuda::set_algo_config(None);
-            let base_out = call()?.to_dtype(DType::F32)?.to_vec_f32();
-            let Some(info) = plan(None)? else {
-                println!("{name}: no cuBLASLt plan of this kind, skipped");
-                continue;
-            };
-            let heuristic = info.used;
-            let tiles = &info.caps.tiles;
-            println!(
+    for_each_case(dev, |case| {
+        let (m, k, n, variant) = (case.m, case.k, case.n, &case.variant);
+        let call = || case.call();
+        let name = case.name();
+        let (types, epilogue) = variant.plan_kind();
+        let plan = |forced: Option<AlgoConfig>| -> Result<Option<PlanInfo>> {
+            Ok(backend.gemm_plan_infos()?.into_iter().find(|i| {
+                i.rank == 0
+                    && !i.fast_accum
+                    && i.forced == forced
+                    && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
+                    && i.kind.starts_with(types)
+                    && i.kind.ends_with(epilogue)
+            }))
+        };
+        // The heuristic's own plan, output and time.
+        kernels::cuda::set_algo_config(None);
+        let base_out = call()?.to_dtype(DType::F32)?.to_vec_f32();
+        let Some(info) = plan(None)? else {
+            println!("{name}: no cuBLASLt plan of this kind, skipped");
+            return Ok(());
+        };
+        let heuristic = info.used;
+        let tiles = &info.caps.tiles;
+        println!(
                 "{name}: heuristic {} (waves {:.2}); caps: {} tiles ({}–{}), stages {:?}, custom ≤ {}, swizzle {}",
                 info.config,
                 info.waves,
@@ -141,79 +117,79 @@ pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Res
                 info.caps.custom_max,
                 info.caps.swizzle
             );
-            // Makes `cfg`'s plan by a first call, then times it; `None` where cuBLASLt refused
-            // it. Outputs are compared for the finalists only (a copy to the host each).
-            let attempt = |cfg: AlgoConfig| -> Result<Option<Tried>> {
-                kernels::cuda::set_algo_config(Some(cfg));
-                if call().is_err() || plan(Some(cfg))?.is_none() {
-                    return Ok(None); // refused, or the call took a fallback path
-                }
-                let mut best = Duration::MAX;
-                for _ in 0..2 {
-                    let t = round(dev, 1, || call().map(|_| ()).map_err(Into::into))?;
-                    best = best.min(t.device);
-                }
-                Ok(Some(Tried { cfg, best }))
-            };
-            let mut order = vec![heuristic.tile];
-            order.extend(tiles.iter().copied().filter(|&t| t != heuristic.tile));
-            let started = Instant::now();
-            let (mut screened, mut refused, mut tiles_screened) = (Vec::new(), 0usize, 0usize);
-            for &tile in &order {
-                if started.elapsed() > SCREEN {
-                    break;
-                }
-                tiles_screened += 1;
-                for cluster in CLUSTERS {
-                    for custom in 0..=info.caps.custom_max.min(MAX_CUSTOM) {
-                        let cfg = AlgoConfig {
-                            tile,
-                            cluster,
-                            custom,
-                            ..heuristic
-                        };
-                        if cfg == heuristic {
-                            continue;
-                        }
-                        match attempt(cfg)? {
-                            Some(t) => screened.push(t),
-                            None => refused += 1,
-                        }
+        // Makes `cfg`'s plan by a first call, then times it; `None` where cuBLASLt refused
+        // it. Outputs are compared for the finalists only (a copy to the host each).
+        let attempt = |cfg: AlgoConfig| -> Result<Option<Tried>> {
+            kernels::cuda::set_algo_config(Some(cfg));
+            if call().is_err() || plan(Some(cfg))?.is_none() {
+                return Ok(None); // refused, or the call took a fallback path
+            }
+            let mut best = Duration::MAX;
+            for _ in 0..2 {
+                let t = round(dev, 1, || call().map(|_| ()).map_err(Into::into))?;
+                best = best.min(t.device);
+            }
+            Ok(Some(Tried { cfg, best }))
+        };
+        let mut order = vec![heuristic.tile];
+        order.extend(tiles.iter().copied().filter(|&t| t != heuristic.tile));
+        let started = Instant::now();
+        let (mut screened, mut refused, mut tiles_screened) = (Vec::new(), 0usize, 0usize);
+        for &tile in &order {
+            if started.elapsed() > SCREEN {
+                break;
+            }
+            tiles_screened += 1;
+            for cluster in CLUSTERS {
+                for custom in 0..=info.caps.custom_max.min(MAX_CUSTOM) {
+                    let cfg = AlgoConfig {
+                        tile,
+                        cluster,
+                        custom,
+                        ..heuristic
+                    };
+                    if cfg == heuristic {
+                        continue;
+                    }
+                    match attempt(cfg)? {
+                        Some(t) => screened.push(t),
+                        None => refused += 1,
                     }
                 }
             }
-            screened.sort_by_key(|t| t.best);
-            // Stage counts of the same K width, and swizzling, for the best few.
-            let width = stage_width(heuristic.stages);
-            let stages: Vec<u32> = info
-                .caps
-                .stages
-                .iter()
-                .copied()
-                .filter(|&s| s != heuristic.stages && width.is_some() && stage_width(s) == width)
-                .collect();
-            let swizzles: &[u32] = if info.caps.swizzle { &[0, 1] } else { &[0] };
-            let leaders: Vec<AlgoConfig> = screened.iter().take(KEEP).map(|t| t.cfg).collect();
-            for lead in leaders {
-                for &stages in stages.iter().chain([&lead.stages]) {
-                    for &swizzle in swizzles {
-                        let cfg = AlgoConfig {
-                            stages,
-                            swizzle,
-                            ..lead
-                        };
-                        if cfg == lead || screened.iter().any(|t| t.cfg == cfg) {
-                            continue;
-                        }
-                        match attempt(cfg)? {
-                            Some(t) => screened.push(t),
-                            None => refused += 1,
-                        }
+        }
+        screened.sort_by_key(|t| t.best);
+        // Stage counts of the same K width, and swizzling, for the best few.
+        let width = stage_width(heuristic.stages);
+        let stages: Vec<u32> = info
+            .caps
+            .stages
+            .iter()
+            .copied()
+            .filter(|&s| s != heuristic.stages && width.is_some() && stage_width(s) == width)
+            .collect();
+        let swizzles: &[u32] = if info.caps.swizzle { &[0, 1] } else { &[0] };
+        let leaders: Vec<AlgoConfig> = screened.iter().take(KEEP).map(|t| t.cfg).collect();
+        for lead in leaders {
+            for &stages in stages.iter().chain([&lead.stages]) {
+                for &swizzle in swizzles {
+                    let cfg = AlgoConfig {
+                        stages,
+                        swizzle,
+                        ..lead
+                    };
+                    if cfg == lead || screened.iter().any(|t| t.cfg == cfg) {
+                        continue;
+                    }
+                    match attempt(cfg)? {
+                        Some(t) => screened.push(t),
+                        None => refused += 1,
                     }
                 }
             }
-            screened.sort_by_key(|t| t.best);
-            println!(
+        }
+        screened.sort_by_key(|t| t.best);
+        println!(
                 "{name}: {tiles_screened} of {} tiles screened; {} configurations accepted, {refused} refused; screened best {}",
                 order.len(),
                 screened.len(),
@@ -222,75 +198,75 @@ pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Res
                     .map(|t| format!("{:.3} ms {:?}", t.best.as_secs_f64() * 1e3, t.cfg))
                     .unwrap_or_else(|| "none".into())
             );
-            // The heuristic's against the engine's tuned plan and the fastest few, in
-            // interleaved rounds.
-            let mut finalists = vec![Finalist::Heuristic, Finalist::Tuned];
-            finalists.extend(
-                screened
-                    .iter()
-                    .filter(|t| t.cfg != heuristic)
-                    .take(FINAL)
-                    .map(|t| Finalist::Forced(t.cfg)),
-            );
-            // Each finalist's output against the heuristic's (the tuned plan is made here).
-            let mut diffs = vec![0.0; finalists.len()];
-            for (slot, f) in finalists.iter().enumerate().skip(1) {
-                f.apply();
-                diffs[slot] = rel_l2(&call()?.to_dtype(DType::F32)?.to_vec_f32(), &base_out);
-            }
-            let tuned = backend
-                .gemm_plan_infos()?
-                .into_iter()
-                .find(|i| {
-                    i.tuned
-                        && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
-                        && i.kind.starts_with(types)
-                        && i.kind.ends_with(epilogue)
-                })
-                .map(|i| i.used);
-            let mut best = vec![Duration::MAX; finalists.len()];
-            for _ in 0..rounds {
-                for (slot, f) in finalists.iter().enumerate() {
-                    f.apply();
-                    let t = round(dev, 1, || call().map(|_| ()).map_err(Into::into))?.device;
-                    best[slot] = best[slot].min(t);
-                }
-            }
-            sync(dev)?;
-            Finalist::Heuristic.apply();
-            let base = best[0];
-            let mut fastest = (None, base, 0.0);
-            for (slot, f) in finalists.iter().enumerate() {
-                let diff = diffs[slot];
-                let label = match f {
-                    Finalist::Heuristic => format!("{name} heuristic {heuristic:?}"),
-                    Finalist::Tuned => match tuned {
-                        Some(c) => format!("{name} tuned (the engine's) {c:?}, rel L2 {diff:.1e}"),
-                        None => format!("{name} tuned (the engine's): the heuristic's kept"),
-                    },
-                    Finalist::Forced(c) => format!("{name} {c:?}, rel L2 {diff:.1e}"),
-                };
-                rows.push(Row::printed(label, best[slot], flops::linear(m, k, n)));
-                println!(
-                    "  {:.3}× the heuristic's",
-                    base.as_secs_f64() / best[slot].as_secs_f64()
-                );
-                if let Finalist::Forced(c) = f {
-                    if best[slot] < fastest.1 {
-                        fastest = (Some(*c), best[slot], diff);
-                    }
-                }
-            }
-            let tuned_t = best[1];
-            println!(
-                "{name}: the engine's tuned plan {:.3} ms against the heuristic's {:.3} ms ({:.3}×)",
-                tuned_t.as_secs_f64() * 1e3,
-                base.as_secs_f64() * 1e3,
-                base.as_secs_f64() / tuned_t.as_secs_f64()
-            );
-            summary.push((name, base, fastest));
+        // The heuristic's against the engine's tuned plan and the fastest few, in
+        // interleaved rounds.
+        let mut finalists = vec![Finalist::Heuristic, Finalist::Tuned];
+        finalists.extend(
+            screened
+                .iter()
+                .filter(|t| t.cfg != heuristic)
+                .take(FINAL)
+                .map(|t| Finalist::Forced(t.cfg)),
+        );
+        // Each finalist's output against the heuristic's (the tuned plan is made here).
+        let mut diffs = vec![0.0; finalists.len()];
+        for (slot, f) in finalists.iter().enumerate().skip(1) {
+            f.apply();
+            diffs[slot] = rel_l2(&call()?.to_dtype(DType::F32)?.to_vec_f32(), &base_out);
         }
-    }
+        let tuned = backend
+            .gemm_plan_infos()?
+            .into_iter()
+            .find(|i| {
+                i.tuned
+                    && (i.m, i.n, i.k) == (n as u64, m as u64, k as u64)
+                    && i.kind.starts_with(types)
+                    && i.kind.ends_with(epilogue)
+            })
+            .map(|i| i.used);
+        let mut best = vec![Duration::MAX; finalists.len()];
+        for _ in 0..rounds {
+            for (slot, f) in finalists.iter().enumerate() {
+                f.apply();
+                let t = round(dev, 1, || call().map(|_| ()).map_err(Into::into))?.device;
+                best[slot] = best[slot].min(t);
+            }
+        }
+        sync(dev)?;
+        Finalist::Heuristic.apply();
+        let base = best[0];
+        let mut fastest = (None, base, 0.0);
+        for (slot, f) in finalists.iter().enumerate() {
+            let diff = diffs[slot];
+            let label = match f {
+                Finalist::Heuristic => format!("{name} heuristic {heuristic:?}"),
+                Finalist::Tuned => match tuned {
+                    Some(c) => format!("{name} tuned (the engine's) {c:?}, rel L2 {diff:.1e}"),
+                    None => format!("{name} tuned (the engine's): the heuristic's kept"),
+                },
+                Finalist::Forced(c) => format!("{name} {c:?}, rel L2 {diff:.1e}"),
+            };
+            rows.push(Row::printed(label, best[slot], flops::linear(m, k, n)));
+            println!(
+                "  {:.3}× the heuristic's",
+                base.as_secs_f64() / best[slot].as_secs_f64()
+            );
+            if let Finalist::Forced(c) = f {
+                if best[slot] < fastest.1 {
+                    fastest = (Some(*c), best[slot], diff);
+                }
+            }
+        }
+        let tuned_t = best[1];
+        println!(
+            "{name}: the engine's tuned plan {:.3} ms against the heuristic's {:.3} ms ({:.3}×)",
+            tuned_t.as_secs_f64() * 1e3,
+            base.as_secs_f64() * 1e3,
+            base.as_secs_f64() / tuned_t.as_secs_f64()
+        );
+        summary.push((name, base, fastest));
+        Ok(())
+    })?;
     println!("\nper GEMM: the heuristic's configuration against the fastest, best of {rounds} interleaved rounds");
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     for (name, base, (cfg, t, diff)) in &summary {
