@@ -202,17 +202,23 @@ pub struct AlgoCaps {
 }
 
 static CONFIG: std::sync::Mutex<Option<AlgoConfig>> = std::sync::Mutex::new(None);
+/// Whether `CONFIG` holds one, so that a GEMM call takes no lock when none is set.
+static CONFIG_SET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Makes plans made from now on take `config` in place of the heuristic's (`None`: the
 /// heuristic's own). A configuration cuBLASLt's check refuses makes no plan. For `bench
-/// gemm-algos`; plans already made keep theirs, and each configuration's plans are kept apart.
+/// gemm-configs`; plans already made keep theirs, and each configuration's plans are kept apart.
 pub fn set_algo_config(config: Option<AlgoConfig>) {
     if let Ok(mut c) = CONFIG.lock() {
         *c = config;
+        CONFIG_SET.store(config.is_some(), Ordering::Relaxed);
     }
 }
 
 fn algo_config() -> Option<AlgoConfig> {
+    if !CONFIG_SET.load(Ordering::Relaxed) {
+        return None;
+    }
     CONFIG.lock().ok().and_then(|c| *c)
 }
 
