@@ -149,13 +149,21 @@ pub(super) fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (d / n.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
+/// `device` as a CUDA device and its backend, for the cuBLASLt benches (`what` says which).
+pub(super) fn cublaslt_device(
+    device: &str,
+    what: &str,
+) -> Result<(Device, std::sync::Arc<kernels::cuda::CudaBackend>)> {
     let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
     let Device::Cuda(ordinal) = dev else {
-        bail!("bench gemm-algos ranks cuBLASLt's answers: pass --device cuda");
+        bail!("bench {what} works on cuBLASLt: pass --device cuda");
     };
     dev.ensure_available()?;
-    let backend = kernels::cuda::backend(ordinal)?;
+    Ok((dev, kernels::cuda::backend(ordinal)?))
+}
+
+pub fn run_gemm_algos(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
+    let (dev, backend) = cublaslt_device(device, "gemm-algos")?;
     let rounds = repeat.max(PEER_REPEAT);
     let tune = kernels::cuda::gemm_tune();
     kernels::cuda::set_gemm_tune(false);

@@ -8,12 +8,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use kernels::cuda::{AlgoConfig, PlanInfo};
-use kernels::{DType, Device};
+use kernels::DType;
 use pipeline::flops;
 
-use super::gemm_algos::{for_each_case, rel_l2};
+use super::gemm_algos::{cublaslt_device, for_each_case, rel_l2};
 use super::{round, sync, write_rows, Row, PEER_REPEAT};
 
 /// cuBLASLt's cluster shapes tried: auto, 1×1×1, 2×1×1, 1×2×1, 2×2×1.
@@ -69,12 +69,7 @@ struct Tried {
 }
 
 pub fn run_gemm_configs(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
-    let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
-    let Device::Cuda(ordinal) = dev else {
-        bail!("bench gemm-configs tries cuBLASLt's configurations: pass --device cuda");
-    };
-    dev.ensure_available()?;
-    let backend = kernels::cuda::backend(ordinal)?;
+    let (dev, backend) = cublaslt_device(device, "gemm-configs")?;
     let rounds = repeat.max(PEER_REPEAT);
     kernels::cuda::set_algo_rank(0);
     kernels::cuda::set_fp8_fast_accum(false);
