@@ -117,6 +117,26 @@ run() {
       part bench-kernels 300 "$dir/worker" bench kernels --device cuda --repeat 3 --json "$out/kernels.json"
       part peer-kernels 200 python3 worker/bench/peer.py "$out/peer.json"
       ;;
+    serve)
+      # `worker serve` on the GPU: its start-up chunk (kernels compiled, GEMM plans tuned) before
+      # the port opens, then /status (warm_up_seconds) and the start log.
+      part serve-warm-up 300 bash -c '
+        "$0" --model lingbot-1.3b --weights random --device cuda --dtype fp8 \
+          --listen 127.0.0.1:8791 >"$1/serve.log" 2>&1 & pid=$!
+        python3 - <<PY
+import json, time, urllib.request
+for _ in range(280):
+    try:
+        s = json.load(urllib.request.urlopen("http://127.0.0.1:8791/status", timeout=2))
+        print(json.dumps({k: s.get(k) for k in ("model", "device", "dtype", "warm_up_seconds", "sessions")}))
+        break
+    except Exception:
+        time.sleep(1)
+else:
+    raise SystemExit("no /status within 280 s")
+PY
+        rc=$?; kill $pid; wait $pid; grep -E "warmed up|tuned|compiled" "$1/serve.log" | cut -c1-300; exit $rc' "$dir/worker" "$out"
+      ;;
     gemm-algos)
       part bench-gemm-algos 200 "$dir/worker" bench gemm-algos --device cuda --json "$out/gemm-algos.json"
       ;;

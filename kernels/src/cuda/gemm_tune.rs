@@ -30,8 +30,13 @@ const CLUSTERS: [u16; 4] = [0, 2, 3, 5];
 const MAX_CUSTOM: u32 = 7;
 /// A candidate must beat the heuristic by this much to be taken: timing noise is ~1 %.
 const MARGIN: f32 = 0.97;
-/// At most this long on one GEMM's screening (its accepted configurations' timed calls).
+/// At most this long on one GEMM's first two stages (see [`Plan::tune`]).
 const BUDGET: Duration = Duration::from_secs(2);
+/// Tiles whose every option is tried, after the heuristic's.
+const SHORTLIST: usize = 6;
+/// Configurations timed against the heuristic's in the final rounds, and the rounds.
+const FINALISTS: usize = 4;
+const ROUNDS: usize = 5;
 
 /// `usize::MAX` until read from `WORLDLINE_GEMM_TUNE`.
 static TUNE: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -202,6 +207,24 @@ pub(super) struct Tuned {
     pub accepted: usize,
 }
 
+/// The (cluster shape, custom option) pairs to try, the heuristic's first, then those sharing
+/// its cluster shape, so that a tile's first accepted pair is the nearest to the heuristic's.
+fn options(heuristic: AlgoConfig, max_custom: u32) -> Vec<(u32, u32)> {
+    let mut clusters = vec![heuristic.cluster];
+    clusters.extend(
+        CLUSTERS
+            .map(u32::from)
+            .into_iter()
+            .filter(|&c| c != heuristic.cluster),
+    );
+    let mut customs = vec![heuristic.custom];
+    customs.extend((0..=max_custom).filter(|&c| c != heuristic.custom));
+    clusters
+        .iter()
+        .flat_map(|&cl| customs.iter().map(move |&cu| (cl, cu)))
+        .collect()
+}
+
 impl Plan {
     /// Puts `cfg` into a copy of the plan's algorithm and asks cuBLASLt's check; the copy, and
     /// the check's estimate of its waves, where it is accepted within the workspace.
@@ -273,7 +296,7 @@ impl Plan {
         }
     }
 
-    /// Times `algo` on the real operands: the best of two calls after a first, in ms.
+    /// Times `algo` on the real operands: the best of `runs` calls after a first, in ms.
     ///
     /// # Safety
     /// As [`Plan::launch`].
@@ -284,6 +307,7 @@ impl Plan {
         ops: &Operands,
         ws: u64,
         stream: &std::sync::Arc<CudaStream>,
+        runs: usize,
     ) -> Result<f32, String> {
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let e = |e: cudarc::driver::DriverError| e.to_string();
@@ -291,7 +315,7 @@ impl Plan {
         let launch = |p: &Plan| unsafe { p.launch(handle, algo, ops, ws, stream) };
         launch(self).map_err(|e| e.to_string())?;
         let mut best = f32::MAX;
-        for _ in 0..2 {
+        for _ in 0..runs {
             let start = stream.record_event(timing).map_err(e)?;
             launch(self).map_err(|e| e.to_string())?;
             let end = stream.record_event(timing).map_err(e)?;
@@ -328,7 +352,11 @@ impl Plan {
     }
 
     /// Screens the configurations cuBLASLt accepts for this plan and takes the fastest whose
-    /// output is the heuristic's bit for bit (see the module's comment).
+    /// output is the heuristic's bit for bit (see the module's comment). Three stages, as the
+    /// list is too long to time whole in the budget (634 tiles on Hopper, each with cluster
+    /// shapes and custom options): every tile once at the options nearest the heuristic's; then
+    /// the fastest few tiles with every cluster shape and custom option; then the fastest few
+    /// configurations and the heuristic's in interleaved rounds, which decide.
     ///
     /// # Safety
     /// As [`Plan::launch`]: the operands are live and C may be overwritten (the caller's call
@@ -343,46 +371,85 @@ impl Plan {
     ) -> Result<Tuned, String> {
         let heuristic = self.info.used;
         let base = self.algo;
-        // SAFETY: the caller's promise, throughout.
-        let heuristic_ms = unsafe { self.time(handle, &base, ops, ws, stream) }?;
-        let mut tiles = vec![heuristic.tile];
-        tiles.extend(
-            self.info
-                .caps
-                .tiles
-                .iter()
-                .copied()
-                .filter(|&t| t != heuristic.tile),
-        );
         let started = Instant::now();
+        let over = || started.elapsed() > BUDGET;
+        let options = options(heuristic, self.info.caps.custom_max.min(MAX_CUSTOM));
         let mut timed: Vec<(f32, AlgoConfig, sys::cublasLtMatmulAlgo_t)> = Vec::new();
-        'screen: for tile in tiles {
-            for cluster in CLUSTERS {
-                for custom in 0..=self.info.caps.custom_max.min(MAX_CUSTOM) {
-                    let cfg = AlgoConfig {
-                        tile,
-                        custom,
-                        cluster: u32::from(cluster),
-                        ..heuristic
-                    };
-                    if cfg == heuristic {
-                        continue;
-                    }
-                    let Some((algo, _)) = (unsafe { self.checked(handle, cfg) }) else {
-                        continue;
-                    };
-                    // A configuration the check accepts may still fail to launch: skip it.
-                    if let Ok(ms) = unsafe { self.time(handle, &algo, ops, ws, stream) } {
-                        timed.push((ms, cfg, algo));
-                    }
-                    if started.elapsed() > BUDGET {
-                        break 'screen;
-                    }
+        let mut tried = std::collections::HashSet::new();
+        tried.insert(heuristic);
+        // Stage 1: each other tile at the first of its options the check accepts.
+        let others = self
+            .info
+            .caps
+            .tiles
+            .iter()
+            .filter(|&&t| t != heuristic.tile);
+        for &tile in others {
+            if over() {
+                break;
+            }
+            let first = options.iter().find_map(|&(cluster, custom)| {
+                let cfg = AlgoConfig {
+                    tile,
+                    custom,
+                    cluster,
+                    ..heuristic
+                };
+                // SAFETY: a live plan.
+                unsafe { self.checked(handle, cfg) }.map(|(algo, _)| (cfg, algo))
+            });
+            let Some((cfg, algo)) = first else { continue };
+            tried.insert(cfg);
+            // A configuration the check accepts may still fail to launch: skip it.
+            // SAFETY: the caller's promise.
+            if let Ok(ms) = unsafe { self.time(handle, &algo, ops, ws, stream, 2) } {
+                timed.push((ms, cfg, algo));
+            }
+        }
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Stage 2: the fastest tiles' other options (the heuristic's tile among them).
+        let mut short: Vec<u32> = vec![heuristic.tile];
+        short.extend(timed.iter().map(|t| t.1.tile).take(SHORTLIST));
+        'options: for tile in short {
+            for &(cluster, custom) in &options {
+                if over() {
+                    break 'options;
+                }
+                let cfg = AlgoConfig {
+                    tile,
+                    custom,
+                    cluster,
+                    ..heuristic
+                };
+                if !tried.insert(cfg) {
+                    continue;
+                }
+                // SAFETY: a live plan; the caller's promise.
+                let Some((algo, _)) = (unsafe { self.checked(handle, cfg) }) else {
+                    continue;
+                };
+                if let Ok(ms) = unsafe { self.time(handle, &algo, ops, ws, stream, 2) } {
+                    timed.push((ms, cfg, algo));
                 }
             }
         }
         let accepted = timed.len();
         timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        timed.truncate(FINALISTS);
+        // Stage 3: the finalists and the heuristic in turn, so that a drifting clock (the card
+        // warms up over the screen) favours none of them.
+        let mut best = vec![f32::MAX; timed.len()];
+        let mut heuristic_ms = f32::MAX;
+        for _ in 0..ROUNDS {
+            // SAFETY: the caller's promise.
+            heuristic_ms =
+                heuristic_ms.min(unsafe { self.time(handle, &base, ops, ws, stream, 1) }?);
+            for (b, (_, _, algo)) in best.iter_mut().zip(&timed) {
+                *b = b.min(unsafe { self.time(handle, algo, ops, ws, stream, 1) }?);
+            }
+        }
+        let mut finalists: Vec<_> = best.into_iter().zip(timed).collect();
+        finalists.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut tuned = Tuned {
             choice: None,
             heuristic_ms,
@@ -390,7 +457,7 @@ impl Plan {
             accepted,
         };
         let mut reference: Option<Vec<u8>> = None;
-        for (ms, cfg, algo) in timed.into_iter().take(3) {
+        for (ms, (_, cfg, algo)) in finalists {
             if ms > heuristic_ms * MARGIN {
                 break;
             }
@@ -449,6 +516,28 @@ mod tests {
         assert_eq!(got.get("g2"), Some(&None));
         assert!(!got.contains_key("g3"));
         assert_eq!(got.len(), 2);
+    }
+
+    #[test]
+    fn options_start_at_the_heuristics_and_cover_each_pair_once() {
+        let h = AlgoConfig {
+            tile: 20,
+            stages: 36,
+            custom: 7,
+            cluster: 3,
+            swizzle: 0,
+        };
+        let o = options(h, 7);
+        assert_eq!(o[0], (3, 7));
+        // Then the heuristic's cluster shape with the other custom options.
+        assert!(o[1..8].iter().all(|&(cl, cu)| cl == 3 && cu != 7));
+        let unique: std::collections::HashSet<_> = o.iter().collect();
+        assert_eq!(unique.len(), o.len());
+        assert_eq!(o.len(), CLUSTERS.len() * 8);
+        // A cluster shape outside the list is tried as well, first.
+        let o = options(AlgoConfig { cluster: 6, ..h }, 3);
+        assert_eq!(o[0], (6, 7));
+        assert_eq!(o.len(), (CLUSTERS.len() + 1) * 5);
     }
 
     #[test]

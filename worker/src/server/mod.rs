@@ -34,7 +34,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kernels::Device;
-use pipeline::{EngineConfig, EngineGroup, WanModel};
+use pipeline::{ChunkInputs, Engine, EngineConfig, EngineGroup, WanModel};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, Semaphore};
@@ -130,6 +130,8 @@ struct Info {
     attention: String,
     /// The streaming loop: chunk size, KV window, denoising steps.
     stream: serde_json::Value,
+    /// Seconds the start-up chunk took (`warm_up`); none on the CPU, which has nothing to warm.
+    warm_up_seconds: Option<f64>,
 }
 
 /// Where sessions get their chunk engine.
@@ -282,7 +284,11 @@ impl Server {
         };
         // Load the decoder once now, so bad decoder flags fail before serving.
         let size = (engine_cfg.width, engine_cfg.height);
-        let probe = FrameSink::new(decoder, model.seed, tiny, size, device)?;
+        let mut probe = FrameSink::new(decoder, model.seed, tiny, size, device)?;
+        let warm_up_seconds = match device.is_cpu() {
+            true => None,
+            false => Some(warm_up(&engines, &engine_cfg, &mut probe)?),
+        };
         let info = Info {
             model: loaded.cfg.name.clone(),
             weights: loaded.weights.json(),
@@ -304,6 +310,7 @@ impl Server {
             attention: crate::setup::attention(&model.attention)
                 .map_or_else(|_| model.attention.clone(), |a| a.describe()),
             stream: crate::stream::describe(&engine_cfg),
+            warm_up_seconds,
         };
         let metrics = metrics::Metrics::new().context("creating the metrics")?;
         // "random", "loaded" or "embedded", as /status says.
@@ -380,6 +387,35 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// One chunk through the engine and the decoder before the port opens. On a GPU the first
+/// chunk compiles the kernels (NVRTC; kept on disk), tunes the large GEMM plans (~2 s a shape
+/// on a new machine; kept on disk per GPU) and fills the memory pool, so a fresh machine's
+/// first session would otherwise wait seconds for its first frames.
+/// Returns the seconds it took.
+fn warm_up(engines: &Engines, cfg: &EngineConfig, sink: &mut FrameSink) -> Result<f64> {
+    let started = std::time::Instant::now();
+    let inputs = ChunkInputs {
+        controls: Default::default(),
+    };
+    let chunk = match engines {
+        Engines::One(model) => Engine::new(model.clone(), cfg.clone())?.next_chunk(&inputs)?,
+        Engines::Group(pool) => {
+            let mut g = pool.take()?;
+            let chunk = g.next_chunk(&inputs);
+            // Sessions reset the group they take; it goes back to the pool either way.
+            pool.give_back(g);
+            chunk?
+        }
+    };
+    sink.decode(&chunk.latents).context("warm-up: decoding")?;
+    let seconds = started.elapsed().as_secs_f64();
+    info!(
+        seconds,
+        "warmed up: one chunk generated and decoded before serving"
+    );
+    Ok(seconds)
 }
 
 /// Resolves on ctrl-c or (on Unix) SIGTERM.
