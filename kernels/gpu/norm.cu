@@ -571,9 +571,14 @@ WL_NORM_LEAN(wl_bf16, bf16, wl_bf16, bf16)
 //   of lean's y, far below bf16's or e4m3's rounding).
 // FULL: every thread holds all WL_VEC_VALUES of its columns (a 5120-wide f32 or bf16 row, the
 // 14B model's), so no vector is predicated; the compiler then keeps fewer registers live.
-// `load(v, j)` puts the row's vector j (N values) at v, `k` is the row's first value.
-template <int N, typename P, bool FULL, typename Load>
-WL_DEVICE void wl_fast_row_by(float* v, Load load, double k, wl_u64 cols, float eps, const P* sh, const P* sc) {
+// `load(v, j)` puts the row's vector j (N values) at v, `k` is the row's first value; `keep(v, j)`
+// then sees each vector as loaded, after every load of the row is issued. A caller that stores
+// what it loaded (the residual stream) stores it there: a store between the loads keeps the
+// compiler from issuing the next loads before it (the pointers may alias), and the row's loads
+// then wait on each other.
+template <int N, typename P, bool FULL, typename Load, typename Keep>
+WL_DEVICE void wl_fast_row_by(float* v, Load load, Keep keep, double k, wl_u64 cols, float eps, const P* sh,
+                              const P* sc) {
     constexpr int NV = WL_VEC_VALUES / N;
     __shared__ double scratch[2][WL_VEC_THREADS / WL_WARP_SIZE];
     const unsigned int nv = (unsigned int)(cols / N);
@@ -589,6 +594,9 @@ WL_DEVICE void wl_fast_row_by(float* v, Load load, double k, wl_u64 cols, float 
             for (int c = 0; c < N; ++c) s += v[i * N + c];
         }
     }
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+        if (here(i)) keep(v + i * N, threadIdx.x + i * WL_VEC_THREADS);
     const float t = cnt > 0 ? s / (float)cnt : 0.0f;
     float a = 0.0f, q = 0.0f;
 #pragma unroll
@@ -625,7 +633,8 @@ WL_DEVICE void wl_fast_row_by(float* v, Load load, double k, wl_u64 cols, float 
 template <typename T, typename P, bool FULL>
 WL_DEVICE void wl_fast_row(float* v, const T* xr, wl_u64 cols, float eps, const P* sh, const P* sc) {
     auto load = [&](float* d, unsigned int j) { WlVec<T>::load(d, xr, j); };
-    wl_fast_row_by<WlVec<T>::N, P, FULL>(v, load, (double)wl_ld(xr, 0), cols, eps, sh, sc);
+    auto keep = [](const float*, unsigned int) {};
+    wl_fast_row_by<WlVec<T>::N, P, FULL>(v, load, keep, (double)wl_ld(xr, 0), cols, eps, sh, sc);
 }
 
 // A normalised row held as wl_fast_row leaves it, stored as bf16, or as e4m3 codes with the
@@ -777,8 +786,8 @@ struct wl_residual_row {
 #pragma unroll
             for (int c = 0; c < 4; ++c) d[c] = fmaf(d[c], 1.0f + a[c], b[c]);
         }
-        wl_st4(r, i, d);
     }
+    WL_DEVICE void store(const float* d, unsigned int j) const { wl_st4(r, (wl_u64)j * 4, d); }
 };
 
 template <bool FULL, bool FP8, typename C>
@@ -794,7 +803,9 @@ WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residu
                              in.flags};
     float v[WL_VEC_VALUES];
     auto load = [&](float* d, unsigned int j) { rr.vec(d, j); };
-    wl_fast_row_by<4, float, FULL>(v, load, (double)rr.at(0), cols, eps, shift + at % shift_n, scale + at % scale_n);
+    auto keep = [&](const float* d, unsigned int j) { rr.store(d, j); };
+    wl_fast_row_by<4, float, FULL>(v, load, keep, (double)rr.at(0), cols, eps, shift + at % shift_n,
+                                   scale + at % scale_n);
     const unsigned int nv = (unsigned int)(cols / 4);
     if constexpr (FP8)
         wl_fast_put_fp8<4, FULL>((unsigned char*)out + at, scales + row, v, nv);
@@ -814,14 +825,14 @@ WL_DEVICE void residual_norm_fast(void* out, float* scales, const wl_residual<C>
 // The operands as plain parameters (both vendors' launchers pass them so), gathered here; one
 // kernel per FiLM type (C, suffix cn) and output.
 #define WL_RESIDUAL_NORM(C, cn)                                                                            \
-    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 5) residual_norm_fast_##cn##_bf16(                            \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 4) residual_norm_fast_##cn##_bf16(                            \
         wl_bf16* out, const float* x, const wl_bf16* y, const float* gate, const C* fshift, const C* fscale, \
         float* r, wl_u64 gate_n, wl_u64 film_n, int flags, const float* shift, const float* scale, wl_u64 cols, \
         wl_u64 shift_n, wl_u64 scale_n, float eps) {                                                        \
         const wl_residual<C> in{x, y, gate, fshift, fscale, r, gate_n, film_n, flags};                     \
         residual_norm_fast<false>(out, nullptr, in, shift, scale, cols, shift_n, scale_n, eps);             \
     }                                                                                                       \
-    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 5) residual_norm_fast_##cn##_fp8(                             \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 4) residual_norm_fast_##cn##_fp8(                             \
         unsigned char* codes, float* scales, const float* x, const wl_bf16* y, const float* gate,          \
         const C* fshift, const C* fscale, float* r, wl_u64 gate_n, wl_u64 film_n, int flags,               \
         const float* shift, const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {  \

@@ -914,6 +914,9 @@ fn portable(
     Ok(wrap(out, q.shape()))
 }
 
+/// 16-byte vectors a thread of fp8.cu's `quant_rows_held` keeps in registers (`WL_QUANT_HELD`).
+const QUANT_HELD: usize = 8;
+
 pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
     let s = storage(x)?;
     let dev = &s.dev;
@@ -930,10 +933,13 @@ pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
             let cols64 = cols as u64;
             // 16-byte vectors where every row starts on one (buffers are pool-aligned).
             let lanes = if x.dtype() == DType::BF16 { 8 } else { 4 };
-            let kernel = if cols.is_multiple_of(lanes) {
-                "quant_rows_vec"
-            } else {
+            let vectors = cols / lanes;
+            let kernel = if !cols.is_multiple_of(lanes) {
                 "quant_rows"
+            } else if vectors <= QUANT_HELD * THREADS as usize {
+                "quant_rows_held"
+            } else {
+                "quant_rows_vec"
             };
             launch!(dev, "fp8", &format!("{kernel}_{t}"), rows_cfg(rows), |b| {
                 b.arg(&mut codes).arg(&mut scales);
