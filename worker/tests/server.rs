@@ -332,6 +332,9 @@ async fn status_tells_random_weights_and_the_token_gates_sessions() {
     assert_eq!(status["decoder_weights"]["state"], "random", "{status}");
     assert_eq!(status["text_encoder"]["state"], "random", "{status}");
     assert_eq!(status["sessions"]["max"], 1, "{status}");
+    // The start-up chunk runs on GPUs only: the CPU has nothing to compile or tune.
+    let warm = status.get("warm_up_seconds").expect("warm_up_seconds");
+    assert!(warm.is_null(), "{status}");
     let backends = status["backends"].as_array().expect("backends");
     assert!(backends.iter().any(|b| b["name"] == "rocm"
         && b["state"]
