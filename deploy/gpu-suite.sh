@@ -16,6 +16,8 @@
 # and without it; sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
+# blocks: the kernels table's DiT block rows and their PyTorch peers alone; serve: `worker serve`'s
+# start-up chunk and /status;
 # rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with its
 # peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test
 # logs end up in one
@@ -136,6 +138,11 @@ else:
     raise SystemExit("no /status within 280 s")
 PY
         rc=$?; kill $pid; wait $pid; grep -E "warmed up|tuned|compiled" "$1/serve.log" | cut -c1-300; exit $rc' "$dir/worker" "$out"
+      ;;
+    blocks)
+      # The DiT block rows of `kernels` alone, ours and PyTorch's: a block's change in a short call.
+      part bench-blocks 200 "$dir/worker" bench blocks --device cuda --json "$out/blocks.json"
+      part peer-blocks 200 python3 worker/bench/peer.py "$out/peer-blocks.json" --blocks
       ;;
     gemm-algos)
       part bench-gemm-algos 200 "$dir/worker" bench gemm-algos --device cuda --json "$out/gemm-algos.json"

@@ -1,6 +1,7 @@
 """PyTorch peer of `worker bench kernels`: the same shapes on the same card, in the same call.
 
-Prints one line per measurement in the worker's format. Needs torch with CUDA."""
+Prints one line per measurement in the worker's format; `--blocks` runs only the DiT block rows
+(`worker bench blocks`'s peer). Usage: peer.py [OUT.json] [--blocks]. Needs torch with CUDA."""
 import json
 import sys
 import time
@@ -56,53 +57,57 @@ HEAVY = 20
 
 rows = []
 dev = "cuda"
-for m, k, n in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)]:
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
-    ms = bench(lambda: x @ w.t())
-    rows.append((f"torch gemm bf16 {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
-    xq, wq = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-    one = torch.ones((), device=dev)
-    ms = bench(lambda: torch._scaled_mm(xq, wq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-    rows.append((f"torch _scaled_mm fp8 Tensorwise {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
-    sa, sb = torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev)
-    try:
-        ms = bench(lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
-        rows.append((f"torch _scaled_mm fp8 Rowwise {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
-        # Beside `bench gemm-algos`' fast-accumulation rows (torchao's forward default).
-        ms = bench(
-            lambda: torch._scaled_mm(
-                xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=True
+# `--blocks`: only the block rows (beside `worker bench blocks`).
+BLOCKS_ONLY = "--blocks" in sys.argv[1:]
+OUT = next((a for a in sys.argv[1:] if not a.startswith("--")), None)
+if not BLOCKS_ONLY:
+    for m, k, n in [(4680, 5120, 5120), (4680, 5120, 13824), (4680, 13824, 5120)]:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+        ms = bench(lambda: x @ w.t())
+        rows.append((f"torch gemm bf16 {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+        xq, wq = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        one = torch.ones((), device=dev)
+        ms = bench(lambda: torch._scaled_mm(xq, wq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+        rows.append((f"torch _scaled_mm fp8 Tensorwise {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+        sa, sb = torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev)
+        try:
+            ms = bench(lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+            rows.append((f"torch _scaled_mm fp8 Rowwise {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+            # Beside `bench gemm-algos`' fast-accumulation rows (torchao's forward default).
+            ms = bench(
+                lambda: torch._scaled_mm(
+                    xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=True
+                )
             )
-        )
-        rows.append((f"torch _scaled_mm fp8 Rowwise fast-accum {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
-    except RuntimeError as e:
-        print(f"rowwise _scaled_mm unavailable: {e}")
-x = torch.randn(4680, 5120, device=dev)
-sh, sc = torch.randn(5120, device=dev) * 0.1, torch.randn(5120, device=dev) * 0.1
-ms = bench(lambda: (F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh).to(torch.bfloat16), calls=20)
-rows.append(("torch norm+modulate f32 -> bf16 4680x5120", ms, 0.0))
+            rows.append((f"torch _scaled_mm fp8 Rowwise fast-accum {m}x{k}x{n}", ms, 2 * m * k * n / ms / 1e9))
+        except RuntimeError as e:
+            print(f"rowwise _scaled_mm unavailable: {e}")
+    x = torch.randn(4680, 5120, device=dev)
+    sh, sc = torch.randn(5120, device=dev) * 0.1, torch.randn(5120, device=dev) * 0.1
+    ms = bench(lambda: (F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh).to(torch.bfloat16), calls=20)
+    rows.append(("torch norm+modulate f32 -> bf16 4680x5120", ms, 0.0))
 
 
-def fp8_rows(x):
-    y = F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh
-    s = (y.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
-    return (y / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+    def fp8_rows(x):
+        y = F.layer_norm(x, (5120,), eps=1e-6) * (1 + sc) + sh
+        s = (y.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+        return (y / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
 
 
-ms = bench(lambda: fp8_rows(x), calls=20)
-rows.append(("torch norm+modulate f32 -> fp8 rowwise 4680x5120", ms, 0.0))
-for heads in [40, 12]:
-    q = torch.randn(1, heads, 4680, 128, device=dev, dtype=torch.bfloat16)
-    # Keys and values apart, as ours (`bench kernels` draws q, k and v each): one tensor as both
-    # could let SDPA find its values in L2, read there a moment before as keys.
-    k = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
-    ms = bench(lambda: F.scaled_dot_product_attention(q, k, v), repeat=HEAVY, label=f"torch sdpa {heads} heads")
-    rows.append((f"torch sdpa bf16 4680q x 28080k x {heads}h x 128", ms, 4 * 4680 * 28080 * heads * 128 / ms / 1e9))
-    ms, calls = sustained(lambda: F.scaled_dot_product_attention(q, k, v))
-    rows.append((f"torch sdpa bf16 4680q x 28080k x {heads}h x 128, sustained ({calls} back to back)", ms,
-                 4 * 4680 * 28080 * heads * 128 / ms / 1e9))
+    ms = bench(lambda: fp8_rows(x), calls=20)
+    rows.append(("torch norm+modulate f32 -> fp8 rowwise 4680x5120", ms, 0.0))
+    for heads in [40, 12]:
+        q = torch.randn(1, heads, 4680, 128, device=dev, dtype=torch.bfloat16)
+        # Keys and values apart, as ours (`bench kernels` draws q, k and v each): one tensor as both
+        # could let SDPA find its values in L2, read there a moment before as keys.
+        k = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(1, heads, 28080, 128, device=dev, dtype=torch.bfloat16)
+        ms = bench(lambda: F.scaled_dot_product_attention(q, k, v), repeat=HEAVY, label=f"torch sdpa {heads} heads")
+        rows.append((f"torch sdpa bf16 4680q x 28080k x {heads}h x 128", ms, 4 * 4680 * 28080 * heads * 128 / ms / 1e9))
+        ms, calls = sustained(lambda: F.scaled_dot_product_attention(q, k, v))
+        rows.append((f"torch sdpa bf16 4680q x 28080k x {heads}h x 128, sustained ({calls} back to back)", ms,
+                     4 * 4680 * 28080 * heads * 128 / ms / 1e9))
 
 
 def rope_tables(grid, hd, t0):
@@ -258,5 +263,5 @@ with torch.no_grad():
 
 for what, ms, tf in rows:
     print(f"{what}: {ms:.3f} ms, {tf:.1f} TFLOP/s")
-if len(sys.argv) > 1:
-    json.dump([{"what": w, "ms": m, "tflops": t} for w, m, t in rows], open(sys.argv[1], "w"), indent=1)
+if OUT:
+    json.dump([{"what": w, "ms": m, "tflops": t} for w, m, t in rows], open(OUT, "w"), indent=1)

@@ -445,6 +445,33 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         }
     }
 
+    block_rows(dev, heavy, &mut push)?;
+    write_rows(json, &rows)
+}
+
+/// `worker bench blocks --device cuda`: only the DiT block rows of `kernels` (both models,
+/// each variant best of the rounds, sustained, and profiled), for a block's change timed in a
+/// short call.
+pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
+    let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !dev.is_cpu(),
+        "bench blocks needs a GPU: pass --device cuda"
+    );
+    dev.ensure_available()?;
+    let mut rows = Vec::new();
+    let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
+    block_rows(dev, repeat.max(PEER_REPEAT), &mut push)?;
+    write_rows(json, &rows)
+}
+
+/// One lingbot-1.3b and one lingbot-14b block at 480×832 over an 18-frame cache: bf16, fp8
+/// linears, fp8 attention where the device has it, and VSA; then each one's launches profiled.
+fn block_rows(
+    dev: Device,
+    heavy: usize,
+    push: &mut impl FnMut(String, Duration, f64),
+) -> Result<()> {
     for cfg in [ModelConfig::lingbot_1_3b(), ModelConfig::lingbot_14b()] {
         let grid = [3, 30, 52];
         let tokens: usize = grid.iter().product();
@@ -617,5 +644,5 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             }
         }
     }
-    write_rows(json, &rows)
+    Ok(())
 }

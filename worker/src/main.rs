@@ -68,7 +68,7 @@ enum Command {
         repeat: usize,
         /// `cpu` (default): the CPU reference. `kernels`: GPU GEMMs, attention and a DiT block
         /// on --device, at LingBot's shapes. `vsa`: only the dense and sparse attention rows of
-        /// `kernels`. `gemm-algos`: the `kernels` GEMMs with each of the first ranks of
+        /// `kernels`. `blocks`: only its DiT block rows. `gemm-algos`: the `kernels` GEMMs with each of the first ranks of
         /// cuBLASLt's heuristic answers, timed against each other (CUDA). `gemm-configs`: the
         /// same GEMMs with other configurations (tile, cluster, stages …) of the heuristic's
         /// first algorithm, the fastest against its own (CUDA). `sp`: the streaming
@@ -143,6 +143,7 @@ fn main() -> Result<()> {
             "cpu" => bench::run(json.as_deref(), repeat.max(1)),
             "kernels" => bench_gpu::run(&cli.model.device, json.as_deref(), repeat.max(1)),
             "vsa" => bench_gpu::run_vsa(&cli.model.device, json.as_deref(), repeat.max(1)),
+            "blocks" => bench_gpu::run_blocks(&cli.model.device, json.as_deref(), repeat.max(1)),
             "sp" => bench_sp::run(&cli.model, chunks as usize, json.as_deref(), one_gpu),
             "gemm-rows" => bench_sp::gemm_rows(&cli.model),
             "gemm-algos" => {
@@ -159,7 +160,7 @@ fn main() -> Result<()> {
                 &codecs,
             ),
             other => anyhow::bail!(
-                "unknown bench suite '{other}' (expected cpu, kernels, vsa, sp, gemm-rows, gemm-algos, gemm-configs or codecs)"
+                "unknown bench suite '{other}' (expected cpu, kernels, vsa, blocks, sp, gemm-rows, gemm-algos, gemm-configs or codecs)"
             ),
         },
         Some(Command::World(cmd)) => world::run(&cmd),
