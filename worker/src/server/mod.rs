@@ -390,10 +390,9 @@ impl Server {
 }
 
 /// One chunk through the engine and the decoder before the port opens. On a GPU the first
-/// chunk compiles the kernels (NVRTC; kept on disk), tunes the large GEMM plans (~2 s a shape
-/// on a new machine; kept on disk per GPU) and fills the memory pool, so a fresh machine's
-/// first session would otherwise wait seconds for its first frames.
-/// Returns the seconds it took.
+/// chunk compiles the kernels (NVRTC; kept on disk), tunes the large GEMM plans (1–2 s a shape
+/// on a new machine; kept on disk per GPU) and fills the memory pool, which a fresh machine's
+/// first session would otherwise wait for. Returns the seconds it took.
 fn warm_up(engines: &Engines, cfg: &EngineConfig, sink: &mut FrameSink) -> Result<f64> {
     let started = std::time::Instant::now();
     let inputs = ChunkInputs {
@@ -403,10 +402,10 @@ fn warm_up(engines: &Engines, cfg: &EngineConfig, sink: &mut FrameSink) -> Resul
         Engines::One(model) => Engine::new(model.clone(), cfg.clone())?.next_chunk(&inputs)?,
         Engines::Group(pool) => {
             let mut g = pool.take()?;
-            let chunk = g.next_chunk(&inputs);
-            // Sessions reset the group they take; it goes back to the pool either way.
+            let chunk = g.next_chunk(&inputs)?;
+            // Sessions reset the group they take (a failure above stops the start).
             pool.give_back(g);
-            chunk?
+            chunk
         }
     };
     sink.decode(&chunk.latents).context("warm-up: decoding")?;
