@@ -207,3 +207,9 @@ WL_DEVICE unsigned int wl_pack_e4m3_lean(const float* v, float r) {
            (wl_e4m3_lean(v[3] * r) << 24);
 #endif
 }
+
+// GELU, tanh form (Wan's FFN): elementwise.cu's gelu_tanh and fp8.cu's fused bias + GELU +
+// quantization evaluate the same expression.
+WL_DEVICE float wl_gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}

@@ -61,6 +61,28 @@ WL_DEVICE void gated_residual_modulate(T* out, const T* x, const Y* y, const P* 
     }
 }
 
+// x + (y + bias)·gate, the sum y + bias in f32: gated_residual with the bias of the linear that
+// made y, which that linear's GEMM left out (its plain plan runs faster than its bias epilogue;
+// pipeline's `Linear::defers_bias`). The DiT's types only: x f32, y bf16, bias and gate f32.
+WL_KERNEL void gated_residual_bias_f32_bf16_f32(float* out, const float* x, const wl_bf16* y, const float* bias,
+                                                const float* gate, wl_u64 n, wl_u64 bias_n, wl_u64 gate_n) {
+    if (((n | bias_n | gate_n) & 3) == 0) {
+        WL_GRID_STRIDE(q, n / 4) {
+            const wl_u64 i = q * 4;
+            float xv[4], yv[4], b[4], g[4], o[4];
+            wl_ld4(xv, x, i), wl_ld4(yv, y, i), wl_ld4(b, bias, wl_rem(i, bias_n)), wl_ld4(g, gate, wl_rem(i, gate_n));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) o[k] = fmaf(yv[k] + b[k], g[k], xv[k]);
+            wl_st4(out, i, o);
+        }
+        return;
+    }
+    WL_GRID_STRIDE(i, n) {
+        const float v = wl_ld(y, i) + bias[wl_rem(i, bias_n)];
+        out[i] = fmaf(v, gate[wl_rem(i, gate_n)], x[i]);
+    }
+}
+
 #define WL_RESIDUAL_MOD(T, Y, P, C, tn, yn, pn, cn)                                                           \
     WL_KERNEL void gated_residual_modulate_##tn##_##yn##_##pn##_##cn(T* out, const T* x, const Y* y,         \
                                                                       const P* gate, const C* shift,         \
@@ -124,9 +146,6 @@ WL_DEVICE void axpby(T* out, double alpha, const T* x, double beta, const T* y, 
     WL_GRID_STRIDE(i, n) { wl_st(out, i, (float)(alpha * (double)wl_ld(x, i) + beta * (double)wl_ld(y, i))); }
 }
 
-WL_DEVICE float wl_gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
-}
 WL_DEVICE float wl_silu(float x) { return x / (1.0f + expf(-x)); }
 
 template <typename T>

@@ -74,8 +74,14 @@ WL_DEVICE void wl_unpack16(float* v, const uint4& r, const float*) {
     v[0] = __uint_as_float(r.x), v[1] = __uint_as_float(r.y);
     v[2] = __uint_as_float(r.z), v[3] = __uint_as_float(r.w);
 }
-template <typename T>
-WL_DEVICE void quant_rows_held(unsigned char* codes, float* scales, const T* x, wl_u64 cols) {
+// BIAS_GELU (bf16 rows only): the row is first gelu_tanh(x + bias), bias f32 `[cols]`, rounded
+// to bf16 in the registers that held x, as a GEMM's bias + GELU epilogue would have stored it;
+// the quantization is then quant_rows'. The FFN's first linear then runs as a plain GEMM (its
+// plain plan is faster than its bias + GELU one) and this pass, which reads its output anyway,
+// adds the rest.
+template <typename T, bool BIAS_GELU = false>
+WL_DEVICE void quant_rows_held(unsigned char* codes, float* scales, const T* x, wl_u64 cols,
+                               const float* bias = nullptr) {
     constexpr int N = WlVec<T>::N;
     __shared__ float scratch[32];
     const wl_u64 row = blockIdx.x;
@@ -90,9 +96,19 @@ WL_DEVICE void quant_rows_held(unsigned char* codes, float* scales, const T* x, 
     float a = 0.0f;
 #pragma unroll
     for (int i = 0; i < WL_QUANT_HELD; ++i) {
-        if (threadIdx.x + i * blockDim.x < nv) {
+        const unsigned int j = threadIdx.x + i * blockDim.x;
+        if (j < nv) {
             float v[N];
             wl_unpack16(v, held[i], x);
+            if constexpr (BIAS_GELU) {
+                static_assert(N == 8, "bias + GELU rows are bf16");
+                float b[N];
+                wl_ld_f32s<N>(b, bias, j);
+#pragma unroll
+                for (int c = 0; c < N; ++c) v[c] = wl_as_stored<wl_bf16>(wl_gelu_tanh(v[c] + b[c]));
+                held[i] = make_uint4(wl_pack_bf16(v[0], v[1]), wl_pack_bf16(v[2], v[3]), wl_pack_bf16(v[4], v[5]),
+                                     wl_pack_bf16(v[6], v[7]));
+            }
 #pragma unroll
             for (int c = 0; c < N; ++c) a = fmaxf(a, fabsf(v[c]));
         }
@@ -165,6 +181,10 @@ WL_KERNEL void amax_finish(float* scale, const float* partial, int parts) {
 
 WL_FP8(float, f32)
 WL_FP8(wl_bf16, bf16)
+WL_KERNEL void WL_BOUNDS(256, 4) quant_rows_held_bias_gelu_bf16(unsigned char* codes, float* scales, const wl_bf16* x,
+                                                                const float* bias, wl_u64 cols) {
+    quant_rows_held<wl_bf16, true>(codes, scales, x, cols, bias);
+}
 
 // out[m, n] *= sx[m or 0] · sw[n or 0]: the rowwise scales of an fp8 GEMM run with unit scales.
 WL_KERNEL void scale_rows_cols_bf16(wl_bf16* out, const float* sx, int x_rows, const float* sw, int w_rows, wl_u64 m,

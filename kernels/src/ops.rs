@@ -297,6 +297,34 @@ pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `x + (y + bias) · gate`, the sum `y + bias` taken in f32: [`gated_residual`] after a linear
+/// whose GEMM left its bias out (`bias` `[cols]`). One pass on GPUs for the DiT's types (x f32, y
+/// bf16, bias and gate f32); elsewhere `y + bias` in f32, then [`gated_residual`].
+pub fn gated_residual_bias(x: &Tensor, y: &Tensor, bias: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    if x.shape() != y.shape() || bias.elem_count() != x.cols() {
+        return Err(shape_err(
+            "gated_residual_bias",
+            format!(
+                "{:?} + {:?} with bias {:?}",
+                x.shape(),
+                y.shape(),
+                bias.shape()
+            ),
+        ));
+    }
+    no_fp8("gated_residual_bias", bias)?;
+    same_device("gated_residual_bias", x, bias)?;
+    let fused = match x.storage() {
+        Storage::Cpu(_) => None,
+        Storage::Cuda(_) => cuda::ops::gated_residual_bias(x, y, bias, gate)?,
+        Storage::Rocm(_) => rocm::ops::gated_residual_bias(x, y, bias, gate)?,
+    };
+    match fused {
+        Some(out) => Ok(out),
+        None => gated_residual(x, &add(&y.to_dtype(DType::F32)?, bias)?, gate),
+    }
+}
+
 /// `modulate(gated_residual(x, y, gate), shift, scale)`: the self-attention residual and
 /// LingBot's camera FiLM after it, in one pass on GPUs (the sum rounded to x's dtype in between,
 /// as the two ops store it).
@@ -1242,6 +1270,32 @@ pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
         Storage::Cuda(_) => cuda::ops::quantize_fp8(x, kind),
         Storage::Rocm(_) => rocm::ops::quantize_fp8(x, kind),
     }
+}
+
+/// `quantize_fp8(gelu_tanh(y + bias), Rowwise)` with `y + bias` in f32 and the GELU's output
+/// rounded to `y`'s dtype: the FFN's first half after a GEMM that left its bias and GELU out
+/// (`bias` `[cols]`). One pass on GPUs for bf16 rows (the row held in registers); elsewhere the
+/// ops apart.
+pub fn bias_gelu_quantize_fp8(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    no_fp8("bias_gelu_quantize_fp8", y)?;
+    no_fp8("bias_gelu_quantize_fp8", bias)?;
+    if bias.elem_count() != y.cols() {
+        return Err(shape_err(
+            "bias_gelu_quantize_fp8",
+            format!("bias {:?} for rows of {}", bias.shape(), y.cols()),
+        ));
+    }
+    same_device("bias_gelu_quantize_fp8", y, bias)?;
+    let fused = match y.storage() {
+        Storage::Cpu(_) => None,
+        Storage::Cuda(_) => cuda::ops::bias_gelu_quantize_fp8(y, bias)?,
+        Storage::Rocm(_) => rocm::ops::bias_gelu_quantize_fp8(y, bias)?,
+    };
+    if let Some(q) = fused {
+        return Ok(q);
+    }
+    let h = gelu_tanh(&add(&y.to_dtype(DType::F32)?, bias)?)?.to_dtype(y.dtype())?;
+    quantize_fp8(&h, ScaleKind::Rowwise)
 }
 
 /// Copies `src` into rows `[row, row + src.dim(0))` of `dst` (dim 0 is the row axis; the other

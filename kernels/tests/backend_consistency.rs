@@ -677,6 +677,39 @@ fn fp8_quantization_matches_the_cpu_code_for_code(dev: Device) {
 }
 backend_test!(fp8_quantization_matches_the_cpu_code_for_code);
 
+/// The passes that add a bias a GEMM left out: the FFN's bias + GELU + rowwise quantization
+/// (held in registers up to 2048 vectors a row: 1000 and 13824; the ops apart past that, 16392,
+/// and for rows of no whole 16-byte vectors, 1004) and the gated residual with the bias (rows of
+/// fours, and not).
+fn deferred_bias_passes_match_the_cpu(dev: Device) {
+    let mut rng = Rng::new(17);
+    for cols in [1000, 13824, 1004, 16392] {
+        let y = rand(&mut rng, &[33, cols], DType::BF16);
+        let b = rand(&mut rng, &[cols], DType::F32);
+        check(
+            &format!("bias + gelu + fp8 rowwise, rows of {cols}"),
+            dev,
+            2e-3,
+            &[&y, &b],
+            |t| ops::bias_gelu_quantize_fp8(&t[0], &t[1]),
+        );
+    }
+    for cols in [1000, 1003] {
+        let x = rand(&mut rng, &[33, cols], DType::F32);
+        let y = rand(&mut rng, &[33, cols], DType::BF16);
+        let b = rand(&mut rng, &[cols], DType::F32);
+        let g = rand(&mut rng, &[cols], DType::F32);
+        check(
+            &format!("gated residual + bias, rows of {cols}"),
+            dev,
+            1e-6,
+            &[&x, &y, &b, &g],
+            |t| ops::gated_residual_bias(&t[0], &t[1], &t[2], &t[3]),
+        );
+    }
+}
+backend_test!(deferred_bias_passes_match_the_cpu);
+
 fn rope_attention_and_layout_match_the_cpu(dev: Device) {
     let mut rng = Rng::new(4);
     for (heads, d) in [(4, 32), (2, 128)] {

@@ -428,6 +428,75 @@ fn quantize_fp8(dev: Device) -> Result<()> {
 }
 test_device!(quantize_fp8, quantize_fp8_cpu);
 
+/// The passes that add a linear's bias after its GEMM: `bias_gelu_quantize_fp8` against GELU
+/// in f64 of `y + bias` (each row its own scale), and `gated_residual_bias` against
+/// `x + (y + bias)·gate` in f64, the bias broadcast over rows.
+fn deferred_bias_passes(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(21);
+    let (rows, cols) = (5, 24);
+    let yd: Vec<f32> = rng
+        .normals(rows * cols, 2.0)
+        .into_iter()
+        .map(round_bf16)
+        .collect();
+    let bd = rng.normals(cols, 1.0);
+    let y = tensor(dev, yd.clone(), &[rows, cols])?.to_dtype(DType::BF16)?;
+    let b = tensor(dev, bd.clone(), &[cols])?;
+    let q = ops::bias_gelu_quantize_fp8(&y, &b)?;
+    assert_eq!((q.dtype(), q.shape()), (DType::F8E4M3, y.shape()));
+    let gelu = |v: f64| {
+        0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+    };
+    let want: Vec<f64> = yd
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| gelu(v as f64 + bd[i % cols] as f64))
+        .collect();
+    let Fp8Scale::Rows(scales) = fp8_scale(&q) else {
+        panic!("bias + gelu + quantization: not rowwise")
+    };
+    for (r, row) in want.chunks(cols).enumerate() {
+        let amax = row.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let s = scales[r] as f64;
+        assert!(
+            (s - amax / 448.0).abs() <= amax / 448.0 * 1e-2,
+            "row {r}: scale {s} for amax {amax}"
+        );
+    }
+    let got = fp8_values(&q);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let s = scales[i / cols] as f64;
+        // fp8's half step, and bf16's rounding of the GELU before it.
+        let bound = fp8_half_step(w / s) * s + w.abs() * 5e-3 + 1e-6;
+        assert!((g - w).abs() <= bound, "element {i}: {g} for {w}");
+    }
+
+    let xd = rng.normals(rows * cols, 1.0);
+    let gd = rng.normals(cols, 1.0);
+    let x = tensor(dev, xd.clone(), &[rows, cols])?;
+    let g = tensor(dev, gd.clone(), &[cols])?;
+    let r = ops::gated_residual_bias(&x, &y, &b, &g)?;
+    let want: Vec<f64> = (0..rows * cols)
+        .map(|i| {
+            let c = i % cols;
+            xd[i] as f64 + (yd[i] as f64 + bd[c] as f64) * gd[c] as f64
+        })
+        .collect();
+    assert_f32_close("gated residual + bias", &r, &want);
+    // A bias of the wrong length is refused, naming the op.
+    let short = tensor(dev, vec![1.0; cols - 1], &[cols - 1])?;
+    assert_err_names(
+        ops::gated_residual_bias(&x, &y, &short, &g),
+        "gated_residual_bias",
+    );
+    assert_err_names(
+        ops::bias_gelu_quantize_fp8(&y, &short),
+        "bias_gelu_quantize_fp8",
+    );
+    Ok(())
+}
+test_device!(deferred_bias_passes, deferred_bias_passes_cpu);
+
 fn patchify_ref(x: &[f32], [c, f, h, w]: [usize; 4], [pt, ph, pw]: [usize; 3]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     for gf in 0..f / pt {

@@ -109,6 +109,23 @@ fn fp8_stream_on_a_gpu_matches_the_cpu() {
     }
 }
 
+/// The same with the FFN's biases (and its GELU) left out of the GEMMs and added by the passes
+/// after them (`WORLDLINE_DEFER_BIAS`, off by default).
+#[test]
+fn fp8_stream_with_deferred_biases_on_a_gpu_matches_the_cpu() {
+    for dev in gpus() {
+        let want = stream(model(Device::Cpu, true));
+        pipeline::model::set_defer_bias(true);
+        let got = stream(model(dev, true));
+        pipeline::model::set_defer_bias(false);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let e = rel_l2(g, w);
+            println!("fp8 chunk {i} on {dev}, biases deferred: rel L2 {e:.3e}");
+            assert!(e < 5e-2, "chunk {i}: rel L2 {e:e}");
+        }
+    }
+}
+
 /// `tiny` with one head of 128 (the fp8 attention's head dim), its self-attention over the
 /// caches' fp8 copies (the CPU reference) through three chunks of the engine (appends, the
 /// denoising steps' rewrites, the clean refresh): near the same model attending in bf16, not

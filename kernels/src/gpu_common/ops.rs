@@ -987,6 +987,86 @@ pub fn quantize_fp8(x: &Tensor, kind: ScaleKind) -> Result<Tensor> {
     ))
 }
 
+/// [`crate::ops::bias_gelu_quantize_fp8`] in one pass (fp8.cu's `quant_rows_held_bias_gelu`)
+/// for bf16 rows of whole 16-byte vectors that fit the registers, with an f32 bias; `None`
+/// otherwise (the caller runs the ops apart).
+pub fn bias_gelu_quantize_fp8(y: &Tensor, bias: &Tensor) -> Result<Option<Tensor>> {
+    let cols = y.cols();
+    let fits = y.dtype() == DType::BF16
+        && bias.dtype() == DType::F32
+        && bias.elem_count() == cols
+        && cols.is_multiple_of(8)
+        && cols / 8 <= QUANT_HELD * THREADS as usize;
+    if !fits {
+        return Ok(None);
+    }
+    let (s, bs) = (storage(y)?, storage(bias)?);
+    let dev = &s.dev;
+    let n = y.elem_count();
+    let rows = n / cols;
+    let e = |e| dev.err(e);
+    // SAFETY: the kernel writes every code and every row's scale.
+    let mut codes = unsafe { dev.stream.alloc::<u8>(n) }.map_err(e)?;
+    let mut scales = unsafe { dev.stream.alloc::<f32>(rows) }.map_err(e)?;
+    let cols64 = cols as u64;
+    launch!(
+        dev,
+        "fp8",
+        "quant_rows_held_bias_gelu_bf16",
+        rows_cfg(rows),
+        |b| {
+            b.arg(&mut codes).arg(&mut scales);
+            push(b, &s.data);
+            push(b, &bs.data);
+            b.arg(&cols64);
+        }
+    );
+    let data = GpuData::F8 {
+        codes,
+        scales,
+        rowwise: true,
+    };
+    let out = GpuStorage {
+        dev: dev.clone(),
+        data,
+    };
+    Ok(Some(wrap(out, y.shape())))
+}
+
+/// [`crate::ops::gated_residual_bias`] in one pass for the DiT's types (x f32, y bf16, bias and
+/// gate f32); `None` otherwise.
+pub fn gated_residual_bias(
+    x: &Tensor,
+    y: &Tensor,
+    bias: &Tensor,
+    gate: &Tensor,
+) -> Result<Option<Tensor>> {
+    let types = [x.dtype(), y.dtype(), bias.dtype(), gate.dtype()];
+    if types != [DType::F32, DType::BF16, DType::F32, DType::F32] {
+        return Ok(None);
+    }
+    let s = storage(x)?;
+    let n = x.elem_count();
+    let mut out = GpuStorage::alloc(&s.dev, DType::F32, n)?;
+    let (n64, bn, gn) = (n as u64, bias.elem_count() as u64, gate.elem_count() as u64);
+    let (ys, bs, gs) = (storage(y)?, storage(bias)?, storage(gate)?);
+    launch!(
+        &s.dev,
+        "elementwise",
+        "gated_residual_bias_f32_bf16_f32",
+        grid(n),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            push(b, &ys.data);
+            push(b, &bs.data);
+            push(b, &gs.data);
+            b.arg(&n64).arg(&bn).arg(&gn);
+        }
+    );
+    Ok(Some(wrap(out, x.shape())))
+}
+
 /// Copies `rows × cols` elements from `src[src_off..]` (row pitch `src_pitch`) into
 /// `dst[dst_off..]` (row pitch `dst_pitch`). `src` and `dst` are different buffers.
 #[allow(clippy::too_many_arguments)]

@@ -168,7 +168,9 @@ impl WanBlock {
             self.eps,
             self.projection_input(),
         )?;
-        let y = self.ffn.forward(&h)?;
-        Ok(Some(ops::gated_residual(&x, &y, &e(5)?)?))
+        Ok(Some(match self.ffn.forward_deferred(&h)? {
+            (y, Some(b)) => ops::gated_residual_bias(&x, &y, b, &e(5)?)?,
+            (y, None) => ops::gated_residual(&x, &y, &e(5)?)?,
+        }))
     }
 }

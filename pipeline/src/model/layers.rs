@@ -1,7 +1,33 @@
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use kernels::{ops, DType, NormOut, ScaleKind, Tensor};
 
 use crate::weights::Vb;
 use crate::Result;
+
+/// 0 until read from `WORLDLINE_DEFER_BIAS`, then 1 (off) or 2 (on).
+static DEFER_BIAS: AtomicU8 = AtomicU8::new(0);
+
+/// Whether GPU fp8 linears leave their bias (and the FFN's GELU) to the pass that reads their
+/// output next (`WORLDLINE_DEFER_BIAS=1`; off by default until measured in the block). On an
+/// H100 the tuned plain rowwise-fp8 plans ran 5–7 % faster than those with a bias or bias + GELU
+/// epilogue (BENCHMARKS.md, 2026-12-05 18:40), and the memory-bound pass after them reads the
+/// output anyway.
+pub fn defer_bias() -> bool {
+    match DEFER_BIAS.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("WORLDLINE_DEFER_BIAS").is_ok_and(|v| v == "1");
+            DEFER_BIAS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        v => v == 2,
+    }
+}
+
+/// Turns [`defer_bias`] on or off for the forwards from now on.
+pub fn set_defer_bias(on: bool) {
+    DEFER_BIAS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
 
 /// A PyTorch `Linear`: `weight [out, in]`, `bias [out]`.
 #[derive(Clone, Debug)]
@@ -11,6 +37,9 @@ pub struct Linear {
     /// The bias as a GPU GEMM's epilogue adds it: in bf16 beside bf16 or fp8 weights on a GPU
     /// (the epilogue's type, so no cast runs before each GEMM), else `bias` itself.
     gemm_bias: Option<Tensor>,
+    /// The bias in f32 beside fp8 weights on a GPU, for the pass that adds it when the GEMM
+    /// leaves it out ([`defer_bias`]).
+    f32_bias: Option<Tensor>,
 }
 
 impl Linear {
@@ -26,9 +55,25 @@ impl Linear {
             weight,
             bias,
             gemm_bias: None,
+            f32_bias: None,
         };
         l.gemm_bias = l.epilogue_bias()?;
         Ok(l)
+    }
+
+    /// The bias this linear's output still needs, where it leaves it out of its GEMM (GPU fp8
+    /// weights with [`defer_bias`] on): the caller's next pass adds it.
+    pub fn deferred_bias(&self) -> Option<&Tensor> {
+        self.f32_bias.as_ref().filter(|_| defer_bias())
+    }
+
+    /// `x · wᵀ` without the bias where [`deferred_bias`](Self::deferred_bias) says so, else
+    /// [`forward`](Self::forward).
+    pub fn forward_deferred(&self, x: &Tensor) -> Result<(Tensor, Option<&Tensor>)> {
+        match self.deferred_bias() {
+            Some(b) => Ok((self.forward_with(x, false, false)?, Some(b))),
+            None => Ok((self.forward(x)?, None)),
+        }
     }
 
     fn epilogue_bias(&self) -> Result<Option<Tensor>> {
@@ -50,9 +95,14 @@ impl Linear {
     }
 
     fn forward_act(&self, x: &Tensor, gelu: bool) -> Result<Tensor> {
+        self.forward_with(x, gelu, true)
+    }
+
+    fn forward_with(&self, x: &Tensor, gelu: bool, with_bias: bool) -> Result<Tensor> {
+        let bias = self.gemm_bias.as_ref().filter(|_| with_bias);
         let run = |x: &Tensor| match gelu {
-            true => ops::linear_gelu(x, &self.weight, self.gemm_bias.as_ref()),
-            false => ops::linear(x, &self.weight, self.gemm_bias.as_ref()),
+            true => ops::linear_gelu(x, &self.weight, bias),
+            false => ops::linear(x, &self.weight, bias),
         };
         if self.weight.dtype() != DType::F8E4M3 {
             return Ok(run(x)?);
@@ -71,6 +121,13 @@ impl Linear {
         if self.weight.dtype() != DType::F8E4M3 {
             self.weight = ops::quantize_fp8(&self.weight, ScaleKind::Rowwise)?;
             self.gemm_bias = self.epilogue_bias()?;
+            if !self.weight.device().is_cpu() {
+                self.f32_bias = self
+                    .bias
+                    .as_ref()
+                    .map(|b| b.to_dtype(DType::F32))
+                    .transpose()?;
+            }
         }
         Ok(())
     }
@@ -206,12 +263,26 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = match self.act {
+        match self.forward_deferred(x)? {
+            (y, Some(b)) => Ok(ops::add(&y.to_dtype(DType::F32)?, b)?.to_dtype(y.dtype())?),
+            (y, None) => Ok(y),
+        }
+    }
+
+    /// [`forward`](Self::forward), the second linear's bias left to the caller where it defers
+    /// it ([`Linear::forward_deferred`]); where the first defers its bias, its bias and the GELU
+    /// ride on the quantization of the hidden activations (`ops::bias_gelu_quantize_fp8`).
+    pub fn forward_deferred(&self, x: &Tensor) -> Result<(Tensor, Option<&Tensor>)> {
+        let h = match (self.act, self.fc0.deferred_bias()) {
+            (Activation::GeluTanh, Some(b)) => {
+                let (y, _) = self.fc0.forward_deferred(x)?;
+                ops::bias_gelu_quantize_fp8(&y, b)?
+            }
             // One op, so a GEMM epilogue may apply the GELU (ops::linear_gelu).
-            Activation::GeluTanh => self.fc0.forward_gelu(x)?,
+            (Activation::GeluTanh, None) => self.fc0.forward_gelu(x)?,
             _ => self.act.apply(&self.fc0.forward(x)?)?,
         };
-        self.fc2.forward(&h)
+        self.fc2.forward_deferred(&h)
     }
 }
 

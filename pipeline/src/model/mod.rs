@@ -9,7 +9,7 @@ mod sparse;
 
 pub use attention::{CrossAttention, KvMode, SelfAttention, TextKv};
 pub use block::{BlockInputs, CamInjector, CameraMod, WanBlock};
-pub use layers::{Activation, LayerNorm, Linear, Mlp, RmsNorm};
+pub use layers::{defer_bias, set_defer_bias, Activation, LayerNorm, Linear, Mlp, RmsNorm};
 
 use kernels::{ops, KvCache, RopeTable, Tensor};
 use sp::{Communicator, Ulysses};
