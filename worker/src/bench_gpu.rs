@@ -533,19 +533,29 @@ fn block_rows(
         // And with sparse self-attention (`--attention vsa`: VSA's fine branch at 0.9).
         let mut vsa_block = fp8_block.clone();
         vsa_block.self_attn.sparsity = Some(crate::setup::DEFAULT_SPARSITY);
+        // (row suffix, profile label, block, fp8 attention, FFN biases deferred).
         let blocks = [
-            ("", "bf16", &block, false),
-            (" fp8 linears", "fp8 linears", &fp8_block, false),
+            ("", "bf16", &block, false, false),
+            (" fp8 linears", "fp8 linears", &fp8_block, false, false),
+            (
+                " fp8 linears, FFN biases deferred",
+                "fp8 linears, FFN biases deferred",
+                &fp8_block,
+                false,
+                true,
+            ),
             (
                 " fp8 linears + fp8 attention",
                 "fp8 linears + fp8 attention",
                 &fp8_block,
                 true,
+                false,
             ),
             (
                 " fp8 linears + vsa 0.9",
                 "fp8 linears + vsa 0.9",
                 &vsa_block,
+                false,
                 false,
             ),
         ];
@@ -573,7 +583,8 @@ fn block_rows(
                     + flops::attention(tokens, kept, cfg.dim)
             }
         };
-        for &(suffix, _, blk, a8) in &blocks {
+        for &(suffix, _, blk, a8, defer) in &blocks {
+            pipeline::model::set_defer_bias(defer);
             let c = if a8 { &mut cache8 } else { &mut cache };
             // The spread of the rounds and the host's share: a block whose launches the host
             // queues slower than the card runs them is bound by the host, not by its kernels.
@@ -621,7 +632,8 @@ fn block_rows(
         // Where each block's time goes, by kind of launch.
         if let Device::Cuda(i) = dev {
             let b = kernels::cuda::backend(i)?;
-            for &(_, label, blk, a8) in &blocks {
+            for &(_, label, blk, a8, defer) in &blocks {
+                pipeline::model::set_defer_bias(defer);
                 let c = if a8 { &mut cache8 } else { &mut cache };
                 b.synchronize()?;
                 b.profile(true);
