@@ -583,6 +583,25 @@ fn block_rows(
                     + flops::attention(tokens, kept, cfg.dim)
             }
         };
+        // The deferred-bias variant is the newest path: one call first, and a failure leaves
+        // out its rows only.
+        let blocks: Vec<_> = blocks
+            .into_iter()
+            .filter(|&(_, label, blk, _, defer)| {
+                if !defer {
+                    return true;
+                }
+                pipeline::model::set_defer_bias(true);
+                let ran = forward(blk, &mut cache);
+                if let Err(e) = &ran {
+                    println!(
+                        "{} block ({label}) failed, its rows left out: {e:#}",
+                        cfg.name
+                    );
+                }
+                ran.is_ok()
+            })
+            .collect();
         for &(suffix, _, blk, a8, defer) in &blocks {
             pipeline::model::set_defer_bias(defer);
             let c = if a8 { &mut cache8 } else { &mut cache };
