@@ -157,19 +157,39 @@ WL_DEVICE void wl_ld_f32s(float* g, const float* row, unsigned int j) {
     for (int i = 0; i < N / 4; ++i) WlVec<float>::load(g + 4 * i, row, (N / 4) * j + i);
 }
 
-// Σ x² over a row in f64, summed in an order fixed by the block size and `cols` alone: norm.cu's
-// rms_norm and rope.cu's rms_norm_rope both take it, so the fused op's normalisation is the
-// plain one's bit for bit. 16-byte vectors where the row is a whole number of them (the loads
-// go out together instead of one element a thread waiting on each), else elements.
+// A row's vector j, or element c, as f32 with `bias` (f32, one per column; null: none) added:
+// the bias of a linear whose GEMM left it out, added where its output is read next.
 template <typename T>
-WL_DEVICE double wl_row_sumsq(const T* xr, wl_u64 cols, double* scratch) {
+WL_DEVICE void wl_load_biased(float* v, const T* row, const float* bias, unsigned int j) {
+    constexpr int N = WlVec<T>::N;
+    WlVec<T>::load(v, row, j);
+    if (bias) {
+        float b[N];
+        wl_ld_f32s<N>(b, bias, j);
+#pragma unroll
+        for (int c = 0; c < N; ++c) v[c] += b[c];
+    }
+}
+template <typename T>
+WL_DEVICE float wl_ld_biased(const T* row, const float* bias, wl_u64 c) {
+    const float v = wl_ld(row, c);
+    return bias ? v + bias[c] : v;
+}
+
+// Σ x² over a row (x + bias where `bias` is given) in f64, summed in an order fixed by the block
+// size and `cols` alone: norm.cu's rms_norm and rope.cu's rms_norm_rope both take it, so the fused
+// op's normalisation is the plain one's bit for bit. 16-byte vectors where the row is a whole
+// number of them (the loads go out together instead of one element a thread waiting on each),
+// else elements.
+template <typename T>
+WL_DEVICE double wl_row_sumsq(const T* xr, const float* bias, wl_u64 cols, double* scratch) {
     constexpr int N = WlVec<T>::N;
     double s = 0.0;
     if (cols % N == 0) {
         const unsigned int nv = (unsigned int)(cols / N);
         for (unsigned int j = threadIdx.x; j < nv; j += blockDim.x) {
             float v[N];
-            WlVec<T>::load(v, xr, j);
+            wl_load_biased(v, xr, bias, j);
 #pragma unroll
             for (int c = 0; c < N; ++c) {
                 const double d = (double)v[c];
@@ -178,7 +198,7 @@ WL_DEVICE double wl_row_sumsq(const T* xr, wl_u64 cols, double* scratch) {
         }
     } else {
         for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) {
-            const double d = (double)wl_ld(xr, c);
+            const double d = (double)wl_ld_biased(xr, bias, c);
             s += d * d;
         }
     }

@@ -22,27 +22,29 @@ WL_DEVICE void layer_norm(T* out, const T* x, const float* w, const float* b, wl
     }
 }
 
-// RMSNorm of a row with its gain: 16-byte vectors where the row is a whole number of them (the
-// sum of squares as rope.cu's rms_norm_rope takes it: wl_row_sumsq).
+// RMSNorm of a row (plus `bias` where given: a q linear's, left out of its GEMM) with its gain:
+// 16-byte vectors where the row is a whole number of them (the sum of squares as rope.cu's
+// rms_norm_rope takes it: wl_row_sumsq).
 template <typename T>
-WL_DEVICE void rms_norm(T* out, const T* x, const float* w, wl_u64 cols, float eps) {
+WL_DEVICE void rms_norm(T* out, const T* x, const float* bias, const float* w, wl_u64 cols, float eps) {
     constexpr int N = WlVec<T>::N;
     __shared__ double scratch[32];
     const wl_u64 row = blockIdx.x;
     const T* xr = x + row * cols;
-    const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, cols, scratch) / (double)cols + (double)eps));
+    const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, bias, cols, scratch) / (double)cols + (double)eps));
     T* o = out + row * cols;
     if (cols % N == 0) {
         for (unsigned int j = threadIdx.x; j < (unsigned int)(cols / N); j += blockDim.x) {
             float v[N], g[N];
-            WlVec<T>::load(v, xr, j);
+            wl_load_biased(v, xr, bias, j);
             wl_ld_f32s<N>(g, w, j);
 #pragma unroll
             for (int c = 0; c < N; ++c) v[c] = (v[c] * inv) * g[c];
             WlVec<T>::store(o, j, v);
         }
     } else {
-        for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) wl_st(o, c, (wl_ld(xr, c) * inv) * w[c]);
+        for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x)
+            wl_st(o, c, (wl_ld_biased(xr, bias, c) * inv) * w[c]);
     }
 }
 
@@ -50,8 +52,8 @@ WL_DEVICE void rms_norm(T* out, const T* x, const float* w, wl_u64 cols, float e
     WL_KERNEL void layer_norm_##tn(T* out, const T* x, const float* w, const float* b, wl_u64 cols, float eps) { \
         layer_norm(out, x, w, b, cols, eps);                                                               \
     }                                                                                                      \
-    WL_KERNEL void rms_norm_##tn(T* out, const T* x, const float* w, wl_u64 cols, float eps) {             \
-        rms_norm(out, x, w, cols, eps);                                                                    \
+    WL_KERNEL void rms_norm_##tn(T* out, const T* x, const float* bias, const float* w, wl_u64 cols, float eps) { \
+        rms_norm(out, x, bias, w, cols, eps);                                                              \
     }
 
 WL_NORM(float, f32)
@@ -744,15 +746,18 @@ WL_NORM_FAST(wl_bf16, bf16, float, f32)
 WL_NORM_FAST(wl_bf16, bf16, wl_bf16, bf16)
 
 // ---- The residual stream's update and the norm after it, in one pass: r = x + y·gate (no gate:
-// x + y), with a FiLM then r·(1 + fscale) + fshift, stored as the new stream, and "fast"'s norm +
+// x + y; y + bias for a linear whose GEMM left its bias out), with a FiLM then r·(1 + fscale) + fshift, stored as the new stream, and "fast"'s norm +
 // modulate of r from the registers it was computed in. The arithmetic of gated_residual(_modulate)
 // or add, then norm_modulate_fast: the same bits as those kernels apart, with one read of the
 // stream instead of two. The DiT's types: x, r f32; y bf16; gate, shift, scale f32; the FiLM (C)
-// f32 or bf16. flags: 1 = gate, 2 = FiLM (an absent one's pointer is never read).
+// f32 or bf16, the bias f32. flags: 1 = gate, 2 = FiLM (an absent one's pointer is never read). The
+// bias is a compile-time choice (its own kernels, `_bias`): its loads and pointer cost registers
+// these kernels, at their 128-register bound, would spill, and the plain ones stay as they were.
 template <typename C>
 struct wl_residual {
     const float* x;
     const wl_bf16* y;
+    const float* bias;
     const float* gate;
     const C* fshift;
     const C* fscale;
@@ -762,15 +767,16 @@ struct wl_residual {
 };
 
 // This row's residual values: each pointer at the row (a [cols] parameter wraps to its start).
-template <typename C>
+template <typename C, bool BIAS>
 struct wl_residual_row {
-    const float *x, *gate;
+    const float *x, *gate, *bias;
     const wl_bf16* y;
     const C *fsh, *fsc;
     float* r;
     int flags;
     WL_DEVICE float at(unsigned int c) const {
-        float v = fmaf(wl_ld(y, c), (flags & 1) ? gate[c] : 1.0f, x[c]);
+        const float yc = BIAS ? wl_ld(y, c) + bias[c] : wl_ld(y, c);
+        float v = fmaf(yc, (flags & 1) ? gate[c] : 1.0f, x[c]);
         return (flags & 2) ? fmaf(v, 1.0f + wl_ld(fsc, c), wl_ld(fsh, c)) : v;
     }
     WL_DEVICE void vec(float* d, unsigned int j) const {
@@ -778,6 +784,12 @@ struct wl_residual_row {
         float yv[4], g[4] = {1.0f, 1.0f, 1.0f, 1.0f};
         wl_ld4(d, x, i), wl_ld4(yv, y, i);
         if (flags & 1) wl_ld4(g, gate, i);
+        if constexpr (BIAS) {
+            float b[4];
+            wl_ld4(b, bias, i);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) yv[c] += b[c];
+        }
 #pragma unroll
         for (int c = 0; c < 4; ++c) d[c] = fmaf(yv[c], g[c], d[c]);
         if (flags & 2) {
@@ -790,12 +802,13 @@ struct wl_residual_row {
     WL_DEVICE void store(const float* d, unsigned int j) const { wl_st4(r, (wl_u64)j * 4, d); }
 };
 
-template <bool FULL, bool FP8, typename C>
+template <bool FULL, bool FP8, bool BIAS, typename C>
 WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residual<C>& in, const float* shift,
                                        const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
     const wl_u64 row = blockIdx.x, at = row * cols;
-    const wl_residual_row<C> rr{in.x + at,
+    const wl_residual_row<C, BIAS> rr{in.x + at,
                              in.gate + at % in.gate_n,
+                             in.bias,
                              in.y + at,
                              in.fshift + at % in.film_n,
                              in.fscale + at % in.film_n,
@@ -813,31 +826,33 @@ WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residu
         wl_fast_put_bf16<4, FULL>((wl_bf16*)out + at, v, nv);
 }
 
-template <bool FP8, typename C>
+template <bool FP8, bool BIAS, typename C>
 WL_DEVICE void residual_norm_fast(void* out, float* scales, const wl_residual<C>& in, const float* shift,
                                   const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
     if (cols == (wl_u64)WL_VEC_VALUES * WL_VEC_THREADS)
-        residual_norm_fast_rows<true, FP8, C>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
+        residual_norm_fast_rows<true, FP8, BIAS, C>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
     else
-        residual_norm_fast_rows<false, FP8, C>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
+        residual_norm_fast_rows<false, FP8, BIAS, C>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
 }
 
 // The operands as plain parameters (both vendors' launchers pass them so), gathered here; one
-// kernel per FiLM type (C, suffix cn) and output.
-#define WL_RESIDUAL_NORM(C, cn)                                                                            \
-    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 4) residual_norm_fast_##cn##_bf16(                            \
-        wl_bf16* out, const float* x, const wl_bf16* y, const float* gate, const C* fshift, const C* fscale, \
-        float* r, wl_u64 gate_n, wl_u64 film_n, int flags, const float* shift, const float* scale, wl_u64 cols, \
-        wl_u64 shift_n, wl_u64 scale_n, float eps) {                                                        \
-        const wl_residual<C> in{x, y, gate, fshift, fscale, r, gate_n, film_n, flags};                     \
-        residual_norm_fast<false>(out, nullptr, in, shift, scale, cols, shift_n, scale_n, eps);             \
+// kernel per FiLM type (C, suffix cn), output, and bias or none (B: false or true, suffix bn).
+#define WL_RESIDUAL_NORM(C, cn, B, bn)                                                                     \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 4) residual_norm_fast##bn##_##cn##_bf16(                      \
+        wl_bf16* out, const float* x, const wl_bf16* y, const float* bias, const float* gate, const C* fshift, \
+        const C* fscale, float* r, wl_u64 gate_n, wl_u64 film_n, int flags, const float* shift, const float* scale, \
+        wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {                                           \
+        const wl_residual<C> in{x, y, bias, gate, fshift, fscale, r, gate_n, film_n, flags};               \
+        residual_norm_fast<false, B>(out, nullptr, in, shift, scale, cols, shift_n, scale_n, eps);          \
     }                                                                                                       \
-    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 4) residual_norm_fast_##cn##_fp8(                             \
-        unsigned char* codes, float* scales, const float* x, const wl_bf16* y, const float* gate,          \
-        const C* fshift, const C* fscale, float* r, wl_u64 gate_n, wl_u64 film_n, int flags,               \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 4) residual_norm_fast##bn##_##cn##_fp8(                       \
+        unsigned char* codes, float* scales, const float* x, const wl_bf16* y, const float* bias,          \
+        const float* gate, const C* fshift, const C* fscale, float* r, wl_u64 gate_n, wl_u64 film_n, int flags, \
         const float* shift, const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {  \
-        const wl_residual<C> in{x, y, gate, fshift, fscale, r, gate_n, film_n, flags};                     \
-        residual_norm_fast<true>(codes, scales, in, shift, scale, cols, shift_n, scale_n, eps);             \
+        const wl_residual<C> in{x, y, bias, gate, fshift, fscale, r, gate_n, film_n, flags};               \
+        residual_norm_fast<true, B>(codes, scales, in, shift, scale, cols, shift_n, scale_n, eps);          \
     }
-WL_RESIDUAL_NORM(float, f32)
-WL_RESIDUAL_NORM(wl_bf16, bf16)
+WL_RESIDUAL_NORM(float, f32, false, )
+WL_RESIDUAL_NORM(wl_bf16, bf16, false, )
+WL_RESIDUAL_NORM(float, f32, true, _bias)
+WL_RESIDUAL_NORM(wl_bf16, bf16, true, _bias)

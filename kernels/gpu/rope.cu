@@ -62,7 +62,8 @@ WL_KERNEL void rope_angles(double* cs, int gt, int gh, int gw, int t_offset, int
     }
 }
 
-// rope_3d(rms_norm(x, w)) for one token a block: the sum of squares as norm.cu's rms_norm
+// rope_3d(rms_norm(x + bias, w)) for one token a block (`bias` f32 or null: a q or k linear's, left
+// out of its GEMM, added in f32 as rms_norm adds it): the sum of squares as norm.cu's rms_norm
 // (wl_row_sumsq, same block size), the token's cos/sin per pair of a head from rope_angles' table
 // into shared memory, then each pair normalised as rms_norm does it, rounded to T as rms_norm
 // stores it, and rotated as rope_3d rotates it, so the output is the two kernels' bit for bit
@@ -72,7 +73,8 @@ WL_KERNEL void rope_angles(double* cs, int gt, int gh, int gw, int t_offset, int
 // other lane would hit the same bank).
 #define WL_ROPE_MAX_HALF 256
 template <typename T>
-WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* angles, wl_u64 cols, float eps, int d,
+WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float* w, const double* angles, wl_u64 cols,
+                             float eps, int d,
                              int gt, int gh, int gw, int pairs_t, int pairs_h) {
     constexpr int N = WlVec<T>::N, K = N / 2;
     __shared__ double scratch[32];
@@ -98,13 +100,13 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* a
         cc[slot(j)] = angles[2 * e];
         ss[slot(j)] = angles[2 * e + 1];
     }
-    const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, cols, scratch) / (double)cols + (double)eps));
+    const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, bias, cols, scratch) / (double)cols + (double)eps));
     T* o = out + (wl_u64)n * cols;
     if (vec) {
         const unsigned int nv = (unsigned int)(cols / N);
         for (unsigned int j = threadIdx.x; j < nv; j += blockDim.x) {
             float v[N], g[N], r[N];
-            WlVec<T>::load(v, xr, j);
+            wl_load_biased(v, xr, bias, j);
             wl_ld_f32s<N>(g, w, j);
             // The vector's first pair in its head is j·K mod half, i.e. K·(j mod stride).
             const int first = (int)(j % (unsigned int)stride);
@@ -123,8 +125,8 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* a
         for (wl_u64 p = threadIdx.x; p < cols / 2; p += blockDim.x) {
             const int j = (int)(p % (wl_u64)half);
             const wl_u64 at = 2 * p;
-            const double a = wl_as_stored<T>((wl_ld(xr, at) * inv) * w[at]);
-            const double b = wl_as_stored<T>((wl_ld(xr, at + 1) * inv) * w[at + 1]);
+            const double a = wl_as_stored<T>((wl_ld_biased(xr, bias, at) * inv) * w[at]);
+            const double b = wl_as_stored<T>((wl_ld_biased(xr, bias, at + 1) * inv) * w[at + 1]);
             const double c = cc[j], sn = ss[j];
             wl_st(o, at, (float)(a * c - b * sn));
             wl_st(o, at + 1, (float)(a * sn + b * c));
@@ -133,9 +135,10 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* w, const double* a
 }
 
 #define WL_RMS_ROPE(T, tn)                                                                                     \
-    WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* w, const double* angles, wl_u64 cols,  \
-                                      float eps, int d, int gt, int gh, int gw, int pairs_t, int pairs_h) {   \
-        rms_norm_rope(out, x, w, angles, cols, eps, d, gt, gh, gw, pairs_t, pairs_h);                         \
+    WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* bias, const float* w, const double* angles, \
+                                      wl_u64 cols, float eps, int d, int gt, int gh, int gw, int pairs_t,       \
+                                      int pairs_h) {                                                            \
+        rms_norm_rope(out, x, bias, w, angles, cols, eps, d, gt, gh, gw, pairs_t, pairs_h);                     \
     }
 
 WL_RMS_ROPE(float, f32)

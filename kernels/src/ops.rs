@@ -69,6 +69,31 @@ fn check_rowparam(op: &'static str, x: &Tensor, p: &Tensor) -> Result<()> {
     same_device(op, x, p)
 }
 
+/// The bias of a linear whose GEMM left it out (`[cols]` of `x`, on its device), which the op
+/// that reads the linear's output next adds.
+fn check_bias(op: &'static str, x: &Tensor, bias: Option<&Tensor>) -> Result<()> {
+    let Some(b) = bias else {
+        return Ok(());
+    };
+    no_fp8(op, b)?;
+    if b.elem_count() != x.cols() {
+        return Err(shape_err(
+            op,
+            format!("bias {:?} for rows of {}", b.shape(), x.cols()),
+        ));
+    }
+    same_device(op, x, b)
+}
+
+/// `x + bias` in f32 (no rounding to `x`'s dtype in between), or `x` itself without a bias: the
+/// reference of the fused ops that take a deferred bias.
+fn plus_bias(x: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    match bias {
+        Some(b) => add(&x.to_dtype(DType::F32)?, b),
+        None => Ok(x.clone()),
+    }
+}
+
 fn finish(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
     Tensor::from_f32(data, shape, dtype)
 }
@@ -155,8 +180,9 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
     }
 }
 
-/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · w`.
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · w`; with `bias` (`[cols]`, the bias
+/// of the linear that made `x`, left out of its GEMM) of `x + bias` taken in f32, one pass on GPUs.
+pub fn rms_norm(x: &Tensor, bias: Option<&Tensor>, w: &Tensor, eps: f32) -> Result<Tensor> {
     no_fp8("rms_norm", x)?;
     let (_, cols) = rows_cols(x);
     if w.elem_count() != cols {
@@ -165,13 +191,15 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
             format!("weight {:?} for dim {cols}", w.shape()),
         ));
     }
+    check_bias("rms_norm", x, bias)?;
     match x.storage() {
         Storage::Cpu(_) => {
-            let out = cpu::norm::rms_norm(&x.cpu_f32(), cols, &w.cpu_f32(), eps);
+            let xb = plus_bias(x, bias)?;
+            let out = cpu::norm::rms_norm(&xb.cpu_f32(), cols, &w.cpu_f32(), eps);
             finish(out, x.shape(), x.dtype())
         }
-        Storage::Cuda(_) => cuda::ops::rms_norm(x, w, eps),
-        Storage::Rocm(_) => rocm::ops::rms_norm(x, w, eps),
+        Storage::Cuda(_) => cuda::ops::rms_norm(x, bias, w, eps),
+        Storage::Rocm(_) => rocm::ops::rms_norm(x, bias, w, eps),
     }
 }
 
@@ -358,13 +386,15 @@ pub fn gated_residual_modulate(
 
 /// The residual stream's update and the norm that reads it next: `r = x + y·gate` (`x + y`
 /// without a gate), then with `film = (shift, scale)` `r·(1 + scale) + shift` per token; returns
-/// `r` and `norm_modulate(r, shift, scale, eps, out)`. On a GPU one kernel does both where its
-/// fast norm takes the row (the same bits as the ops apart, with one read of the stream instead of
-/// two); on the CPU, and for other dtypes, the ops run apart.
+/// `r` and `norm_modulate(r, shift, scale, eps, out)`. With `bias` (`[cols]`: the bias of the o
+/// linear that made `y`, left out of its GEMM) `y + bias` in f32 takes `y`'s place. On a GPU one
+/// kernel does both where its fast norm takes the row (the same bits as the ops apart, with one
+/// read of the stream instead of two); on the CPU, and for other dtypes, the ops run apart.
 #[allow(clippy::too_many_arguments)]
 pub fn residual_norm_modulate(
     x: &Tensor,
     y: &Tensor,
+    bias: Option<&Tensor>,
     gate: Option<&Tensor>,
     film: Option<(&Tensor, &Tensor)>,
     shift: &Tensor,
@@ -379,6 +409,7 @@ pub fn residual_norm_modulate(
         ));
     }
     same_device("residual_norm_modulate", x, y)?;
+    check_bias("residual_norm_modulate", x, bias)?;
     for p in gate
         .into_iter()
         .chain(film.into_iter().flat_map(|(a, b)| [a, b]))
@@ -393,14 +424,15 @@ pub fn residual_norm_modulate(
         check_rowparam("residual_norm_modulate", x, scale)?;
         let fused = match x.storage() {
             Storage::Cuda(_) => {
-                cuda::ops::residual_norm_modulate(x, y, gate, film, shift, scale, eps, out)?
+                cuda::ops::residual_norm_modulate(x, y, bias, gate, film, shift, scale, eps, out)?
             }
-            _ => rocm::ops::residual_norm_modulate(x, y, gate, film, shift, scale, eps, out)?,
+            _ => rocm::ops::residual_norm_modulate(x, y, bias, gate, film, shift, scale, eps, out)?,
         };
         if let Some(both) = fused {
             return Ok(both);
         }
     }
+    let y = &plus_bias(y, bias)?;
     let r = match (gate, film) {
         (Some(g), Some((fs, fc))) => gated_residual_modulate(x, y, g, fs, fc)?,
         (Some(g), None) => gated_residual(x, y, g)?,
@@ -561,12 +593,14 @@ pub fn rope_3d(x: &Tensor, grid: [usize; 3], t_offset: usize, table: &RopeTable)
     }
 }
 
-/// `rope_3d(rms_norm(x, w, eps), grid, t_offset, table)` for `x: [L, heads, head_dim]`, the
-/// RMSNorm over each token's whole row (heads · head_dim, Wan's q/k norm): on a GPU one pass
-/// that writes the normalised row already rotated (the two ops read and write it twice), with
-/// the same roundings, so the result is the two ops' bit for bit.
+/// `rope_3d(rms_norm(x, bias, w, eps), grid, t_offset, table)` for `x: [L, heads, head_dim]`,
+/// the RMSNorm over each token's whole row (heads · head_dim, Wan's q/k norm; `bias`, where the
+/// q or k linear left it out of its GEMM, `[heads · head_dim]`): on a GPU one pass that writes the
+/// normalised row already rotated (the two ops read and write it twice), with the same
+/// roundings, so the result is the two ops' bit for bit.
 pub fn rms_norm_rope(
     x: &Tensor,
+    bias: Option<&Tensor>,
     w: &Tensor,
     eps: f32,
     grid: [usize; 3],
@@ -580,18 +614,17 @@ pub fn rms_norm_rope(
             format!("weight {:?} for rows of {:?}", w.shape(), &x.shape()[1..]),
         ));
     }
+    let rows = x.reshape(&[x.dim(0), x.dim(1) * x.dim(2)])?;
+    check_bias("rms_norm_rope", &rows, bias)?;
     match x.storage() {
-        Storage::Cpu(_) => {
-            let rows = x.reshape(&[x.dim(0), x.dim(1) * x.dim(2)])?;
-            rope_3d(
-                &rms_norm(&rows, w, eps)?.reshape(x.shape())?,
-                grid,
-                t_offset,
-                table,
-            )
-        }
-        Storage::Cuda(_) => cuda::ops::rms_norm_rope(x, w, eps, grid, t_offset, table),
-        Storage::Rocm(_) => rocm::ops::rms_norm_rope(x, w, eps, grid, t_offset, table),
+        Storage::Cpu(_) => rope_3d(
+            &rms_norm(&rows, bias, w, eps)?.reshape(x.shape())?,
+            grid,
+            t_offset,
+            table,
+        ),
+        Storage::Cuda(_) => cuda::ops::rms_norm_rope(x, bias, w, eps, grid, t_offset, table),
+        Storage::Rocm(_) => rocm::ops::rms_norm_rope(x, bias, w, eps, grid, t_offset, table),
     }
 }
 
@@ -602,6 +635,7 @@ pub fn rms_norm_rope(
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_rope_into(
     x: &Tensor,
+    bias: Option<&Tensor>,
     w: &Tensor,
     eps: f32,
     grid: [usize; 3],
@@ -624,16 +658,22 @@ pub fn rms_norm_rope_into(
             format!("weight {:?} for rows of {:?}", w.shape(), &x.shape()[1..]),
         ));
     }
+    check_bias(
+        "rms_norm_rope_into",
+        &x.reshape(&[x.dim(0), x.dim(1) * x.dim(2)])?,
+        bias,
+    )?;
     let same = dst.dtype() == x.dtype();
     match x.storage() {
         Storage::Cuda(_) if same => {
-            cuda::ops::rms_norm_rope_into(x, w, eps, grid, t_offset, table, dst, row)
+            cuda::ops::rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row)
         }
         Storage::Rocm(_) if same => {
-            rocm::ops::rms_norm_rope_into(x, w, eps, grid, t_offset, table, dst, row)
+            rocm::ops::rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row)
         }
         _ => {
-            let out = rms_norm_rope(x, w, eps, grid, t_offset, table)?.to_dtype(dst.dtype())?;
+            let out =
+                rms_norm_rope(x, bias, w, eps, grid, t_offset, table)?.to_dtype(dst.dtype())?;
             write_rows(dst, row, &out)
         }
     }

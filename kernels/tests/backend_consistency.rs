@@ -225,7 +225,7 @@ fn elementwise_and_norms_match_the_cpu(dev: Device) {
             |v| ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-6),
         );
         check(&format!("rms_norm {dt:?}"), dev, t, &[&x, &row], |v| {
-            ops::rms_norm(&v[0], &v[1], 1e-6)
+            ops::rms_norm(&v[0], None, &v[1], 1e-6)
         });
         check(&format!("cast {dt:?}"), dev, 1e-7, &[&x], |v| {
             v[0].to_dtype(DType::F32)
@@ -410,6 +410,7 @@ fn residual_norm_matches_the_ops_apart(dev: Device) {
                     ops::residual_norm_modulate(
                         x,
                         y,
+                        None,
                         has_gate.then_some(g),
                         has_film.then_some((fs, fc)),
                         sh,
@@ -424,6 +425,7 @@ fn residual_norm_matches_the_ops_apart(dev: Device) {
                     let fused = kernels::cuda::ops::residual_norm_modulate(
                         &ux,
                         &uy,
+                        None,
                         has_gate.then_some(&ug),
                         has_film.then_some((ufs, ufc)),
                         &ush,
@@ -710,6 +712,117 @@ fn deferred_bias_passes_match_the_cpu(dev: Device) {
 }
 backend_test!(deferred_bias_passes_match_the_cpu);
 
+/// The norms that add the bias a q, k or o linear left out of its GEMM, at the DiT's widths
+/// (5120: every vector of a thread held; 1536 predicated; 1000 by elements for the plain norm):
+/// `rms_norm` (the text q) and `rms_norm_rope` (self-attention's q, k; into a cache's rows too,
+/// the same bits, and bit for bit the device's `rms_norm` + `rope_3d`), and the residual + norm
+/// after the o projections (gate and camera FiLM, or neither), against the CPU.
+fn biases_in_the_norms_match_the_cpu(dev: Device) {
+    let mut rng = Rng::new(29);
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+    let grid = [2, 3, 4];
+    let table = RopeTable::new(128, 64, 1e4).expect("table");
+    for heads in [40, 12] {
+        let cols = heads * 128;
+        let x = rand(&mut rng, &[24, heads, 128], DType::BF16);
+        let (b, g) = (
+            rand(&mut rng, &[cols], DType::F32),
+            rand(&mut rng, &[cols], DType::F32),
+        );
+        let rows = x.reshape(&[24, cols]).expect("rows");
+        check(
+            &format!("rms_norm + bias, rows of {cols}"),
+            dev,
+            1e-2,
+            &[&rows, &b, &g],
+            |v| ops::rms_norm(&v[0], Some(&v[1]), &v[2], 1e-6),
+        );
+        check(
+            &format!("rms_norm_rope + bias, rows of {cols}"),
+            dev,
+            1e-2,
+            &[&x, &b, &g],
+            |v| ops::rms_norm_rope(&v[0], Some(&v[1]), &v[2], 1e-6, grid, 5, &table),
+        );
+        let up = |t: &Tensor| t.to_device(dev).expect("up");
+        let (xd, bd, gd) = (up(&x), up(&b), up(&g));
+        let fused = ops::rms_norm_rope(&xd, Some(&bd), &gd, 1e-6, grid, 5, &table).expect("fused");
+        let normed = ops::rms_norm(&up(&rows), Some(&bd), &gd, 1e-6).expect("rms_norm");
+        let two = ops::rope_3d(&normed.reshape(x.shape()).expect("heads"), grid, 5, &table)
+            .expect("rope");
+        assert_eq!(
+            bits(&fused),
+            bits(&two),
+            "rms_norm_rope + bias, rows of {cols} on {dev}: not the two kernels' bits"
+        );
+        let mut dst = up(&rand(&mut rng, &[30, heads, 128], DType::BF16));
+        ops::rms_norm_rope_into(&xd, Some(&bd), &gd, 1e-6, grid, 5, &table, &mut dst, 3)
+            .expect("into");
+        let row = cols;
+        assert_eq!(
+            bits(&dst)[3 * row..27 * row],
+            bits(&fused),
+            "rms_norm_rope_into + bias on {dev}"
+        );
+    }
+    let (x, b, g) = (
+        rand(&mut rng, &[7, 1000], DType::BF16),
+        rand(&mut rng, &[1000], DType::F32),
+        rand(&mut rng, &[1000], DType::F32),
+    );
+    check(
+        "rms_norm + bias, rows of 1000",
+        dev,
+        1e-2,
+        &[&x, &b, &g],
+        |v| ops::rms_norm(&v[0], Some(&v[1]), &v[2], 1e-6),
+    );
+    for cols in [5120, 1536] {
+        let t = |rng: &mut Rng, shape: &[usize], dt| rand(rng, shape, dt);
+        let (x, y, b, gate) = (
+            t(&mut rng, &[33, cols], DType::F32),
+            t(&mut rng, &[33, cols], DType::BF16),
+            t(&mut rng, &[cols], DType::F32),
+            t(&mut rng, &[cols], DType::F32),
+        );
+        let (fs, fc, sh, sc) = (
+            t(&mut rng, &[33, cols], DType::BF16),
+            t(&mut rng, &[33, cols], DType::BF16),
+            t(&mut rng, &[cols], DType::F32),
+            t(&mut rng, &[cols], DType::F32),
+        );
+        for (gated, out) in [
+            (true, NormOut::Fp8Rowwise),
+            (false, NormOut::Fp8Rowwise),
+            (true, NormOut::Dtype(DType::BF16)),
+        ] {
+            for part in [0, 1] {
+                check(
+                    &format!("residual_norm_modulate + bias {cols} gate and film {gated} → {out:?}, output {part}"),
+                    dev,
+                    if part == 0 { 1e-5 } else { 2e-2 },
+                    &[&x, &y, &b, &gate, &fs, &fc, &sh, &sc],
+                    |v| {
+                        let both = ops::residual_norm_modulate(
+                            &v[0],
+                            &v[1],
+                            Some(&v[2]),
+                            gated.then_some(&v[3]),
+                            gated.then_some((&v[4], &v[5])),
+                            &v[6],
+                            &v[7],
+                            1e-6,
+                            out,
+                        )?;
+                        [both.0, both.1][part].to_dtype(DType::F32)
+                    },
+                );
+            }
+        }
+    }
+}
+backend_test!(biases_in_the_norms_match_the_cpu);
+
 fn rope_attention_and_layout_match_the_cpu(dev: Device) {
     let mut rng = Rng::new(4);
     for (heads, d) in [(4, 32), (2, 128)] {
@@ -729,12 +842,12 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
                 dev,
                 tol(dt),
                 &[&x, &g],
-                |v| ops::rms_norm_rope(&v[0], &v[1], 1e-6, grid, 7, &table),
+                |v| ops::rms_norm_rope(&v[0], None, &v[1], 1e-6, grid, 7, &table),
             );
             let (xd, gd) = (x.to_device(dev).expect("up"), g.to_device(dev).expect("up"));
-            let fused = ops::rms_norm_rope(&xd, &gd, 1e-6, grid, 7, &table).expect("fused");
+            let fused = ops::rms_norm_rope(&xd, None, &gd, 1e-6, grid, 7, &table).expect("fused");
             let rows = xd.reshape(&[l, heads * d]).expect("rows");
-            let normed = ops::rms_norm(&rows, &gd, 1e-6).expect("rms_norm");
+            let normed = ops::rms_norm(&rows, None, &gd, 1e-6).expect("rms_norm");
             let two = ops::rope_3d(
                 &normed.reshape(&[l, heads, d]).expect("heads"),
                 grid,
@@ -757,7 +870,7 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
                     .to_device(dev)
                     .expect("up");
                 let before = bits(&dst);
-                ops::rms_norm_rope_into(&xd, &gd, 1e-6, grid, 7, &table, &mut dst, 5)
+                ops::rms_norm_rope_into(&xd, None, &gd, 1e-6, grid, 7, &table, &mut dst, 5)
                     .expect("into");
                 let (after, row) = (bits(&dst), heads * d);
                 let what = format!("rms_norm_rope_into {dt:?} -> {dst_dt:?} d{d} on {dev}");

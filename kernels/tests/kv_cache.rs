@@ -302,11 +302,11 @@ fn kv_cache_keys_made_in_place(dev: Device) -> Result<()> {
         );
         let t = frame as usize;
         cache.write_keys_with(frame, &v, |keys, row| {
-            ops::rms_norm_rope_into(&x, &w, 1e-6, grid, t, &table, keys, row)
+            ops::rms_norm_rope_into(&x, None, &w, 1e-6, grid, t, &table, keys, row)
         })?;
         plain.write(
             frame,
-            &ops::rms_norm_rope(&x, &w, 1e-6, grid, t, &table)?,
+            &ops::rms_norm_rope(&x, None, &w, 1e-6, grid, t, &table)?,
             &v,
         )?;
         assert_eq!(cache.frames(), plain.frames(), "frame {frame}");

@@ -221,7 +221,7 @@ fn rms_norm(dev: Device) -> Result<()> {
         let inv = 1.0 / (ms + eps as f64).sqrt();
         want.extend(r.iter().zip(&wv).map(|(v, w)| v * inv * w));
     }
-    let y = ops::rms_norm(&x, &w, eps)?;
+    let y = ops::rms_norm(&x, None, &w, eps)?;
     assert_eq!(y.shape(), x.shape());
     assert_f32_close("rms_norm", &y, &want);
     Ok(())
@@ -497,6 +497,114 @@ fn deferred_bias_passes(dev: Device) -> Result<()> {
 }
 test_device!(deferred_bias_passes, deferred_bias_passes_cpu);
 
+/// The norms that take the bias of the linear before them: `rms_norm` and `rms_norm_rope` of
+/// bf16 `y` with `bias` against RMSNorm in f64 of `y + bias` (then the RoPE op on that, rounded
+/// to bf16 as the op stores it), and `residual_norm_modulate` whose stream is
+/// `x + (y + bias)·gate` in f64, its norm the same op's of that stream without a bias.
+fn biases_in_the_norms(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(23);
+    let (grid, heads, d) = ([2, 2, 3], 2, 8);
+    let (rows, cols, eps) = (12, heads * d, 1e-6f32);
+    let yd: Vec<f32> = rng
+        .normals(rows * cols, 2.0)
+        .into_iter()
+        .map(round_bf16)
+        .collect();
+    let (bd, wd) = (rng.normals(cols, 1.0), rng.normals(cols, 1.0));
+    let y = tensor(dev, yd.clone(), &[rows, cols])?.to_dtype(DType::BF16)?;
+    let (b, w) = (
+        tensor(dev, bd.clone(), &[cols])?,
+        tensor(dev, wd.clone(), &[cols])?,
+    );
+    let mut want = Vec::new();
+    for r in yd.chunks(cols) {
+        let v: Vec<f64> = r.iter().zip(&bd).map(|(y, b)| (y + b) as f64).collect();
+        let inv = 1.0 / (v.iter().map(|v| v * v).sum::<f64>() / cols as f64 + eps as f64).sqrt();
+        want.extend(v.iter().zip(&wd).map(|(v, w)| v * inv * *w as f64));
+    }
+    let normed = ops::rms_norm(&y, Some(&b), &w, eps)?;
+    assert_bf16_close("rms_norm + bias", &normed, &want);
+
+    let table = kernels::RopeTable::new(d, 16, 1e4)?;
+    let heads_of = |t: &Tensor| t.reshape(&[rows, heads, d]);
+    let want_normed: Vec<f32> = want.iter().map(|&v| round_bf16(v as f32)).collect();
+    let want_roped = ops::rope_3d(
+        &heads_of(&tensor(dev, want_normed, &[rows, cols])?.to_dtype(DType::BF16)?)?,
+        grid,
+        3,
+        &table,
+    )?;
+    let roped = ops::rms_norm_rope(&heads_of(&y)?, Some(&b), &w, eps, grid, 3, &table)?;
+    assert_eq!(
+        (roped.dtype(), roped.shape()),
+        (DType::BF16, &[rows, heads, d][..])
+    );
+    let e = rel_l2(&roped.to_vec_f32(), &widen(&want_roped.to_vec_f32()));
+    assert!(e < 1e-3, "rms_norm_rope + bias: rel L2 {e:e}");
+    // Into rows 2.. of a longer buffer: the same values, the rows around them kept.
+    let mut dst =
+        tensor(dev, vec![7.0; (rows + 3) * cols], &[rows + 3, heads, d])?.to_dtype(DType::BF16)?;
+    ops::rms_norm_rope_into(
+        &heads_of(&y)?,
+        Some(&b),
+        &w,
+        eps,
+        grid,
+        3,
+        &table,
+        &mut dst,
+        2,
+    )?;
+    let got = dst.to_vec_f32();
+    assert_bits_eq(
+        "rms_norm_rope_into + bias",
+        &got[2 * cols..(rows + 2) * cols],
+        &roped.to_vec_f32(),
+    );
+    assert!(got[..2 * cols]
+        .iter()
+        .chain(&got[(rows + 2) * cols..])
+        .all(|&v| v == 7.0));
+
+    let xd = rng.normals(rows * cols, 1.0);
+    let gd = rng.normals(cols, 1.0);
+    let (sh, sc) = (
+        randn(dev, &mut rng, &[cols])?,
+        randn(dev, &mut rng, &[cols])?,
+    );
+    let x = tensor(dev, xd.clone(), &[rows, cols])?;
+    let g = tensor(dev, gd.clone(), &[cols])?;
+    let out = kernels::NormOut::Dtype(DType::BF16);
+    let (r, h) = ops::residual_norm_modulate(&x, &y, Some(&b), Some(&g), None, &sh, &sc, eps, out)?;
+    let want: Vec<f64> = (0..rows * cols)
+        .map(|i| {
+            let c = i % cols;
+            xd[i] as f64 + (yd[i] as f64 + bd[c] as f64) * gd[c] as f64
+        })
+        .collect();
+    assert_f32_close("residual + bias", &r, &want);
+    let h2 = ops::norm_modulate(&r, &sh, &sc, eps, out)?;
+    assert_bits_eq(
+        "norm after residual + bias",
+        &h.to_vec_f32(),
+        &h2.to_vec_f32(),
+    );
+
+    // A bias that is not one per column is refused, naming the op.
+    let short = tensor(dev, vec![1.0; cols - 1], &[cols - 1])?;
+    assert_err_names(ops::rms_norm(&y, Some(&short), &w, eps), "rms_norm");
+    assert_err_names(
+        ops::rms_norm_rope(&heads_of(&y)?, Some(&short), &w, eps, grid, 3, &table),
+        "rms_norm_rope",
+    );
+    assert_err_names(
+        ops::residual_norm_modulate(&x, &y, Some(&short), None, None, &sh, &sc, eps, out),
+        "residual_norm_modulate",
+    );
+    Ok(())
+}
+test_device!(biases_in_the_norms, biases_in_the_norms_cpu);
+
 fn patchify_ref(x: &[f32], [c, f, h, w]: [usize; 4], [pt, ph, pw]: [usize; 3]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     for gf in 0..f / pt {
@@ -616,7 +724,7 @@ fn shape_errors(dev: Device) -> Result<()> {
     let w1 = randn(dev, &mut rng, &[3, 1])?;
     assert_err_names(ops::linear(&scalar, &w1, None), "linear");
     assert_err_names(ops::layer_norm(&x, Some(&w), None, 1e-6), "layer_norm");
-    assert_err_names(ops::rms_norm(&x, &bad_bias, 1e-6), "rms_norm");
+    assert_err_names(ops::rms_norm(&x, None, &bad_bias, 1e-6), "rms_norm");
     let p3 = randn(dev, &mut rng, &[3, 8])?;
     let p8 = randn(dev, &mut rng, &[8])?;
     assert_err_names(ops::modulate(&x, &p3, &p8), "modulate");

@@ -118,6 +118,7 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         let fused = kernels::rocm::ops::residual_norm_modulate(
             &up[0],
             &up[1],
+            None,
             film.then_some(&up[2]),
             film.then_some((&up[3], &up[4])),
             &up[5],
@@ -140,6 +141,7 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
                     let both = ops::residual_norm_modulate(
                         &v[0],
                         &v[1],
+                        None,
                         film.then_some(&v[2]),
                         film.then_some((&v[3], &v[4])),
                         &v[5],
@@ -158,7 +160,7 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         let x = input(30, &[12, 3, 16], dt);
         let g = input(31, &[48], DType::F32);
         check(&format!("rms_norm_rope {dt:?}"), dev, tol, &[&x, &g], |v| {
-            ops::rms_norm_rope(&v[0], &v[1], 1e-6, [2, 2, 3], 5, &table)
+            ops::rms_norm_rope(&v[0], None, &v[1], 1e-6, [2, 2, 3], 5, &table)
         });
         // Stored into rows 4.. of a cache's keys, the rows around them kept.
         let keys = input(37, &[20, 3, 16], dt);
@@ -169,7 +171,17 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
             &[&x, &g, &keys],
             |v| {
                 let mut dst = v[2].clone();
-                ops::rms_norm_rope_into(&v[0], &v[1], 1e-6, [2, 2, 3], 5, &table, &mut dst, 4)?;
+                ops::rms_norm_rope_into(
+                    &v[0],
+                    None,
+                    &v[1],
+                    1e-6,
+                    [2, 2, 3],
+                    5,
+                    &table,
+                    &mut dst,
+                    4,
+                )?;
                 Ok(dst)
             },
         );
@@ -347,6 +359,163 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
     check("vsa ties", dev, 1e-4, &[&q, &k, &v], |t| {
         kernels::vsa::attention(&t[0], &t[1], &t[2], None, qg, kg, 5)
     });
+}
+
+/// The passes that add the bias a linear's GEMM left out (`WORLDLINE_DEFER_BIAS`): the FFN's
+/// bias + GELU + rowwise quantization (the register-held kernel, and the ops apart for rows of
+/// no whole vectors), its gated residual, the q/k norms with and without the RoPE (vectors and
+/// elements), into a cache's rows, and the o projections' residual + norm in one kernel.
+#[test]
+fn deferred_biases_match_the_cpu_on_the_emulated_gpu() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = emulated_gpu("gfx942") else {
+        return;
+    };
+    for cols in [1000, 1004] {
+        let (y, b) = (
+            input(60, &[5, cols], DType::BF16),
+            input(61, &[cols], DType::F32),
+        );
+        let held = launches("quant_rows_held_bias_gelu_bf16");
+        check(
+            &format!("bias + gelu + fp8 rowwise, rows of {cols}"),
+            dev,
+            2e-3,
+            &[&y, &b],
+            |t| ops::bias_gelu_quantize_fp8(&t[0], &t[1]),
+        );
+        let fused = launches("quant_rows_held_bias_gelu_bf16") > held;
+        assert_eq!(fused, cols % 8 == 0, "rows of {cols}: held kernel {fused}");
+    }
+    for cols in [40, 43] {
+        let (x, y, b, g) = (
+            input(62, &[9, cols], DType::F32),
+            input(63, &[9, cols], DType::BF16),
+            input(64, &[cols], DType::F32),
+            input(65, &[cols], DType::F32),
+        );
+        check(
+            &format!("gated residual + bias, rows of {cols}"),
+            dev,
+            1e-6,
+            &[&x, &y, &b, &g],
+            |t| ops::gated_residual_bias(&t[0], &t[1], &t[2], &t[3]),
+        );
+    }
+    let table = kernels::RopeTable::new(16, 64, 1e4).expect("table");
+    for (dt, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
+        // Heads of 16 (whole vectors) and of 14 (rows of 42: elements).
+        for d in [16, 14] {
+            let (x, b, g) = (
+                input(66, &[12, 3, d], dt),
+                input(67, &[3 * d], DType::F32),
+                input(68, &[3 * d], DType::F32),
+            );
+            let rows = x.reshape(&[12, 3 * d]).expect("rows");
+            check(
+                &format!("rms_norm + bias {dt:?}, rows of {}", 3 * d),
+                dev,
+                tol,
+                &[&rows, &b, &g],
+                |v| ops::rms_norm(&v[0], Some(&v[1]), &v[2], 1e-6),
+            );
+            if d != 16 {
+                continue; // the RoPE table is for heads of 16
+            }
+            check(
+                &format!("rms_norm_rope + bias {dt:?}"),
+                dev,
+                tol,
+                &[&x, &b, &g],
+                |v| ops::rms_norm_rope(&v[0], Some(&v[1]), &v[2], 1e-6, [2, 2, 3], 5, &table),
+            );
+            let keys = input(69, &[20, 3, d], dt);
+            check(
+                &format!("rms_norm_rope_into + bias {dt:?}"),
+                dev,
+                tol,
+                &[&x, &b, &g, &keys],
+                |v| {
+                    let mut dst = v[3].clone();
+                    let (t, w) = (&table, &v[2]);
+                    ops::rms_norm_rope_into(
+                        &v[0],
+                        Some(&v[1]),
+                        w,
+                        1e-6,
+                        [2, 2, 3],
+                        5,
+                        t,
+                        &mut dst,
+                        4,
+                    )?;
+                    Ok(dst)
+                },
+            );
+        }
+    }
+    // The residual + norm after the o projections: self-attention's (gate and camera FiLM) and
+    // cross-attention's (neither), into fp8 rows and bf16.
+    let (x, y, b, g, fs, fc, sh, sc) = (
+        input(70, &[9, 384], DType::F32),
+        input(71, &[9, 384], DType::BF16),
+        input(72, &[384], DType::F32),
+        input(73, &[384], DType::F32),
+        input(74, &[9, 384], DType::BF16),
+        input(75, &[9, 384], DType::BF16),
+        input(76, &[384], DType::F32),
+        input(77, &[9, 384], DType::F32),
+    );
+    for (gated, out) in [
+        (true, NormOut::Fp8Rowwise),
+        (false, NormOut::Fp8Rowwise),
+        (true, NormOut::Dtype(DType::BF16)),
+    ] {
+        let up: Vec<Tensor> = [&x, &y, &b, &g, &fs, &fc, &sh, &sc]
+            .iter()
+            .map(|t| t.to_device(dev).expect("up"))
+            .collect();
+        let fused = kernels::rocm::ops::residual_norm_modulate(
+            &up[0],
+            &up[1],
+            Some(&up[2]),
+            gated.then_some(&up[3]),
+            gated.then_some((&up[4], &up[5])),
+            &up[6],
+            &up[7],
+            1e-6,
+            out,
+        )
+        .expect("fused");
+        assert!(
+            fused.is_some(),
+            "residual_norm_modulate + bias: the fused kernel declined"
+        );
+        for (part, tol) in [(0, 1e-5), (1, 2e-2)] {
+            check(
+                &format!(
+                    "residual_norm_modulate + bias, gate and film {gated} → {out:?}, output {part}"
+                ),
+                dev,
+                tol,
+                &[&x, &y, &b, &g, &fs, &fc, &sh, &sc],
+                |v| {
+                    let both = ops::residual_norm_modulate(
+                        &v[0],
+                        &v[1],
+                        Some(&v[2]),
+                        gated.then_some(&v[3]),
+                        gated.then_some((&v[4], &v[5])),
+                        &v[6],
+                        &v[7],
+                        1e-6,
+                        out,
+                    )?;
+                    [both.0, both.1][part].to_dtype(DType::F32)
+                },
+            );
+        }
+    }
 }
 
 #[test]

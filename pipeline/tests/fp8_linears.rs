@@ -109,8 +109,8 @@ fn fp8_stream_on_a_gpu_matches_the_cpu() {
     }
 }
 
-/// The same with the FFN's biases (and its GELU) left out of the GEMMs and added by the passes
-/// after them (`WORLDLINE_DEFER_BIAS`, off by default).
+/// The same with the biases of q, k, o (self and text attention) and the FFN (and its GELU) left
+/// out of the GEMMs and added by the passes after them (`WORLDLINE_DEFER_BIAS`, off by default).
 #[test]
 fn fp8_stream_with_deferred_biases_on_a_gpu_matches_the_cpu() {
     for dev in gpus() {

@@ -533,13 +533,13 @@ fn block_rows(
         // And with sparse self-attention (`--attention vsa`: VSA's fine branch at 0.9).
         let mut vsa_block = fp8_block.clone();
         vsa_block.self_attn.sparsity = Some(crate::setup::DEFAULT_SPARSITY);
-        // (row suffix, profile label, block, fp8 attention, FFN biases deferred).
+        // (row suffix, profile label, block, fp8 attention, linear biases deferred).
         let blocks = [
             ("", "bf16", &block, false, false),
             (" fp8 linears", "fp8 linears", &fp8_block, false, false),
             (
-                " fp8 linears, FFN biases deferred",
-                "fp8 linears, FFN biases deferred",
+                " fp8 linears, biases deferred",
+                "fp8 linears, biases deferred",
                 &fp8_block,
                 false,
                 true,

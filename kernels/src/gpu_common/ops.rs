@@ -534,6 +534,7 @@ fn fp8_rowwise_out(
 pub fn residual_norm_modulate(
     x: &Tensor,
     y: &Tensor,
+    bias: Option<&Tensor>,
     gate: Option<&Tensor>,
     film: Option<(&Tensor, &Tensor)>,
     shift: &Tensor,
@@ -547,7 +548,7 @@ pub fn residual_norm_modulate(
     let f32s = |ts: &[Option<&Tensor>]| ts.iter().flatten().all(|t| t.dtype() == DType::F32);
     let takes = x.dtype() == DType::F32
         && y.dtype() == DType::BF16
-        && f32s(&[gate, Some(shift), Some(scale)])
+        && f32s(&[bias, gate, Some(shift), Some(scale)])
         && film.is_none_or(|(a, b)| {
             a.dtype() == b.dtype() && matches!(a.dtype(), DType::F32 | DType::BF16)
         })
@@ -563,17 +564,19 @@ pub fn residual_norm_modulate(
     let mut r = GpuStorage::alloc(dev, DType::F32, n)?;
     let ys = storage(y)?;
     let gs = gate.map(storage).transpose()?;
+    let bs = bias.map(storage).transpose()?;
     let fs = film
         .map(|(a, b)| Ok::<_, Error>((storage(a)?, storage(b)?)))
         .transpose()?;
     let addr = |g: &GpuStorage| g.device_ptr();
     let xp = addr(s)?;
-    // norm.cu's WL_RESIDUAL_PARAMS by device address: x, y, gate, FiLM shift and scale, r, then
-    // the gate's and the FiLM's element counts and the flags. An absent operand's address is
-    // never read (its flag is off): x's stands in.
+    // norm.cu's WL_RESIDUAL_NORM operands by device address: x, y, bias, gate, FiLM shift and
+    // scale, r, then the gate's and the FiLM's element counts and the flags. An absent operand's
+    // address is never read (its flag is off, or the kernel takes no bias): x's stands in.
     let ptrs = [
         xp,
         addr(ys)?,
+        bs.map(addr).transpose()?.unwrap_or(xp),
         gs.map(addr).transpose()?.unwrap_or(xp),
         fs.map(|f| addr(f.0)).transpose()?.unwrap_or(xp),
         fs.map(|f| addr(f.1)).transpose()?.unwrap_or(xp),
@@ -584,7 +587,7 @@ pub fn residual_norm_modulate(
         film.map_or(1, |f| f.0.elem_count()) as u64,
     ];
     let flags = i32::from(gate.is_some()) | (i32::from(film.is_some()) << 1);
-    fn args<'a>(b: &mut LaunchArgs<'a>, ptrs: &'a [u64; 6], counts: &'a [u64; 2], flags: &'a i32) {
+    fn args<'a>(b: &mut LaunchArgs<'a>, ptrs: &'a [u64; 7], counts: &'a [u64; 2], flags: &'a i32) {
         for p in ptrs {
             b.arg(p);
         }
@@ -598,7 +601,8 @@ pub fn residual_norm_modulate(
     );
     let (sh, sc) = (storage(shift)?, storage(scale)?);
     let name = format!(
-        "residual_norm_fast_{}",
+        "residual_norm_fast{}_{}",
+        if bias.is_some() { "_bias" } else { "" },
         suffix(film.map_or(DType::BF16, |f| f.0.dtype()))?
     );
     let normed = match out {
@@ -627,11 +631,13 @@ pub fn residual_norm_modulate(
     Ok(Some((wrap(r, x.shape()), normed)))
 }
 
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+pub fn rms_norm(x: &Tensor, bias: Option<&Tensor>, w: &Tensor, eps: f32) -> Result<Tensor> {
     let s = storage(x)?;
     let cols = x.cols();
     let rows = x.elem_count() / cols;
     let w = cast(w, DType::F32)?;
+    let bias = bias.map(|b| cast(b, DType::F32)).transpose()?;
+    let bias_at = bias_address(bias.as_ref())?;
     let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
     let cols64 = cols as u64;
     let ws = storage(&w)?;
@@ -643,11 +649,18 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
         |b| {
             push_mut(b, &mut out.data);
             push(b, &s.data);
+            b.arg(&bias_at);
             push(b, &ws.data);
             b.arg(&cols64).arg(&eps);
         }
     );
     Ok(wrap(out, x.shape()))
+}
+
+/// The device address of a deferred bias (f32) for a kernel's `const float* bias`, 0 (null) for
+/// none.
+fn bias_address(bias: Option<&Tensor>) -> Result<u64> {
+    bias.map_or(Ok(0), |b| storage(b)?.device_ptr())
 }
 
 pub fn rope_3d(
@@ -695,6 +708,7 @@ pub fn rope_3d(
 /// in the same order), the cos/sin of the grid's positions made first by a small kernel.
 pub fn rms_norm_rope(
     x: &Tensor,
+    bias: Option<&Tensor>,
     w: &Tensor,
     eps: f32,
     grid3: [usize; 3],
@@ -704,7 +718,7 @@ pub fn rms_norm_rope(
     let s = storage(x)?;
     let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
     let at = out.device_ptr_mut()?;
-    rms_norm_rope_at(x, w, eps, grid3, t_offset, table, at)?;
+    rms_norm_rope_at(x, bias, w, eps, grid3, t_offset, table, at)?;
     Ok(wrap(out, x.shape()))
 }
 
@@ -713,6 +727,7 @@ pub fn rms_norm_rope(
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_rope_into(
     x: &Tensor,
+    bias: Option<&Tensor>,
     w: &Tensor,
     eps: f32,
     grid3: [usize; 3],
@@ -723,12 +738,14 @@ pub fn rms_norm_rope_into(
 ) -> Result<()> {
     let offset = row * x.dim(1) * x.dim(2) * x.dtype().size_in_bytes();
     let at = storage_mut(dst)?.device_ptr_mut()? + offset as u64;
-    rms_norm_rope_at(x, w, eps, grid3, t_offset, table, at)
+    rms_norm_rope_at(x, bias, w, eps, grid3, t_offset, table, at)
 }
 
 /// The launches of [`rms_norm_rope`], the output at device address `out` (room for `x`).
+#[allow(clippy::too_many_arguments)]
 fn rms_norm_rope_at(
     x: &Tensor,
+    bias: Option<&Tensor>,
     w: &Tensor,
     eps: f32,
     grid3: [usize; 3],
@@ -769,6 +786,8 @@ fn rms_norm_rope_at(
     });
     let w = cast(w, DType::F32)?;
     let ws = storage(&w)?;
+    let bias = bias.map(|b| cast(b, DType::F32)).transpose()?;
+    let bias_at = bias_address(bias.as_ref())?;
     let cols64 = (heads * d) as u64;
     launch!(
         dev,
@@ -778,6 +797,7 @@ fn rms_norm_rope_at(
         |b| {
             b.arg(&out);
             push(b, &s.data);
+            b.arg(&bias_at);
             push(b, &ws.data);
             b.arg(&angles)
                 .arg(&cols64)

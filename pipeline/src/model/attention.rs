@@ -2,7 +2,7 @@ use kernels::vsa::{self, Coarse};
 use kernels::{ops, AttnMask, DType, KvCache, RopeTable, Tensor};
 use sp::Ulysses;
 
-use super::layers::{Linear, RmsNorm};
+use super::layers::{add_deferred, Deferred, Linear, RmsNorm};
 use crate::weights::Vb;
 use crate::Result;
 
@@ -98,18 +98,21 @@ impl SelfAttention {
         Ok(t.reshape(&[l, self.heads, dim / self.heads])?)
     }
 
-    /// `rope_3d(norm(t))` as `[L, heads, head_dim]`, in one pass (`ops::rms_norm_rope`).
+    /// `rope_3d(norm(linear(x)))` as `[L, heads, head_dim]`, the norm and the RoPE in one pass
+    /// (`ops::rms_norm_rope`), which also adds the linear's bias where its GEMM leaves it out.
     fn normed_rotated(
         &self,
         norm: &RmsNorm,
-        t: &Tensor,
+        linear: &Linear,
+        x: &Tensor,
         grid: [usize; 3],
         t_offset: usize,
         rope: &RopeTable,
     ) -> Result<Tensor> {
-        let t = self.heads_view(t)?;
+        let (y, bias) = linear.forward_deferred(x)?;
         Ok(ops::rms_norm_rope(
-            &t,
+            &self.heads_view(&y)?,
+            bias,
             &norm.weight,
             norm.eps,
             grid,
@@ -126,7 +129,7 @@ impl SelfAttention {
         t_offset: usize,
         rope: &RopeTable,
     ) -> Result<(Tensor, Tensor)> {
-        let k = self.normed_rotated(&self.norm_k, &self.k.forward(x)?, grid, t_offset, rope)?;
+        let k = self.normed_rotated(&self.norm_k, &self.k, x, grid, t_offset, rope)?;
         let v = self.heads_view(&self.v.forward(x)?)?;
         Ok((k, v))
     }
@@ -163,6 +166,24 @@ impl SelfAttention {
         kv_only: bool,
         sp: Option<&Ulysses>,
     ) -> Result<Option<Tensor>> {
+        self.forward_deferred(x, grid, t_offset, rope, mode, kv_only, sp)?
+            .map(add_deferred)
+            .transpose()
+    }
+
+    /// [`forward_with`](Self::forward_with), the o linear's bias left to the caller's residual
+    /// pass where its GEMM leaves it out ([`Linear::forward_deferred`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_deferred(
+        &self,
+        x: &Tensor,
+        grid: [usize; 3],
+        t_offset: usize,
+        rope: &RopeTable,
+        mode: KvMode,
+        kv_only: bool,
+        sp: Option<&Ulysses>,
+    ) -> Result<Option<Deferred<'_>>> {
         let mode = match mode {
             KvMode::Cache { cache, first_frame } if sp.is_none() => {
                 return self.forward_cached(x, grid, t_offset, rope, cache, first_frame, kv_only)
@@ -172,8 +193,8 @@ impl SelfAttention {
         // On one card the norm and the RoPE are one op; under Ulysses the RoPE runs after the
         // all-to-all, on the whole sequence (the norm needs all of a token's heads).
         let k = match sp {
-            None => self.normed_rotated(&self.norm_k, &self.k.forward(x)?, grid, t_offset, rope)?,
-            Some(_) => self.heads_view(&self.norm_k.forward(&self.k.forward(x)?)?)?,
+            None => self.normed_rotated(&self.norm_k, &self.k, x, grid, t_offset, rope)?,
+            Some(_) => self.heads_view(&self.norm_k.after_linear(&self.k, x)?)?,
         };
         let v = self.heads_view(&self.v.forward(x)?)?;
         // Under Ulysses the keys and values cross the links while the queries are projected,
@@ -185,13 +206,17 @@ impl SelfAttention {
         let q = if cache_only {
             None
         } else {
-            let q = self.q.forward(x)?;
             Some(match sp {
-                None => {
-                    Queries::Here(self.normed_rotated(&self.norm_q, &q, grid, t_offset, rope)?)
-                }
+                None => Queries::Here(self.normed_rotated(
+                    &self.norm_q,
+                    &self.q,
+                    x,
+                    grid,
+                    t_offset,
+                    rope,
+                )?),
                 Some(u) => {
-                    let q = self.heads_view(&self.norm_q.forward(&q)?)?;
+                    let q = self.heads_view(&self.norm_q.after_linear(&self.q, x)?)?;
                     Queries::OnTheWay(u.scatter_heads_start(&[&q])?)
                 }
             })
@@ -262,7 +287,7 @@ impl SelfAttention {
             Some(u) => u.gather_heads(&out)?,
         };
         let out = out.reshape(&[x.dim(0), x.dim(1)])?;
-        Ok(Some(self.o.forward(&out)?))
+        Ok(Some(self.o.forward_deferred(&out)?))
     }
 
     /// [`forward`](Self::forward) over a cache on one card: the keys are normed and rotated
@@ -278,19 +303,21 @@ impl SelfAttention {
         cache: &mut KvCache,
         first_frame: u64,
         kv_only: bool,
-    ) -> Result<Option<Tensor>> {
+    ) -> Result<Option<Deferred<'_>>> {
         // The cache keeps its own dtype (bf16 on GPUs, f32 on the CPU reference).
         let dtype = cache.keys().dtype();
-        let k = self.heads_view(&self.k.forward(x)?)?;
+        let (k, bias) = self.k.forward_deferred(x)?;
+        let k = self.heads_view(&k)?;
         let v = self.heads_view(&self.v.forward(x)?)?.to_dtype(dtype)?;
         let norm = &self.norm_k;
         cache.write_keys_with(first_frame, &v, |keys, row| {
-            ops::rms_norm_rope_into(&k, &norm.weight, norm.eps, grid, t_offset, rope, keys, row)
+            let (w, eps) = (&norm.weight, norm.eps);
+            ops::rms_norm_rope_into(&k, bias, w, eps, grid, t_offset, rope, keys, row)
         })?;
         if kv_only {
             return Ok(None);
         }
-        let q = self.normed_rotated(&self.norm_q, &self.q.forward(x)?, grid, t_offset, rope)?;
+        let q = self.normed_rotated(&self.norm_q, &self.q, x, grid, t_offset, rope)?;
         let len = cache.len_tokens();
         let out = match cache.fp8() {
             Some(kv) => kernels::attention_fp8(&q, kv, len)?,
@@ -300,7 +327,7 @@ impl SelfAttention {
             }
         };
         let out = out.reshape(&[x.dim(0), x.dim(1)])?;
-        Ok(Some(self.o.forward(&out)?))
+        Ok(Some(self.o.forward_deferred(&out)?))
     }
 }
 
@@ -369,13 +396,16 @@ impl CrossAttention {
     }
 
     pub fn forward(&self, x: &Tensor, kv: &TextKv) -> Result<Tensor> {
+        add_deferred(self.forward_deferred(x, kv)?)
+    }
+
+    /// [`forward`](Self::forward), the o linear's bias left to the caller's residual pass where
+    /// its GEMM leaves it out; the q linear's is added by the q norm.
+    pub fn forward_deferred(&self, x: &Tensor, kv: &TextKv) -> Result<Deferred<'_>> {
         let (l, dim) = (x.dim(0), x.dim(1));
-        let q = self.norm_q.forward(&self.q.forward(x)?)?.reshape(&[
-            l,
-            self.heads,
-            dim / self.heads,
-        ])?;
+        let q = self.norm_q.after_linear(&self.q, x)?;
+        let q = q.reshape(&[l, self.heads, dim / self.heads])?;
         let out = ops::attention(&q, &kv.k, &kv.v, kv.k.dim(0), AttnMask::None)?;
-        self.o.forward(&out.reshape(&[l, dim])?)
+        self.o.forward_deferred(&out.reshape(&[l, dim])?)
     }
 }

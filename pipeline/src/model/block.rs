@@ -142,9 +142,15 @@ impl WanBlock {
         let m = ops::add(&self.modulation.reshape(&[6, x.dim(1)])?, inp.e0)?;
         let e = |i| row(&m, i);
         let h = ops::norm_modulate(x, &e(0)?, &e(1)?, self.eps, self.projection_input())?;
-        let Some(y) =
-            self.self_attn
-                .forward_with(&h, inp.grid, inp.t_offset, inp.rope, mode, kv_only, sp)?
+        let Some(y) = self.self_attn.forward_deferred(
+            &h,
+            inp.grid,
+            inp.t_offset,
+            inp.rope,
+            mode,
+            kv_only,
+            sp,
+        )?
         else {
             return Ok(None);
         };
@@ -156,11 +162,13 @@ impl WanBlock {
         let film = camera.map(|c| (&c.shift, &c.scale));
         let (x, n3) = self
             .norm3
-            .after_residual(x, &y, &e(2)?, film, self.projection_input())?;
-        let y = self.cross_attn.forward(&n3, text)?;
+            .after_residual(x, y, &e(2)?, film, self.projection_input())?;
+        // The linears' deferred biases (Linear::forward_deferred) ride on the passes after them.
+        let (y, bias) = self.cross_attn.forward_deferred(&n3, text)?;
         let (x, h) = ops::residual_norm_modulate(
             &x,
             &y,
+            bias,
             None,
             None,
             &e(3)?,

@@ -9,10 +9,12 @@ use crate::Result;
 static DEFER_BIAS: AtomicU8 = AtomicU8::new(0);
 
 /// Whether GPU fp8 linears leave their bias (and the FFN's GELU) to the pass that reads their
-/// output next (`WORLDLINE_DEFER_BIAS=1`; off by default until measured in the block). On an
-/// H100 the tuned plain rowwise-fp8 plans ran 5–7 % faster than those with a bias or bias + GELU
-/// epilogue (BENCHMARKS.md, 2026-12-05 18:40), and the memory-bound pass after them reads the
-/// output anyway.
+/// output next (`WORLDLINE_DEFER_BIAS=1`; off by default until measured in the block): q and k
+/// to their norm (+ RoPE), o to the residual + norm after it, the FFN's to its quantization and
+/// its gated residual. v keeps its bias: its output goes to the cache as it is. On an H100 the
+/// tuned plain rowwise-fp8 plans ran 5–7 % faster than those with a bias or bias + GELU epilogue
+/// (BENCHMARKS.md, 2026-12-05 18:40), and the memory-bound pass after them reads the output
+/// anyway.
 pub fn defer_bias() -> bool {
     match DEFER_BIAS.load(Ordering::Relaxed) {
         0 => {
@@ -27,6 +29,19 @@ pub fn defer_bias() -> bool {
 /// Turns [`defer_bias`] on or off for the forwards from now on.
 pub fn set_defer_bias(on: bool) {
     DEFER_BIAS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// A linear's output and the bias its GEMM left out ([`Linear::forward_deferred`]), which the pass
+/// that reads the output next adds.
+pub type Deferred<'a> = (Tensor, Option<&'a Tensor>);
+
+/// The output with its deferred bias added (in f32, rounded back to the output's dtype), for a
+/// reader that takes no bias.
+pub fn add_deferred((y, bias): Deferred) -> Result<Tensor> {
+    match bias {
+        Some(b) => Ok(ops::add(&y.to_dtype(DType::F32)?, b)?.to_dtype(y.dtype())?),
+        None => Ok(y),
+    }
 }
 
 /// A PyTorch `Linear`: `weight [out, in]`, `bias [out]`.
@@ -69,7 +84,7 @@ impl Linear {
 
     /// `x · wᵀ` without the bias where [`deferred_bias`](Self::deferred_bias) says so, else
     /// [`forward`](Self::forward).
-    pub fn forward_deferred(&self, x: &Tensor) -> Result<(Tensor, Option<&Tensor>)> {
+    pub fn forward_deferred(&self, x: &Tensor) -> Result<Deferred<'_>> {
         match self.deferred_bias() {
             Some(b) => Ok((self.forward_with(x, false, false)?, Some(b))),
             None => Ok((self.forward(x)?, None)),
@@ -149,7 +164,14 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(ops::rms_norm(x, &self.weight, self.eps)?)
+        Ok(ops::rms_norm(x, None, &self.weight, self.eps)?)
+    }
+
+    /// `forward(linear.forward(x))`, the linear's bias added by the norm where its GEMM leaves
+    /// it out ([`Linear::forward_deferred`]).
+    pub fn after_linear(&self, linear: &Linear, x: &Tensor) -> Result<Tensor> {
+        let (y, bias) = linear.forward_deferred(x)?;
+        Ok(ops::rms_norm(&y, bias, &self.weight, self.eps)?)
     }
 }
 
@@ -197,20 +219,21 @@ impl LayerNorm {
         )?)
     }
 
-    /// `r = x + y·gate`, with `film = (shift, scale)` then `r·(1 + scale) + shift`, and
-    /// [`forward_as`](Self::forward_as) of `r`: both, in one pass over the stream where the
-    /// backend fuses them (`ops::residual_norm_modulate`).
+    /// `r = x + y·gate` (`y` with its deferred bias), with `film = (shift, scale)` then
+    /// `r·(1 + scale) + shift`, and [`forward_as`](Self::forward_as) of `r`: both, in one pass
+    /// over the stream where the backend fuses them (`ops::residual_norm_modulate`).
     pub fn after_residual(
         &self,
         x: &Tensor,
-        y: &Tensor,
+        (y, bias): Deferred,
         gate: &Tensor,
         film: Option<(&Tensor, &Tensor)>,
         out: NormOut,
     ) -> Result<(Tensor, Tensor)> {
         Ok(ops::residual_norm_modulate(
             x,
-            y,
+            &y,
+            bias,
             Some(gate),
             film,
             &self.gain_shift,
@@ -263,16 +286,13 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self.forward_deferred(x)? {
-            (y, Some(b)) => Ok(ops::add(&y.to_dtype(DType::F32)?, b)?.to_dtype(y.dtype())?),
-            (y, None) => Ok(y),
-        }
+        add_deferred(self.forward_deferred(x)?)
     }
 
     /// [`forward`](Self::forward), the second linear's bias left to the caller where it defers
     /// it ([`Linear::forward_deferred`]); where the first defers its bias, its bias and the GELU
     /// ride on the quantization of the hidden activations (`ops::bias_gelu_quantize_fp8`).
-    pub fn forward_deferred(&self, x: &Tensor) -> Result<(Tensor, Option<&Tensor>)> {
+    pub fn forward_deferred(&self, x: &Tensor) -> Result<Deferred<'_>> {
         let h = match (self.act, self.fc0.deferred_bias()) {
             (Activation::GeluTanh, Some(b)) => {
                 let (y, _) = self.fc0.forward_deferred(x)?;

@@ -237,7 +237,7 @@ impl T5Block {
                 x.shape()
             )));
         }
-        let h = ops::rms_norm(x, &self.norm1, self.eps)?;
+        let h = ops::rms_norm(x, None, &self.norm1, self.eps)?;
         let (q, k, v) = (
             linear_no_bias(&h, &self.q)?,
             linear_no_bias(&h, &self.k)?,
@@ -246,7 +246,7 @@ impl T5Block {
         let attn = self.attention(&q, &k, &v, mask_len)?;
         let x = ops::add(x, &linear_no_bias(&attn, &self.o)?)?;
 
-        let h = ops::rms_norm(&x, &self.norm2, self.eps)?;
+        let h = ops::rms_norm(&x, None, &self.norm2, self.eps)?;
         let g = ops::gelu_tanh(&linear_no_bias(&h, &self.gate)?)?;
         let u = linear_no_bias(&h, &self.fc1)?;
         let prod = ops::mul(&u, &g)?;
@@ -318,7 +318,7 @@ impl T5Encoder {
         for block in &self.blocks {
             x = block.forward(&x, mask_len)?;
         }
-        Ok(ops::rms_norm(&x, &self.norm, self.cfg.eps)?)
+        Ok(ops::rms_norm(&x, None, &self.norm, self.cfg.eps)?)
     }
 
     /// Wan's context: `[text_len, dim]` in f32, the encoder output of the `mask_len` valid tokens

@@ -126,24 +126,30 @@ pub fn block_1_3b(dev: Device, dtype: DType, fp8: bool, grid: [usize; 3]) -> Vec
 /// runs in fp8 (the GPU's fp8 kernel, the dequantizing reference on the CPU): the cache already
 /// holds two frames of `grid`'s size and the chunk is the third, without camera conditioning.
 pub fn block_1_3b_fp8_attention(dev: Device, grid: [usize; 3]) -> Vec<f32> {
-    block_1_3b_cached(dev, grid, Keeps::Fp8, None)
+    block_1_3b_cached(dev, grid, Keeps::Fp8, None, false)
+}
+
+/// The same block over the same cache with fp8 linears (dense bf16 attention): the keys are
+/// normed and rotated into the cache's rows.
+pub fn block_1_3b_cached_fp8_linears(dev: Device, grid: [usize; 3]) -> Vec<f32> {
+    block_1_3b_cached(dev, grid, Keeps::Rows, None, true)
 }
 
 /// The same block over the same cache with sparse self-attention at `sparsity` (VSA's fine
 /// branch; bf16 attention, no fp8 copy).
 pub fn block_1_3b_sparse(dev: Device, grid: [usize; 3], sparsity: f64) -> Vec<f32> {
-    block_1_3b_cached(dev, grid, Keeps::Rows, Some(sparsity))
+    block_1_3b_cached(dev, grid, Keeps::Rows, Some(sparsity), false)
 }
 
 /// [`block_1_3b_sparse`] over a cache that also keeps its keys' slab sums, as the engine's
 /// caches do under sparse attention: the key-tile means come from them.
 pub fn block_1_3b_sparse_summed(dev: Device, grid: [usize; 3], sparsity: f64) -> Vec<f32> {
-    block_1_3b_cached(dev, grid, Keeps::KeySums, Some(sparsity))
+    block_1_3b_cached(dev, grid, Keeps::KeySums, Some(sparsity), false)
 }
 
 /// The same block over the same cache, dense bf16 attention.
 pub fn block_1_3b_cached_dense(dev: Device, grid: [usize; 3]) -> Vec<f32> {
-    block_1_3b_cached(dev, grid, Keeps::Rows, None)
+    block_1_3b_cached(dev, grid, Keeps::Rows, None, false)
 }
 
 /// What the cache keeps beside its rows.
@@ -159,6 +165,7 @@ fn block_1_3b_cached(
     grid: [usize; 3],
     keeps: Keeps,
     sparsity: Option<f64>,
+    fp8_linears: bool,
 ) -> Vec<f32> {
     let cfg = ModelConfig::lingbot_1_3b();
     let tokens: usize = grid.iter().product();
@@ -172,6 +179,9 @@ fn block_1_3b_cached(
     let store = WeightStore::random(0, DType::BF16).on_device(dev);
     let mut block = WanBlock::load(&store.root().pp("blocks").pp(0), &cfg).expect("block");
     block.self_attn.sparsity = sparsity;
+    if fp8_linears {
+        block.quantize_linears_fp8().expect("fp8 linears");
+    }
     let up = |t: &Tensor| t.to_device(dev).expect("up");
     let kv = block.cross_attn.text_kv(&up(&text)).expect("text");
     let dtype = if dev.is_cpu() {
