@@ -16,8 +16,9 @@
 # and without it; sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
-# blocks: the kernels table's DiT block rows and their PyTorch peers alone; serve: `worker serve`'s
-# start-up chunk and /status;
+# blocks: the kernels table's DiT block rows and their PyTorch peers alone (the fp8 block with and
+# without WORLDLINE_DEFER_BIAS among them); deferred: that switch's GPU tests alone (its kernels
+# against the CPU, and the fp8 stream with it); serve: `worker serve`'s start-up chunk and /status;
 # rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with its
 # peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test
 # logs end up in one
@@ -114,6 +115,10 @@ run() {
       done
       part rocm-bench-kernels 600 "$dir/worker" bench kernels --device rocm --repeat 3 --json "$out/kernels-rocm.json"
       part rocm-peer-kernels 300 python3 worker/bench/peer.py "$out/peer-rocm.json"
+      ;;
+    deferred)
+      part test-deferred-ops 200 "$dir/backend_consistency" biases deferred --test-threads=1 --nocapture
+      part test-deferred-stream 300 "$dir/fp8_linears" deferred --test-threads=1 --nocapture
       ;;
     kernels)
       part bench-kernels 300 "$dir/worker" bench kernels --device cuda --repeat 3 --json "$out/kernels.json"
