@@ -93,6 +93,7 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
     std::env::remove_var("WORLDLINE_NORM");
     // The residual update fused into the fast norm after it (the DiT block's two uses: gate +
     // FiLM, and a plain add), both outputs against the CPU; the fused kernel must take these.
+    // Each also with the bias its o linear left out (`WORLDLINE_DEFER_BIAS`).
     let (x, y) = (
         input(40, &[9, 384], DType::F32),
         input(41, &[9, 384], DType::BF16),
@@ -102,23 +103,27 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         input(43, &[9, 384], DType::BF16),
         input(44, &[9, 384], DType::BF16),
     );
-    let (sh, sc) = (
+    let (sh, sc, b) = (
         input(45, &[384], DType::F32),
         input(46, &[9, 384], DType::F32),
+        input(47, &[384], DType::F32),
     );
-    for (film, out) in [
-        (true, NormOut::Fp8Rowwise),
-        (true, NormOut::Dtype(DType::BF16)),
-        (false, NormOut::Fp8Rowwise),
+    for (film, out, biased) in [
+        (true, NormOut::Fp8Rowwise, false),
+        (true, NormOut::Dtype(DType::BF16), false),
+        (false, NormOut::Fp8Rowwise, false),
+        (true, NormOut::Fp8Rowwise, true),
+        (true, NormOut::Dtype(DType::BF16), true),
+        (false, NormOut::Fp8Rowwise, true),
     ] {
-        let up: Vec<Tensor> = [&x, &y, &g, &fs, &fc, &sh, &sc]
+        let up: Vec<Tensor> = [&x, &y, &g, &fs, &fc, &sh, &sc, &b]
             .iter()
             .map(|t| t.to_device(dev).expect("up"))
             .collect();
         let fused = kernels::rocm::ops::residual_norm_modulate(
             &up[0],
             &up[1],
-            None,
+            biased.then_some(&up[7]),
             film.then_some(&up[2]),
             film.then_some((&up[3], &up[4])),
             &up[5],
@@ -133,15 +138,17 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         );
         for (part, tol) in [(0, 1e-5), (1, 2e-2)] {
             check(
-                &format!("residual_norm_modulate film {film} → {out:?}, output {part}"),
+                &format!(
+                    "residual_norm_modulate film {film} bias {biased} → {out:?}, output {part}"
+                ),
                 dev,
                 tol,
-                &[&x, &y, &g, &fs, &fc, &sh, &sc],
+                &[&x, &y, &g, &fs, &fc, &sh, &sc, &b],
                 |v| {
                     let both = ops::residual_norm_modulate(
                         &v[0],
                         &v[1],
-                        None,
+                        biased.then_some(&v[7]),
                         film.then_some(&v[2]),
                         film.then_some((&v[3], &v[4])),
                         &v[5],
@@ -363,8 +370,9 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
 
 /// The passes that add the bias a linear's GEMM left out (`WORLDLINE_DEFER_BIAS`): the FFN's
 /// bias + GELU + rowwise quantization (the register-held kernel, and the ops apart for rows of
-/// no whole vectors), its gated residual, the q/k norms with and without the RoPE (vectors and
-/// elements), into a cache's rows, and the o projections' residual + norm in one kernel.
+/// no whole vectors), its gated residual, and the q/k norms with and without the RoPE (vectors
+/// and elements), into a cache's rows. (The o projections' residual + norm with a bias is in
+/// `more_ops_match_the_cpu_on_the_emulated_gpu`.)
 #[test]
 fn deferred_biases_match_the_cpu_on_the_emulated_gpu() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -450,68 +458,6 @@ fn deferred_biases_match_the_cpu_on_the_emulated_gpu() {
                         4,
                     )?;
                     Ok(dst)
-                },
-            );
-        }
-    }
-    // The residual + norm after the o projections: self-attention's (gate and camera FiLM) and
-    // cross-attention's (neither), into fp8 rows and bf16.
-    let (x, y, b, g, fs, fc, sh, sc) = (
-        input(70, &[9, 384], DType::F32),
-        input(71, &[9, 384], DType::BF16),
-        input(72, &[384], DType::F32),
-        input(73, &[384], DType::F32),
-        input(74, &[9, 384], DType::BF16),
-        input(75, &[9, 384], DType::BF16),
-        input(76, &[384], DType::F32),
-        input(77, &[9, 384], DType::F32),
-    );
-    for (gated, out) in [
-        (true, NormOut::Fp8Rowwise),
-        (false, NormOut::Fp8Rowwise),
-        (true, NormOut::Dtype(DType::BF16)),
-    ] {
-        let up: Vec<Tensor> = [&x, &y, &b, &g, &fs, &fc, &sh, &sc]
-            .iter()
-            .map(|t| t.to_device(dev).expect("up"))
-            .collect();
-        let fused = kernels::rocm::ops::residual_norm_modulate(
-            &up[0],
-            &up[1],
-            Some(&up[2]),
-            gated.then_some(&up[3]),
-            gated.then_some((&up[4], &up[5])),
-            &up[6],
-            &up[7],
-            1e-6,
-            out,
-        )
-        .expect("fused");
-        assert!(
-            fused.is_some(),
-            "residual_norm_modulate + bias: the fused kernel declined"
-        );
-        for (part, tol) in [(0, 1e-5), (1, 2e-2)] {
-            check(
-                &format!(
-                    "residual_norm_modulate + bias, gate and film {gated} → {out:?}, output {part}"
-                ),
-                dev,
-                tol,
-                &[&x, &y, &b, &g, &fs, &fc, &sh, &sc],
-                |v| {
-                    let both = ops::residual_norm_modulate(
-                        &v[0],
-                        &v[1],
-                        Some(&v[2]),
-                        gated.then_some(&v[3]),
-                        gated.then_some((&v[4], &v[5])),
-                        &v[6],
-                        &v[7],
-                        1e-6,
-                        out,
-                    )?;
-                    [both.0, both.1][part].to_dtype(DType::F32)
                 },
             );
         }
