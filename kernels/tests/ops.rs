@@ -428,6 +428,17 @@ fn quantize_fp8(dev: Device) -> Result<()> {
 }
 test_device!(quantize_fp8, quantize_fp8_cpu);
 
+/// `x + (y + bias)·gate` in f64, `bias` and `gate` one row broadcast over the rows.
+fn gated_bias_ref(x: &[f32], y: &[f32], bias: &[f32], gate: &[f32]) -> Vec<f64> {
+    let cols = bias.len();
+    (0..x.len())
+        .map(|i| {
+            let c = i % cols;
+            x[i] as f64 + (y[i] as f64 + bias[c] as f64) * gate[c] as f64
+        })
+        .collect()
+}
+
 /// The passes that add a linear's bias after its GEMM: `bias_gelu_quantize_fp8` against GELU
 /// in f64 of `y + bias` (each row its own scale), and `gated_residual_bias` against
 /// `x + (y + bias)·gate` in f64, the bias broadcast over rows.
@@ -476,12 +487,7 @@ fn deferred_bias_passes(dev: Device) -> Result<()> {
     let x = tensor(dev, xd.clone(), &[rows, cols])?;
     let g = tensor(dev, gd.clone(), &[cols])?;
     let r = ops::gated_residual_bias(&x, &y, &b, &g)?;
-    let want: Vec<f64> = (0..rows * cols)
-        .map(|i| {
-            let c = i % cols;
-            xd[i] as f64 + (yd[i] as f64 + bd[c] as f64) * gd[c] as f64
-        })
-        .collect();
+    let want = gated_bias_ref(&xd, &yd, &bd, &gd);
     assert_f32_close("gated residual + bias", &r, &want);
     // A bias of the wrong length is refused, naming the op.
     let short = tensor(dev, vec![1.0; cols - 1], &[cols - 1])?;
@@ -576,12 +582,7 @@ fn biases_in_the_norms(dev: Device) -> Result<()> {
     let g = tensor(dev, gd.clone(), &[cols])?;
     let out = kernels::NormOut::Dtype(DType::BF16);
     let (r, h) = ops::residual_norm_modulate(&x, &y, Some(&b), Some(&g), None, &sh, &sc, eps, out)?;
-    let want: Vec<f64> = (0..rows * cols)
-        .map(|i| {
-            let c = i % cols;
-            xd[i] as f64 + (yd[i] as f64 + bd[c] as f64) * gd[c] as f64
-        })
-        .collect();
+    let want = gated_bias_ref(&xd, &yd, &bd, &gd);
     assert_f32_close("residual + bias", &r, &want);
     let h2 = ops::norm_modulate(&r, &sh, &sc, eps, out)?;
     assert_bits_eq(
