@@ -713,7 +713,8 @@ fn deferred_bias_passes_match_the_cpu(dev: Device) {
 backend_test!(deferred_bias_passes_match_the_cpu);
 
 /// The norms that add the bias a q, k or o linear left out of its GEMM, at the DiT's widths
-/// (5120: every vector of a thread held; 1536 predicated; 1000 by elements for the plain norm):
+/// (5120: every vector of a thread held; 1536 predicated; 9216, past what the fused RoPE holds in
+/// registers; 1000 by elements for the plain norm):
 /// `rms_norm` (the text q) and `rms_norm_rope` (self-attention's q, k; into a cache's rows too,
 /// the same bits, and bit for bit the device's `rms_norm` + `rope_3d`), and the residual + norm
 /// after the o projections (gate and camera FiLM, or neither), against the CPU.
@@ -722,7 +723,7 @@ fn biases_in_the_norms_match_the_cpu(dev: Device) {
     let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
     let grid = [2, 3, 4];
     let table = RopeTable::new(128, 64, 1e4).expect("table");
-    for heads in [40, 12] {
+    for heads in [40, 12, 72] {
         let cols = heads * 128;
         let x = rand(&mut rng, &[24, heads, 128], DType::BF16);
         let (b, g) = (

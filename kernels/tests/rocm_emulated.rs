@@ -193,6 +193,42 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
             },
         );
     }
+    // Bit for bit the device's rms_norm + rope_3d: rows a thread holds in registers and rows
+    // past that (4608 f32, 9216 bf16: the kernel's two-pass path), with a bias and without.
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+    for (dt, heads) in [
+        (DType::F32, 3),
+        (DType::BF16, 3),
+        (DType::F32, 288),
+        (DType::BF16, 576),
+    ] {
+        let cols = heads * 16;
+        let up = |t: Tensor| t.to_device(dev).expect("up");
+        let x = up(input(38, &[2, heads, 16], dt));
+        let (b, g) = (
+            up(input(39, &[cols], DType::F32)),
+            up(input(40, &[cols], DType::F32)),
+        );
+        for bias in [None, Some(&b)] {
+            let fused =
+                ops::rms_norm_rope(&x, bias, &g, 1e-6, [1, 1, 2], 5, &table).expect("fused");
+            let rows = x.reshape(&[2, cols]).expect("rows");
+            let normed = ops::rms_norm(&rows, bias, &g, 1e-6).expect("rms_norm");
+            let two = ops::rope_3d(
+                &normed.reshape(x.shape()).expect("heads"),
+                [1, 1, 2],
+                5,
+                &table,
+            )
+            .expect("rope");
+            assert_eq!(
+                bits(&fused),
+                bits(&two),
+                "rms_norm_rope {dt:?}, rows of {cols}, bias {}: not the two kernels' bits",
+                bias.is_some()
+            );
+        }
+    }
     // The residual with a bf16 projection output, and the camera FiLM fused after it.
     let (x, y) = (
         input(32, &[9, 40], DType::F32),

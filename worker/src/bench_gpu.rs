@@ -15,9 +15,11 @@ use serde::Serialize;
 
 mod gemm_algos;
 mod gemm_configs;
+mod rope;
 mod vsa;
 pub use gemm_algos::run_gemm_algos;
 pub use gemm_configs::run_gemm_configs;
+use rope::rope_rows;
 pub use vsa::run_vsa;
 use vsa::vsa_rows;
 
@@ -324,6 +326,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             None => std::env::remove_var("WORLDLINE_NORM"),
         }
     }
+    rope_rows(dev, repeat, &mut push)?;
 
     for heads in [40, 12] {
         let (lq, lk, d) = (4680, 28080, 128);
@@ -450,8 +453,8 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
 }
 
 /// `worker bench blocks --device cuda`: only the DiT block rows of `kernels` (both models,
-/// each variant best of the rounds, sustained, and profiled), for a block's change timed in a
-/// short call.
+/// each variant best of the rounds, sustained, and profiled) and its q/k norm + RoPE rows, for
+/// a block's change timed in a short call.
 pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
@@ -461,6 +464,7 @@ pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()
     dev.ensure_available()?;
     let mut rows = Vec::new();
     let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
+    rope_rows(dev, repeat, &mut push)?;
     block_rows(dev, repeat.max(PEER_REPEAT), &mut push)?;
     write_rows(json, &rows)
 }
