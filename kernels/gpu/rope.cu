@@ -72,12 +72,10 @@ WL_KERNEL void rope_angles(double* cs, int gt, int gh, int gw, int t_offset, int
 // 32 lanes of a warp, N/2 pairs apart, read consecutive entries (in the natural order every
 // other lane would hit the same bank).
 #define WL_ROPE_MAX_HALF 256
-// Vectors a thread holds: 4 × 256 threads × 8 bf16 cover rows up to 8192 (the DiT's 5120).
-#define WL_ROPE_HELD 4
 template <typename T>
 WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float* w, const double* angles, wl_u64 cols,
                              float eps, int d,
-                             int gt, int gh, int gw, int pairs_t, int pairs_h, int hold) {
+                             int gt, int gh, int gw, int pairs_t, int pairs_h) {
     constexpr int N = WlVec<T>::N, K = N / 2;
     __shared__ double scratch[32];
     __shared__ double cc[WL_ROPE_MAX_HALF], ss[WL_ROPE_MAX_HALF];
@@ -102,61 +100,26 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
         cc[slot(j)] = angles[2 * e];
         ss[slot(j)] = angles[2 * e + 1];
     }
-    T* o = out + (wl_u64)n * cols;
-    // Vector j of the row, normalised, rotated and stored.
-    auto rotate = [&](const float* v, unsigned int j, float inv) {
-        float g[N], r[N];
-        wl_ld_f32s<N>(g, w, j);
-        // The vector's first pair in its head is j·K mod half, i.e. K·(j mod stride).
-        const int first = (int)(j % (unsigned int)stride);
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const double a = wl_as_stored<T>((v[2 * k] * inv) * g[2 * k]);
-            const double b = wl_as_stored<T>((v[2 * k + 1] * inv) * g[2 * k + 1]);
-            const int at = k * stride + first;
-            const double c = cc[at], sn = ss[at];
-            r[2 * k] = (float)(a * c - b * sn);
-            r[2 * k + 1] = (float)(a * sn + b * c);
-        }
-        WlVec<T>::store(o, j, r);
-    };
-    const unsigned int nv = (unsigned int)(cols / N);
-    if (hold && vec && nv <= WL_ROPE_HELD * blockDim.x) {
-        // The row held in registers and read once: all of a thread's loads go out together
-        // before the reduction waits, and nothing is read again after it (the two-pass path
-        // below waits on the row's second read). The sum of squares is wl_row_sumsq's, term
-        // for term in its order, so the output keeps its bits.
-        float v[WL_ROPE_HELD][N];
-#pragma unroll
-        for (int i = 0; i < WL_ROPE_HELD; ++i) {
-            const unsigned int j = threadIdx.x + i * blockDim.x;
-            if (j < nv) wl_load_biased(v[i], xr, bias, j);
-        }
-        double s = 0.0;
-#pragma unroll
-        for (int i = 0; i < WL_ROPE_HELD; ++i) {
-            if (threadIdx.x + i * blockDim.x < nv) {
-#pragma unroll
-                for (int c = 0; c < N; ++c) {
-                    const double q = (double)v[i][c];
-                    s += q * q;
-                }
-            }
-        }
-        const float inv = (float)(1.0 / sqrt(wl_block_sum_f64(s, scratch) / (double)cols + (double)eps));
-#pragma unroll
-        for (int i = 0; i < WL_ROPE_HELD; ++i) {
-            const unsigned int j = threadIdx.x + i * blockDim.x;
-            if (j < nv) rotate(v[i], j, inv);
-        }
-        return;
-    }
     const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, bias, cols, scratch) / (double)cols + (double)eps));
+    T* o = out + (wl_u64)n * cols;
     if (vec) {
+        const unsigned int nv = (unsigned int)(cols / N);
         for (unsigned int j = threadIdx.x; j < nv; j += blockDim.x) {
-            float v[N];
+            float v[N], g[N], r[N];
             wl_load_biased(v, xr, bias, j);
-            rotate(v, j, inv);
+            wl_ld_f32s<N>(g, w, j);
+            // The vector's first pair in its head is j·K mod half, i.e. K·(j mod stride).
+            const int first = (int)(j % (unsigned int)stride);
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                const double a = wl_as_stored<T>((v[2 * k] * inv) * g[2 * k]);
+                const double b = wl_as_stored<T>((v[2 * k + 1] * inv) * g[2 * k + 1]);
+                const int at = k * stride + first;
+                const double c = cc[at], sn = ss[at];
+                r[2 * k] = (float)(a * c - b * sn);
+                r[2 * k + 1] = (float)(a * sn + b * c);
+            }
+            WlVec<T>::store(o, j, r);
         }
     } else {
         for (wl_u64 p = threadIdx.x; p < cols / 2; p += blockDim.x) {
@@ -174,8 +137,8 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
 #define WL_RMS_ROPE(T, tn)                                                                                     \
     WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* bias, const float* w, const double* angles, \
                                       wl_u64 cols, float eps, int d, int gt, int gh, int gw, int pairs_t,       \
-                                      int pairs_h, int hold) {                                                  \
-        rms_norm_rope(out, x, bias, w, angles, cols, eps, d, gt, gh, gw, pairs_t, pairs_h, hold);               \
+                                      int pairs_h) {                                                            \
+        rms_norm_rope(out, x, bias, w, angles, cols, eps, d, gt, gh, gw, pairs_t, pairs_h);                     \
     }
 
 WL_RMS_ROPE(float, f32)

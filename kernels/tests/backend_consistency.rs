@@ -713,8 +713,8 @@ fn deferred_bias_passes_match_the_cpu(dev: Device) {
 backend_test!(deferred_bias_passes_match_the_cpu);
 
 /// The norms that add the bias a q, k or o linear left out of its GEMM, at the DiT's widths
-/// (5120: every vector of a thread held; 1536 predicated; 9216, past what the fused RoPE holds in
-/// registers; 1000 by elements for the plain norm):
+/// (5120: every vector of a thread held; 1536 predicated; 9216, several vectors a thread in the
+/// fused RoPE; 1000 by elements for the plain norm):
 /// `rms_norm` (the text q) and `rms_norm_rope` (self-attention's q, k; into a cache's rows too,
 /// the same bits, and bit for bit the device's `rms_norm` + `rope_3d`), and the residual + norm
 /// after the o projections (gate and camera FiLM, or neither), against the CPU.

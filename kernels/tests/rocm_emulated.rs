@@ -193,8 +193,8 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
             },
         );
     }
-    // Bit for bit the device's rms_norm + rope_3d: rows a thread holds in registers and rows
-    // past that (4608 f32, 9216 bf16: the kernel's two-pass path), with a bias and without.
+    // Bit for bit the device's rms_norm + rope_3d: rows of under a vector a thread and of
+    // several (4608 f32, 9216 bf16), with a bias and without.
     let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
     for (dt, heads) in [
         (DType::F32, 3),

@@ -453,7 +453,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
 }
 
 /// `worker bench blocks --device cuda`: only the DiT block rows of `kernels` (both models,
-/// each variant best of the rounds, sustained, and profiled) and its q/k norm + RoPE rows, for
+/// each variant best of the rounds, sustained, and profiled) and its q/k norm + RoPE row, for
 /// a block's change timed in a short call.
 pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     let dev: Device = device.parse().map_err(anyhow::Error::msg)?;

@@ -789,7 +789,6 @@ fn rms_norm_rope_at(
     let bias = bias.map(|b| cast(b, DType::F32)).transpose()?;
     let bias_at = bias_address(bias.as_ref())?;
     let cols64 = (heads * d) as u64;
-    let hold = rope_holds_rows();
     launch!(
         dev,
         "rope",
@@ -808,17 +807,10 @@ fn rms_norm_rope_at(
                 .arg(&gh)
                 .arg(&gw)
                 .arg(&pt)
-                .arg(&ph)
-                .arg(&hold);
+                .arg(&ph);
         }
     );
     Ok(())
-}
-
-/// Whether rms_norm_rope may hold a row in registers (rows of up to 8192 bf16 or 4096 f32);
-/// `WORLDLINE_ROPE=two-pass` forces the path that reads the row twice (for `bench kernels`).
-fn rope_holds_rows() -> i32 {
-    i32::from(std::env::var("WORLDLINE_ROPE").as_deref() != Ok("two-pass"))
 }
 
 /// Largest head dim of the attention kernel.

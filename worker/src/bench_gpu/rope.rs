@@ -1,6 +1,6 @@
-//! The q/k norm + RoPE rows of `bench kernels` and `bench blocks`: `rms_norm_rope` at the 14B
-//! shape with the row held in registers and read twice (`WORLDLINE_ROPE`), against a copy of
-//! the same bytes.
+//! The q/k norm + RoPE row of `bench kernels` and `bench blocks`: `rms_norm_rope` at the 14B
+//! shape against a copy of the same bytes (an H100 ran it at half the copy's rate, its time in
+//! each token's block rather than in bytes: `BENCHMARKS.md`).
 
 use std::time::Duration;
 
@@ -36,36 +36,16 @@ pub(super) fn rope_rows(
         copy.as_secs_f64() * 1e3,
         gbs(copy)
     );
-    let user = std::env::var("WORLDLINE_ROPE").ok();
-    for mode in ["held", "two-pass"] {
-        std::env::set_var("WORLDLINE_ROPE", mode);
-        let t = time_queued(dev, repeat, 20, || {
-            ops::rms_norm_rope(&x, Some(&b), &w, 1e-6, grid, 15, &table)?;
-            Ok(())
-        });
-        let t = match t {
-            Ok(t) => t,
-            Err(e) => {
-                println!("rms_norm_rope ({mode}) failed, its row left out: {e:#}");
-                continue;
-            }
-        };
-        println!(
-            "rms_norm_rope + bias ({mode}) bf16 {m}x{heads}x{d}: {:.3} ms, {:.0} GB/s = {:.0}% of \
-             the copy",
-            t.as_secs_f64() * 1e3,
-            gbs(t),
-            100.0 * gbs(t) / gbs(copy)
-        );
-        push(
-            format!("rms_norm_rope + bias ({mode}) bf16 {m}x{heads}x{d}"),
-            t,
-            0.0,
-        );
-    }
-    match user {
-        Some(v) => std::env::set_var("WORLDLINE_ROPE", v),
-        None => std::env::remove_var("WORLDLINE_ROPE"),
-    }
+    let t = time_queued(dev, repeat, 20, || {
+        ops::rms_norm_rope(&x, Some(&b), &w, 1e-6, grid, 15, &table)?;
+        Ok(())
+    })?;
+    println!(
+        "rms_norm_rope + bias bf16 {m}x{heads}x{d}: {:.3} ms, {:.0} GB/s = {:.0}% of the copy",
+        t.as_secs_f64() * 1e3,
+        gbs(t),
+        100.0 * gbs(t) / gbs(copy)
+    );
+    push(format!("rms_norm_rope + bias bf16 {m}x{heads}x{d}"), t, 0.0);
     Ok(())
 }
