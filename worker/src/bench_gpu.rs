@@ -542,13 +542,6 @@ fn block_rows(
             ("", "bf16", &block, false, false),
             (" fp8 linears", "fp8 linears", &fp8_block, false, false),
             (
-                " fp8 linears, biases deferred",
-                "fp8 linears, biases deferred",
-                &fp8_block,
-                false,
-                true,
-            ),
-            (
                 " fp8 linears + fp8 attention",
                 "fp8 linears + fp8 attention",
                 &fp8_block,
@@ -561,6 +554,13 @@ fn block_rows(
                 &vsa_block,
                 false,
                 false,
+            ),
+            (
+                " fp8 linears, biases deferred",
+                "fp8 linears, biases deferred",
+                &fp8_block,
+                false,
+                true,
             ),
         ];
         let blocks: Vec<_> = blocks
@@ -587,28 +587,23 @@ fn block_rows(
                     + flops::attention(tokens, kept, cfg.dim)
             }
         };
-        // The deferred-bias variant is the newest path: one call first, and a failure leaves
-        // out its rows only.
-        let blocks: Vec<_> = blocks
-            .into_iter()
-            .filter(|&(_, label, blk, _, defer)| {
-                if !defer {
-                    return true;
-                }
-                pipeline::model::set_defer_bias(true);
-                let ran = forward(blk, &mut cache);
-                if let Err(e) = &ran {
+        // The variants that ran, for the profiles below.
+        let mut timed = Vec::new();
+        for &(suffix, label, blk, a8, defer) in &blocks {
+            pipeline::model::set_defer_bias(defer);
+            let c = if a8 { &mut cache8 } else { &mut cache };
+            // The deferred-bias variant is the newest path: one call first, and a failure leaves
+            // out its rows only. It comes last, as a fault on the device ends every launch after it.
+            if defer {
+                if let Err(e) = forward(blk, c) {
                     println!(
                         "{} block ({label}) failed, its rows left out: {e:#}",
                         cfg.name
                     );
+                    continue;
                 }
-                ran.is_ok()
-            })
-            .collect();
-        for &(suffix, _, blk, a8, defer) in &blocks {
-            pipeline::model::set_defer_bias(defer);
-            let c = if a8 { &mut cache8 } else { &mut cache };
+            }
+            timed.push((suffix, label, blk, a8, defer));
             // The spread of the rounds and the host's share: a block whose launches the host
             // queues slower than the card runs them is bound by the host, not by its kernels.
             let r = rounds(dev, heavy, 1, || forward(blk, c))?;
@@ -655,7 +650,7 @@ fn block_rows(
         // Where each block's time goes, by kind of launch.
         if let Device::Cuda(i) = dev {
             let b = kernels::cuda::backend(i)?;
-            for &(_, label, blk, a8, defer) in &blocks {
+            for &(_, label, blk, a8, defer) in &timed {
                 pipeline::model::set_defer_bias(defer);
                 let c = if a8 { &mut cache8 } else { &mut cache };
                 b.synchronize()?;
