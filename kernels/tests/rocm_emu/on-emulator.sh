@@ -25,4 +25,8 @@ fi
 tag=$(sha256sum "$here/emu.h" | cut -c1-16)
 export WORLDLINE_ROCM_LIBRARY="$lib" WORLDLINE_ROCM_EMU_DIR="$here" WORLDLINE_ROCM_EMU_CXX="$cxx"
 export WORLDLINE_ROCM_ARCH="$arch" WORLDLINE_KERNEL_CACHE="$out/cache-sh-$tag" WORLDLINE_POISON=1
+# One test at a time: the emulator keeps a kernel's __shared__ variables as statics (emu.h), so
+# two launches at once from two test threads would share them (seen: a residual norm test failed
+# beside another and passed alone).
+export RUST_TEST_THREADS=1
 exec "$@"
