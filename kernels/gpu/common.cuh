@@ -176,8 +176,8 @@ WL_DEVICE float wl_ld_biased(const T* row, const float* bias, wl_u64 c) {
     return bias ? v + bias[c] : v;
 }
 
-// Σ x² over a row (x + bias where `bias` is given) in f64, summed in an order fixed by the block
-// size and `cols` alone: norm.cu's rms_norm and rope.cu's rms_norm_rope both take it, so the fused
+// Σ x² over a row (x + bias where `bias` is given), accumulated in f64 (a vector's squares in
+// f32), in an order fixed by the block size and `cols` alone: norm.cu's rms_norm and rope.cu's rms_norm_rope both take it, so the fused
 // op's normalisation is the plain one's bit for bit. 16-byte vectors where the row is a whole
 // number of them (the loads go out together instead of one element a thread waiting on each),
 // else elements.
@@ -190,11 +190,12 @@ WL_DEVICE double wl_row_sumsq(const T* xr, const float* bias, wl_u64 cols, doubl
         for (unsigned int j = threadIdx.x; j < nv; j += blockDim.x) {
             float v[N];
             wl_load_biased(v, xr, bias, j);
+            // A vector's squares summed in f32 and converted once: f64 conversions run at an
+            // eighth of f32 math's rate on Hopper, and one a value bound the q/k norms.
+            float q = 0.f;
 #pragma unroll
-            for (int c = 0; c < N; ++c) {
-                const double d = (double)v[c];
-                s += d * d;
-            }
+            for (int c = 0; c < N; ++c) q = fmaf(v[c], v[c], q);
+            s += (double)q;
         }
     } else {
         for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) {

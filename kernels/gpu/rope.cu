@@ -1,5 +1,15 @@
-// Wan's 3-D RoPE on x [L, heads, d], tokens on an (f, h, w) grid. Angles in f64 as the CPU table.
-// One thread per (token, pair); it rotates that pair in every head.
+// Wan's 3-D RoPE on x [L, heads, d], tokens on an (f, h, w) grid. Angles and their cos/sin in
+// f64 as the CPU table, the rotation in f32: the f64 rotation's four conversions a pair, at 16
+// an SM a clock on Hopper, were half of the fused kernel's time at 14B, and the output (bf16 in
+// the model, f32 in the reference's tolerance) cannot tell them apart. One thread per (token,
+// pair); it rotates that pair in every head.
+
+// The pair (a, b) rotated by the angle whose cosine and sine are c and s, the products' rounding
+// spelled out (no contraction left to the compiler), so rope_3d and rms_norm_rope agree bit for bit.
+WL_DEVICE void wl_rotate(float a, float b, float c, float s, float* r) {
+    r[0] = fmaf(a, c, -(b * s));
+    r[1] = fmaf(a, s, b * c);
+}
 
 template <typename T>
 WL_DEVICE void rope_3d(T* out, const T* x, wl_u64 tokens, int heads, int d, int gh, int gw, int t_offset,
@@ -18,12 +28,13 @@ WL_DEVICE void rope_3d(T* out, const T* x, wl_u64 tokens, int heads, int d, int 
         }
         const double freq = 1.0 / pow(theta, (double)(2 * axis_j) / (double)(2 * axis_pairs));
         const double angle = (double)pos * freq;
-        const double c = cos(angle), s = sin(angle);
+        const float c = (float)cos(angle), s = (float)sin(angle);
         for (int h = 0; h < heads; ++h) {
             const wl_u64 at = (n * heads + h) * d + 2 * j;
-            const double a = wl_ld(x, at), b = wl_ld(x, at + 1);
-            wl_st(out, at, (float)(a * c - b * s));
-            wl_st(out, at + 1, (float)(a * s + b * c));
+            float r[2];
+            wl_rotate(wl_ld(x, at), wl_ld(x, at + 1), c, s, r);
+            wl_st(out, at, r[0]);
+            wl_st(out, at + 1, r[1]);
         }
     }
 }
@@ -78,7 +89,7 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
                              int gt, int gh, int gw, int pairs_t, int pairs_h) {
     constexpr int N = WlVec<T>::N, K = N / 2;
     __shared__ double scratch[32];
-    __shared__ double cc[WL_ROPE_MAX_HALF], ss[WL_ROPE_MAX_HALF];
+    __shared__ float cc[WL_ROPE_MAX_HALF], ss[WL_ROPE_MAX_HALF];
     // Index math in 32 bits (a block per token, so n < 2^31; a 64-bit division or remainder is
     // a long software routine, and one per vector bound this kernel, not its memory traffic).
     const unsigned int n = blockIdx.x;
@@ -97,8 +108,8 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
             e = nt + ((n / gw) % gh) * pairs_h + (j - pairs_t);
         else
             e = nt + nh + (n % gw) * (half - pairs_t - pairs_h) + (j - pairs_t - pairs_h);
-        cc[slot(j)] = angles[2 * e];
-        ss[slot(j)] = angles[2 * e + 1];
+        cc[slot(j)] = (float)angles[2 * e];
+        ss[slot(j)] = (float)angles[2 * e + 1];
     }
     const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, bias, cols, scratch) / (double)cols + (double)eps));
     T* o = out + (wl_u64)n * cols;
@@ -112,12 +123,10 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
             const int first = (int)(j % (unsigned int)stride);
 #pragma unroll
             for (int k = 0; k < K; ++k) {
-                const double a = wl_as_stored<T>((v[2 * k] * inv) * g[2 * k]);
-                const double b = wl_as_stored<T>((v[2 * k + 1] * inv) * g[2 * k + 1]);
+                const float a = wl_as_stored<T>((v[2 * k] * inv) * g[2 * k]);
+                const float b = wl_as_stored<T>((v[2 * k + 1] * inv) * g[2 * k + 1]);
                 const int at = k * stride + first;
-                const double c = cc[at], sn = ss[at];
-                r[2 * k] = (float)(a * c - b * sn);
-                r[2 * k + 1] = (float)(a * sn + b * c);
+                wl_rotate(a, b, cc[at], ss[at], r + 2 * k);
             }
             WlVec<T>::store(o, j, r);
         }
@@ -125,11 +134,12 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
         for (wl_u64 p = threadIdx.x; p < cols / 2; p += blockDim.x) {
             const int j = (int)(p % (wl_u64)half);
             const wl_u64 at = 2 * p;
-            const double a = wl_as_stored<T>((wl_ld_biased(xr, bias, at) * inv) * w[at]);
-            const double b = wl_as_stored<T>((wl_ld_biased(xr, bias, at + 1) * inv) * w[at + 1]);
-            const double c = cc[j], sn = ss[j];
-            wl_st(o, at, (float)(a * c - b * sn));
-            wl_st(o, at + 1, (float)(a * sn + b * c));
+            const float a = wl_as_stored<T>((wl_ld_biased(xr, bias, at) * inv) * w[at]);
+            const float b = wl_as_stored<T>((wl_ld_biased(xr, bias, at + 1) * inv) * w[at + 1]);
+            float r[2];
+            wl_rotate(a, b, cc[j], ss[j], r);
+            wl_st(o, at, r[0]);
+            wl_st(o, at + 1, r[1]);
         }
     }
 }

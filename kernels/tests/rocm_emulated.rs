@@ -194,11 +194,14 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
         );
     }
     // Bit for bit the device's rms_norm + rope_3d: rows of under a vector a thread and of
-    // several (4608 f32, 9216 bf16), with a bias and without.
+    // several, at each block size the two launch (64 threads: 48, 1536 bf16; 192: 5120 bf16;
+    // 256: 4608 f32, 9216 bf16), with a bias and without.
     let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
     for (dt, heads) in [
         (DType::F32, 3),
         (DType::BF16, 3),
+        (DType::BF16, 96),
+        (DType::BF16, 320),
         (DType::F32, 288),
         (DType::BF16, 576),
     ] {
