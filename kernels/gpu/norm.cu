@@ -216,6 +216,13 @@ WL_NORM_MOD(wl_bf16, bf16, wl_bf16, bf16)
 // 16-byte aligned); statistics and modulation are the same arithmetic as above.
 #define WL_VEC_VALUES 40
 #define WL_VEC_THREADS 128
+// "fast" and the residual kernels also come in a narrow build (`fastn`) holding WL_NARROW_VALUES
+// columns a thread (rows up to 2048: lingbot-1.3b's 1536, tiny's 128). The same 128 threads
+// take the same vectors, so the arithmetic and its bits are the wide build's; only the register
+// arrays shrink, so twice the rows are in flight on an SM. A 1536-wide row leaves each thread
+// three vectors, too few loads in flight for the memory's latency at four or five rows an SM:
+// the 1.3B block's three fast norms took 31–58 µs, 30–50 % of copy bandwidth.
+#define WL_NARROW_VALUES 16
 
 // N values as bf16 (one 16- or 8-byte store) or as e4m3 codes after scaling by r (8 or 4 bytes).
 template <int N>
@@ -578,10 +585,10 @@ WL_NORM_LEAN(wl_bf16, bf16, wl_bf16, bf16)
 // what it loaded (the residual stream) stores it there: a store between the loads keeps the
 // compiler from issuing the next loads before it (the pointers may alias), and the row's loads
 // then wait on each other.
-template <int N, typename P, bool FULL, typename Load, typename Keep>
+template <int N, typename P, bool FULL, int V, typename Load, typename Keep>
 WL_DEVICE void wl_fast_row_by(float* v, Load load, Keep keep, double k, wl_u64 cols, float eps, const P* sh,
                               const P* sc) {
-    constexpr int NV = WL_VEC_VALUES / N;
+    constexpr int NV = V / N;
     __shared__ double scratch[2][WL_VEC_THREADS / WL_WARP_SIZE];
     const unsigned int nv = (unsigned int)(cols / N);
     auto here = [&](int i) { return FULL || threadIdx.x + i * WL_VEC_THREADS < nv; };
@@ -632,18 +639,18 @@ WL_DEVICE void wl_fast_row_by(float* v, Load load, Keep keep, double k, wl_u64 c
     }
 }
 
-template <typename T, typename P, bool FULL>
+template <typename T, typename P, bool FULL, int V>
 WL_DEVICE void wl_fast_row(float* v, const T* xr, wl_u64 cols, float eps, const P* sh, const P* sc) {
     auto load = [&](float* d, unsigned int j) { WlVec<T>::load(d, xr, j); };
     auto keep = [](const float*, unsigned int) {};
-    wl_fast_row_by<WlVec<T>::N, P, FULL>(v, load, keep, (double)wl_ld(xr, 0), cols, eps, sh, sc);
+    wl_fast_row_by<WlVec<T>::N, P, FULL, V>(v, load, keep, (double)wl_ld(xr, 0), cols, eps, sh, sc);
 }
 
 // A normalised row held as wl_fast_row leaves it, stored as bf16, or as e4m3 codes with the
 // row's scale (amax/448).
-template <int N, bool FULL>
+template <int N, bool FULL, int V>
 WL_DEVICE void wl_fast_put_bf16(wl_bf16* o, const float* v, unsigned int nv) {
-    constexpr int NV = WL_VEC_VALUES / N;
+    constexpr int NV = V / N;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
         const unsigned int j = threadIdx.x + i * WL_VEC_THREADS;
@@ -657,9 +664,9 @@ WL_DEVICE void wl_fast_put_bf16(wl_bf16* o, const float* v, unsigned int nv) {
         }
     }
 }
-template <int N, bool FULL>
+template <int N, bool FULL, int V>
 WL_DEVICE void wl_fast_put_fp8(unsigned char* cr, float* scale_out, const float* v, unsigned int nv) {
-    constexpr int NV = WL_VEC_VALUES / N;
+    constexpr int NV = V / N;
     __shared__ float scratch[WL_VEC_THREADS / WL_WARP_SIZE];
     float a = 0.0f;
 #pragma unroll
@@ -682,63 +689,74 @@ WL_DEVICE void wl_fast_put_fp8(unsigned char* cr, float* scale_out, const float*
     if (threadIdx.x == 0) *scale_out = s;
 }
 
-template <typename T, typename P, bool FULL>
+template <typename T, typename P, bool FULL, int V>
 WL_DEVICE void norm_modulate_fast_rows(wl_bf16* out, const T* x, const P* shift, const P* scale, wl_u64 cols,
                                        wl_u64 shift_n, wl_u64 scale_n, float eps) {
     constexpr int N = WlVec<T>::N;
     const wl_u64 row = blockIdx.x;
-    float v[WL_VEC_VALUES];
-    wl_fast_row<T, P, FULL>(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n,
-                            scale + (row * cols) % scale_n);
-    wl_fast_put_bf16<N, FULL>(out + row * cols, v, (unsigned int)(cols / N));
+    float v[V];
+    wl_fast_row<T, P, FULL, V>(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n,
+                               scale + (row * cols) % scale_n);
+    wl_fast_put_bf16<N, FULL, V>(out + row * cols, v, (unsigned int)(cols / N));
 }
 
-template <typename T, typename P, bool FULL>
+template <typename T, typename P, bool FULL, int V>
 WL_DEVICE void norm_modulate_fast_rows_fp8(unsigned char* codes, float* scales, const T* x, const P* shift,
                                            const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,
                                            float eps) {
     constexpr int N = WlVec<T>::N;
     const wl_u64 row = blockIdx.x;
-    float v[WL_VEC_VALUES];
-    wl_fast_row<T, P, FULL>(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n,
-                            scale + (row * cols) % scale_n);
-    wl_fast_put_fp8<N, FULL>(codes + row * cols, scales + row, v, (unsigned int)(cols / N));
+    float v[V];
+    wl_fast_row<T, P, FULL, V>(v, x + row * cols, cols, eps, shift + (row * cols) % shift_n,
+                               scale + (row * cols) % scale_n);
+    wl_fast_put_fp8<N, FULL, V>(codes + row * cols, scales + row, v, (unsigned int)(cols / N));
 }
 
-// The whole-row case as its own code path (the branch is uniform over the grid).
-template <typename T, typename P>
+// The whole-row case as its own code path (the branch is uniform over the grid); the wide build's
+// only: no model row is the narrow build's 2048.
+template <typename T, typename P, int V>
 WL_DEVICE void norm_modulate_fast(wl_bf16* out, const T* x, const P* shift, const P* scale, wl_u64 cols,
                                   wl_u64 shift_n, wl_u64 scale_n, float eps) {
-    if (cols == (wl_u64)WL_VEC_VALUES * WL_VEC_THREADS)
-        norm_modulate_fast_rows<T, P, true>(out, x, shift, scale, cols, shift_n, scale_n, eps);
-    else
-        norm_modulate_fast_rows<T, P, false>(out, x, shift, scale, cols, shift_n, scale_n, eps);
+    if constexpr (V == WL_VEC_VALUES) {
+        if (cols == (wl_u64)V * WL_VEC_THREADS) {
+            norm_modulate_fast_rows<T, P, true, V>(out, x, shift, scale, cols, shift_n, scale_n, eps);
+            return;
+        }
+    }
+    norm_modulate_fast_rows<T, P, false, V>(out, x, shift, scale, cols, shift_n, scale_n, eps);
 }
-template <typename T, typename P>
+template <typename T, typename P, int V>
 WL_DEVICE void norm_modulate_fast_fp8(unsigned char* codes, float* scales, const T* x, const P* shift,
                                       const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
-    if (cols == (wl_u64)WL_VEC_VALUES * WL_VEC_THREADS)
-        norm_modulate_fast_rows_fp8<T, P, true>(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);
-    else
-        norm_modulate_fast_rows_fp8<T, P, false>(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);
+    if constexpr (V == WL_VEC_VALUES) {
+        if (cols == (wl_u64)V * WL_VEC_THREADS) {
+            norm_modulate_fast_rows_fp8<T, P, true, V>(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);
+            return;
+        }
+    }
+    norm_modulate_fast_rows_fp8<T, P, false, V>(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);
 }
 
 // Five rows an SM (≤ 96 registers, none spilled): measured on an H200 with CUDA events, 20 launches
 // queued, 4680×5120 f32 → fp8 rowwise: 0.0355 ms at 5 (93% of a float4 copy's bandwidth), 0.0364
 // at 6 (90%, a few spilled registers), 0.0365 at 7, 0.0415 at 8; 4 as 5. The whole-row path
-// gains 1% over the predicated one.
-#define WL_NORM_FAST(T, tn, P, pn)                                                                          \
-    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 5)                                                             \
-        norm_modulate_fast_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale,     \
-                                              wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {     \
-        norm_modulate_fast(out, x, shift, scale, cols, shift_n, scale_n, eps);                              \
+// gains 1% over the predicated one. The narrow build: WL_NARROW_PER_SM rows an SM.
+#define WL_NARROW_PER_SM 8
+#define WL_NORM_FAST_BY(T, tn, P, pn, kind, V, PER_SM)                                                       \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, PER_SM)                                                        \
+        norm_modulate_##kind##_##tn##_##pn##_bf16(wl_bf16* out, const T* x, const P* shift, const P* scale, \
+                                                  wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) { \
+        norm_modulate_fast<T, P, V>(out, x, shift, scale, cols, shift_n, scale_n, eps);                     \
     }                                                                                                       \
-    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, 5)                                                             \
-        norm_modulate_fast_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x, const P* shift, \
-                                             const P* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n,   \
-                                             float eps) {                                                   \
-        norm_modulate_fast_fp8(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);                \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, PER_SM)                                                        \
+        norm_modulate_##kind##_##tn##_##pn##_fp8(unsigned char* codes, float* scales, const T* x,           \
+                                                 const P* shift, const P* scale, wl_u64 cols, wl_u64 shift_n, \
+                                                 wl_u64 scale_n, float eps) {                               \
+        norm_modulate_fast_fp8<T, P, V>(codes, scales, x, shift, scale, cols, shift_n, scale_n, eps);       \
     }
+#define WL_NORM_FAST(T, tn, P, pn)                                                                          \
+    WL_NORM_FAST_BY(T, tn, P, pn, fast, WL_VEC_VALUES, 5)                                                   \
+    WL_NORM_FAST_BY(T, tn, P, pn, fastn, WL_NARROW_VALUES, WL_NARROW_PER_SM)
 
 WL_NORM_FAST(float, f32, float, f32)
 WL_NORM_FAST(float, f32, wl_bf16, bf16)
@@ -802,7 +820,7 @@ struct wl_residual_row {
     WL_DEVICE void store(const float* d, unsigned int j) const { wl_st4(r, (wl_u64)j * 4, d); }
 };
 
-template <bool FULL, bool FP8, bool BIAS, typename C>
+template <bool FULL, bool FP8, bool BIAS, typename C, int V>
 WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residual<C>& in, const float* shift,
                                        const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
     const wl_u64 row = blockIdx.x, at = row * cols;
@@ -814,49 +832,57 @@ WL_DEVICE void residual_norm_fast_rows(void* out, float* scales, const wl_residu
                              in.fscale + at % in.film_n,
                              in.r + at,
                              in.flags};
-    float v[WL_VEC_VALUES];
+    float v[V];
     auto load = [&](float* d, unsigned int j) { rr.vec(d, j); };
     auto keep = [&](const float* d, unsigned int j) { rr.store(d, j); };
-    wl_fast_row_by<4, float, FULL>(v, load, keep, (double)rr.at(0), cols, eps, shift + at % shift_n,
-                                   scale + at % scale_n);
+    wl_fast_row_by<4, float, FULL, V>(v, load, keep, (double)rr.at(0), cols, eps, shift + at % shift_n,
+                                      scale + at % scale_n);
     const unsigned int nv = (unsigned int)(cols / 4);
     if constexpr (FP8)
-        wl_fast_put_fp8<4, FULL>((unsigned char*)out + at, scales + row, v, nv);
+        wl_fast_put_fp8<4, FULL, V>((unsigned char*)out + at, scales + row, v, nv);
     else
-        wl_fast_put_bf16<4, FULL>((wl_bf16*)out + at, v, nv);
+        wl_fast_put_bf16<4, FULL, V>((wl_bf16*)out + at, v, nv);
 }
 
 // With a bias only the predicated path: on an H100 the whole-row one with a bias (5120 columns)
 // faulted with an illegal address, while the predicated one ran at 1536 columns, and the emulator,
 // compiling the same source without the register bound, passed both.
-template <bool FP8, bool BIAS, typename C>
+template <bool FP8, bool BIAS, typename C, int V>
 WL_DEVICE void residual_norm_fast(void* out, float* scales, const wl_residual<C>& in, const float* shift,
                                   const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {
-    if (!BIAS && cols == (wl_u64)WL_VEC_VALUES * WL_VEC_THREADS)
-        residual_norm_fast_rows<true, FP8, BIAS, C>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
-    else
-        residual_norm_fast_rows<false, FP8, BIAS, C>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
+    if constexpr (!BIAS && V == WL_VEC_VALUES) {
+        if (cols == (wl_u64)V * WL_VEC_THREADS) {
+            residual_norm_fast_rows<true, FP8, BIAS, C, V>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
+            return;
+        }
+    }
+    residual_norm_fast_rows<false, FP8, BIAS, C, V>(out, scales, in, shift, scale, cols, shift_n, scale_n, eps);
 }
 
 // The operands as plain parameters (both vendors' launchers pass them so), gathered here; one
-// kernel per FiLM type (C, suffix cn), output, and bias or none (B: false or true, suffix bn).
-#define WL_RESIDUAL_NORM(C, cn, B, bn, PER_SM)                                                             \
-    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, PER_SM) residual_norm_fast##bn##_##cn##_bf16(                 \
+// kernel per build (kind: fast or fastn, V values a thread), FiLM type (C, suffix cn), output,
+// and bias or none (B: false or true, suffix bn).
+#define WL_RESIDUAL_NORM(kind, V, C, cn, B, bn, PER_SM)                                                    \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, PER_SM) residual_norm_##kind##bn##_##cn##_bf16(               \
         wl_bf16* out, const float* x, const wl_bf16* y, const float* bias, const float* gate, const C* fshift, \
         const C* fscale, float* r, wl_u64 gate_n, wl_u64 film_n, int flags, const float* shift, const float* scale, \
         wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {                                           \
         const wl_residual<C> in{x, y, bias, gate, fshift, fscale, r, gate_n, film_n, flags};               \
-        residual_norm_fast<false, B>(out, nullptr, in, shift, scale, cols, shift_n, scale_n, eps);          \
+        residual_norm_fast<false, B, C, V>(out, nullptr, in, shift, scale, cols, shift_n, scale_n, eps);    \
     }                                                                                                       \
-    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, PER_SM) residual_norm_fast##bn##_##cn##_fp8(                  \
+    WL_KERNEL void WL_BOUNDS(WL_VEC_THREADS, PER_SM) residual_norm_##kind##bn##_##cn##_fp8(                \
         unsigned char* codes, float* scales, const float* x, const wl_bf16* y, const float* bias,          \
         const float* gate, const C* fshift, const C* fscale, float* r, wl_u64 gate_n, wl_u64 film_n, int flags, \
         const float* shift, const float* scale, wl_u64 cols, wl_u64 shift_n, wl_u64 scale_n, float eps) {  \
         const wl_residual<C> in{x, y, bias, gate, fshift, fscale, r, gate_n, film_n, flags};               \
-        residual_norm_fast<true, B>(codes, scales, in, shift, scale, cols, shift_n, scale_n, eps);          \
+        residual_norm_fast<true, B, C, V>(codes, scales, in, shift, scale, cols, shift_n, scale_n, eps);    \
     }
-WL_RESIDUAL_NORM(float, f32, false, , 4)
-WL_RESIDUAL_NORM(wl_bf16, bf16, false, , 4)
+WL_RESIDUAL_NORM(fast, WL_VEC_VALUES, float, f32, false, , 4)
+WL_RESIDUAL_NORM(fast, WL_VEC_VALUES, wl_bf16, bf16, false, , 4)
 // Three blocks an SM for the bias kernels: at four they spilled 72–88 bytes a thread.
-WL_RESIDUAL_NORM(float, f32, true, _bias, 3)
-WL_RESIDUAL_NORM(wl_bf16, bf16, true, _bias, 3)
+WL_RESIDUAL_NORM(fast, WL_VEC_VALUES, float, f32, true, _bias, 3)
+WL_RESIDUAL_NORM(fast, WL_VEC_VALUES, wl_bf16, bf16, true, _bias, 3)
+WL_RESIDUAL_NORM(fastn, WL_NARROW_VALUES, float, f32, false, , WL_NARROW_PER_SM)
+WL_RESIDUAL_NORM(fastn, WL_NARROW_VALUES, wl_bf16, bf16, false, , WL_NARROW_PER_SM)
+WL_RESIDUAL_NORM(fastn, WL_NARROW_VALUES, float, f32, true, _bias, WL_NARROW_PER_SM)
+WL_RESIDUAL_NORM(fastn, WL_NARROW_VALUES, wl_bf16, bf16, true, _bias, WL_NARROW_PER_SM)

@@ -383,6 +383,19 @@ pub enum NormKernel {
 /// Threads of a `Vec` block and the columns each holds (norm.cu).
 const VEC_THREADS: usize = 128;
 const VEC_VALUES: usize = 40;
+/// norm.cu's `WL_NARROW_VALUES`: rows up to `VEC_THREADS × NARROW_VALUES` go to the narrow build
+/// of the fast kernels (`fastn`: the same threads on the same vectors, smaller register arrays,
+/// more rows in flight), wider ones to the wide build.
+const NARROW_VALUES: usize = 16;
+
+/// The build of norm.cu's fast kernels for rows of `cols`: `fastn` or `fast`.
+fn fast_build(cols: usize) -> &'static str {
+    if cols <= VEC_THREADS * NARROW_VALUES {
+        "fastn"
+    } else {
+        "fast"
+    }
+}
 
 /// A `Vec`-layout block per row.
 fn vec_rows_cfg(rows: usize) -> LaunchConfig {
@@ -480,7 +493,7 @@ pub fn norm_modulate_with(
                 match kernel {
                     NormKernel::Vec => "vec",
                     NormKernel::Lean => "lean",
-                    _ => "fast",
+                    _ => fast_build(cols),
                 },
                 suffix(x.dtype())?,
                 suffix(shift.dtype())?
@@ -620,7 +633,8 @@ pub fn residual_norm_modulate(
     );
     let (sh, sc) = (storage(shift)?, storage(scale)?);
     let name = format!(
-        "residual_norm_fast{}_{}",
+        "residual_norm_{}{}_{}",
+        fast_build(cols),
         if bias.is_some() { "_bias" } else { "" },
         suffix(film.map_or(DType::BF16, |f| f.0.dtype()))?
     );
