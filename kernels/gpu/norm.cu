@@ -219,9 +219,9 @@ WL_NORM_MOD(wl_bf16, bf16, wl_bf16, bf16)
 // "fast" and the residual kernels also come in a narrow build (`fastn`) holding WL_NARROW_VALUES
 // columns a thread (rows up to 2048: lingbot-1.3b's 1536, tiny's 128). The same 128 threads
 // take the same vectors, so the arithmetic and its bits are the wide build's; only the register
-// arrays shrink, so twice the rows are in flight on an SM. A 1536-wide row leaves each thread
-// three vectors, too few loads in flight for the memory's latency at four or five rows an SM:
-// the 1.3B block's three fast norms took 31–58 µs, 30–50 % of copy bandwidth.
+// arrays shrink, so eight rows are in flight on an SM instead of four or five. A 1536-wide row
+// leaves each thread three vectors, too few loads in flight for the memory's latency at four or
+// five rows an SM: the 1.3B block's three fast norms took 31–58 µs, 30–50 % of copy bandwidth.
 #define WL_NARROW_VALUES 16
 
 // N values as bf16 (one 16- or 8-byte store) or as e4m3 codes after scaling by r (8 or 4 bytes).
