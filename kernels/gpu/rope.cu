@@ -50,10 +50,11 @@ WL_ROPE(wl_bf16, bf16)
 
 // The cos/sin of every (axis position, pair) a grid of gt × gh × gw tokens needs, as rope_3d
 // computes them: t pairs at positions t_offset .. t_offset + gt − 1, then h pairs at 0 .. gh − 1,
-// then w pairs at 0 .. gw − 1, each entry (cos, sin). A few thousand entries for a chunk: made
-// once per call, so that no token waits on f64 pow/cos/sin (in the fused kernel below that
+// then w pairs at 0 .. gw − 1, each entry (cos, sin), computed in f64 and rounded to f32 as
+// rope_3d rounds them. A few thousand entries for a chunk: made once a chunk (the RopeTable
+// keeps them), so that no token waits on f64 pow/cos/sin (in the fused kernel below that
 // latency, paid per token a block, was three quarters of its time).
-WL_KERNEL void rope_angles(double* cs, int gt, int gh, int gw, int t_offset, int pairs_t, int pairs_h, int half,
+WL_KERNEL void rope_angles(float* cs, int gt, int gh, int gw, int t_offset, int pairs_t, int pairs_h, int half,
                            double theta) {
     const int pairs_w = half - pairs_t - pairs_h;
     const wl_u64 nt = (wl_u64)gt * pairs_t, nh = (wl_u64)gh * pairs_h;
@@ -68,8 +69,8 @@ WL_KERNEL void rope_angles(double* cs, int gt, int gh, int gw, int t_offset, int
         }
         const double freq = 1.0 / pow(theta, (double)(2 * axis_j) / (double)(2 * axis_pairs));
         const double angle = (double)pos * freq;
-        cs[2 * e] = cos(angle);
-        cs[2 * e + 1] = sin(angle);
+        cs[2 * e] = (float)cos(angle);
+        cs[2 * e + 1] = (float)sin(angle);
     }
 }
 
@@ -84,7 +85,7 @@ WL_KERNEL void rope_angles(double* cs, int gt, int gh, int gw, int t_offset, int
 // other lane would hit the same bank).
 #define WL_ROPE_MAX_HALF 256
 template <typename T>
-WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float* w, const double* angles, wl_u64 cols,
+WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float* w, const float* angles, wl_u64 cols,
                              float eps, int d,
                              int gt, int gh, int gw, int pairs_t, int pairs_h) {
     constexpr int N = WlVec<T>::N, K = N / 2;
@@ -108,8 +109,8 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
             e = nt + ((n / gw) % gh) * pairs_h + (j - pairs_t);
         else
             e = nt + nh + (n % gw) * (half - pairs_t - pairs_h) + (j - pairs_t - pairs_h);
-        cc[slot(j)] = (float)angles[2 * e];
-        ss[slot(j)] = (float)angles[2 * e + 1];
+        cc[slot(j)] = angles[2 * e];
+        ss[slot(j)] = angles[2 * e + 1];
     }
     const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, bias, cols, scratch) / (double)cols + (double)eps));
     T* o = out + (wl_u64)n * cols;
@@ -145,7 +146,7 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
 }
 
 #define WL_RMS_ROPE(T, tn)                                                                                     \
-    WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* bias, const float* w, const double* angles, \
+    WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* bias, const float* w, const float* angles,  \
                                       wl_u64 cols, float eps, int d, int gt, int gh, int gw, int pairs_t,       \
                                       int pairs_h) {                                                            \
         rms_norm_rope(out, x, bias, w, angles, cols, eps, d, gt, gh, gw, pairs_t, pairs_h);                     \

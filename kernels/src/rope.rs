@@ -1,4 +1,13 @@
-use crate::{Error, Result};
+use std::sync::{Arc, Mutex};
+
+use crate::{Device, Error, Result, Tensor};
+
+/// A chunk's cos/sin on a device, as `rope_angles` made them: which device, grid and first
+/// frame they are for.
+type Angles = (Device, [usize; 3], usize, Tensor);
+
+/// How many chunks' angles a table keeps on devices: a session's current one, on each card.
+const KEPT_ANGLES: usize = 8;
 
 /// The cos/sin tables of Wan's 3-D rotary embedding.
 ///
@@ -16,6 +25,9 @@ pub struct RopeTable {
     /// Per axis, `[max_positions][pairs]` row-major.
     cos: [Vec<f64>; 3],
     sin: [Vec<f64>; 3],
+    /// The device angles of the chunks seen last, shared by clones: every block's q and k of a
+    /// chunk rotate by the same ones, so they are made once a chunk, not twice a block.
+    angles: Arc<Mutex<Vec<Angles>>>,
 }
 
 impl RopeTable {
@@ -48,7 +60,33 @@ impl RopeTable {
             pairs,
             cos,
             sin,
+            angles: Arc::default(),
         })
+    }
+
+    /// The device angles for `grid` from frame `t_offset` on `device`, made by `make` the
+    /// first time (and again once evicted).
+    pub(crate) fn device_angles(
+        &self,
+        device: Device,
+        grid: [usize; 3],
+        t_offset: usize,
+        make: impl FnOnce() -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        // A panic elsewhere while the lock was held leaves a list that is still whole.
+        let mut kept = self.angles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((.., t)) = kept
+            .iter()
+            .find(|(d, g, t, _)| *d == device && *g == grid && *t == t_offset)
+        {
+            return Ok(t.clone());
+        }
+        let t = make()?;
+        if kept.len() == KEPT_ANGLES {
+            kept.remove(0);
+        }
+        kept.push((device, grid, t_offset, t.clone()));
+        Ok(t)
     }
 
     pub fn head_dim(&self) -> usize {

@@ -756,6 +756,17 @@ fn biases_in_the_norms_match_the_cpu(dev: Device) {
             bits(&two),
             "rms_norm_rope + bias, rows of {cols} on {dev}: not the two kernels' bits"
         );
+        // The angles a table keeps on the device are for one grid from one frame only.
+        let heads_view = normed.reshape(x.shape()).expect("heads");
+        for (g, t) in [(grid, 6), ([grid[0], grid[2], grid[1]], 5), (grid, 5)] {
+            let fused = ops::rms_norm_rope(&xd, Some(&bd), &gd, 1e-6, g, t, &table).expect("fused");
+            let two = ops::rope_3d(&heads_view, g, t, &table).expect("rope");
+            assert_eq!(
+                bits(&fused),
+                bits(&two),
+                "rms_norm_rope + bias, grid {g:?} from frame {t} on {dev}: not the two kernels' bits"
+            );
+        }
         let mut dst = up(&rand(&mut rng, &[30, heads, 128], DType::BF16));
         ops::rms_norm_rope_into(&xd, Some(&bd), &gd, 1e-6, grid, 5, &table, &mut dst, 3)
             .expect("into");

@@ -795,9 +795,6 @@ fn rms_norm_rope_at(
     }
     let [pt, ph, pw] = table.pairs();
     let entries = grid3[0] * pt + grid3[1] * ph + grid3[2] * pw;
-    let e = |e| dev.err(e);
-    // SAFETY: rope_angles writes all `entries` (cos, sin) pairs before the second kernel reads.
-    let mut angles = unsafe { dev.stream.alloc::<f64>(2 * entries.max(1)) }.map_err(e)?;
     let (gt, gh, gw, off) = (
         grid3[0] as i32,
         grid3[1] as i32,
@@ -806,17 +803,24 @@ fn rms_norm_rope_at(
     );
     let (pt, ph, half, d32) = (pt as i32, ph as i32, (d / 2) as i32, d as i32);
     let theta = table.theta();
-    launch!(dev, "rope", "rope_angles", grid(entries), |b| {
-        b.arg(&mut angles)
-            .arg(&gt)
-            .arg(&gh)
-            .arg(&gw)
-            .arg(&off)
-            .arg(&pt)
-            .arg(&ph)
-            .arg(&half)
-            .arg(&theta);
-    });
+    // Made once a chunk (the table keeps them): every block's q and k take the same ones.
+    let angles = table.device_angles(x.device(), grid3, t_offset, || {
+        let n = 2 * entries.max(1);
+        let mut a = GpuStorage::alloc(dev, DType::F32, n)?;
+        launch!(dev, "rope", "rope_angles", grid(entries), |b| {
+            push_mut(b, &mut a.data);
+            b.arg(&gt)
+                .arg(&gh)
+                .arg(&gw)
+                .arg(&off)
+                .arg(&pt)
+                .arg(&ph)
+                .arg(&half)
+                .arg(&theta);
+        });
+        Ok(wrap(a, &[n]))
+    })?;
+    let angles = storage(&angles)?;
     let w = cast(w, DType::F32)?;
     let ws = storage(&w)?;
     let bias = bias.map(|b| cast(b, DType::F32)).transpose()?;
@@ -832,8 +836,8 @@ fn rms_norm_rope_at(
             push(b, &s.data);
             b.arg(&bias_at);
             push(b, &ws.data);
-            b.arg(&angles)
-                .arg(&cols64)
+            push(b, &angles.data);
+            b.arg(&cols64)
                 .arg(&eps)
                 .arg(&d32)
                 .arg(&gt)
