@@ -637,13 +637,15 @@ backend_test!(tuned_gemms_give_the_heuristics_bits);
 fn fp8_quantization_matches_the_cpu_code_for_code(dev: Device) {
     let mut rng = Rng::new(3);
     // Rows of a whole number of 16-byte vectors, held in registers up to 2048 vectors (300
-    // f32, 1000 of either, the FFN's 13824 bf16, 8192 f32 to the last vector) or read twice past
-    // that (16392 bf16), and rows of not (300 bf16: quant_rows).
+    // f32, 1000 of either and 1536 bf16 in blocks of 64 threads, the FFN's 13824 bf16, 8192 f32
+    // to the last vector) or read twice past that (16392 bf16), and rows of not (300 bf16:
+    // quant_rows).
     for (dt, cols) in [
         (DType::F32, 300),
         (DType::BF16, 300),
         (DType::F32, 1000),
         (DType::BF16, 1000),
+        (DType::BF16, 1536),
         (DType::BF16, 13824),
         (DType::F32, 8192),
         (DType::BF16, 16392),
