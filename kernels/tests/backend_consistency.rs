@@ -466,6 +466,84 @@ fn residual_norm_matches_the_ops_apart(dev: Device) {
 }
 backend_test!(residual_norm_matches_the_ops_apart);
 
+/// The narrow build of the fast norm and of the residual + norm (rows up to 2048 columns) gives
+/// the wide build's bits: the same threads take the same vectors, only the register arrays
+/// differ (`WORLDLINE_NORM=fast-wide` forces the wide build). At lingbot-1.3b's width, a width
+/// under one vector a thread, and bf16 and f32 rows, into bf16 and fp8.
+fn narrow_norms_give_the_wide_ones_bits(dev: Device) {
+    let _env = NORM_ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = Rng::new(31);
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+    let up = |t: &Tensor| t.to_device(dev).expect("up");
+    let run = |kernel: &str, f: &dyn Fn() -> Vec<Vec<u32>>| {
+        std::env::set_var("WORLDLINE_NORM", kernel);
+        let got = f();
+        std::env::remove_var("WORLDLINE_NORM");
+        got
+    };
+    for (dt, rows, cols) in [
+        (DType::BF16, 40, 1536),
+        (DType::F32, 40, 1536),
+        (DType::F32, 9, 96),
+    ] {
+        let x = up(&rand(&mut rng, &[rows, cols], dt));
+        let shift = up(&rand(&mut rng, &[cols], DType::F32));
+        let scale = up(&rand(&mut rng, &[rows, cols], DType::F32));
+        let norms = || {
+            [NormOut::Dtype(DType::BF16), NormOut::Fp8Rowwise]
+                .into_iter()
+                .map(|out| bits(&ops::norm_modulate(&x, &shift, &scale, 1e-6, out).expect("norm")))
+                .collect()
+        };
+        assert_eq!(
+            run("fast", &norms),
+            run("fast-wide", &norms),
+            "norm_modulate {dt:?} {rows}×{cols} on {dev}: the narrow build's bits differ"
+        );
+    }
+    let (rows, cols) = (40, 1536);
+    let x = up(&rand(&mut rng, &[rows, cols], DType::F32));
+    let y = up(&rand(&mut rng, &[rows, cols], DType::BF16));
+    let b = up(&rand(&mut rng, &[cols], DType::F32));
+    let gate = up(&rand(&mut rng, &[cols], DType::F32));
+    let (fshift, fscale) = (
+        up(&rand(&mut rng, &[rows, cols], DType::BF16)),
+        up(&rand(&mut rng, &[rows, cols], DType::BF16)),
+    );
+    let (shift, scale) = (
+        up(&rand(&mut rng, &[cols], DType::F32)),
+        up(&rand(&mut rng, &[rows, cols], DType::F32)),
+    );
+    for bias in [None, Some(&b)] {
+        let residual = || {
+            let mut all = Vec::new();
+            for out in [NormOut::Dtype(DType::BF16), NormOut::Fp8Rowwise] {
+                let (r, h) = ops::residual_norm_modulate(
+                    &x,
+                    &y,
+                    bias,
+                    Some(&gate),
+                    Some((&fshift, &fscale)),
+                    &shift,
+                    &scale,
+                    1e-6,
+                    out,
+                )
+                .expect("residual norm");
+                all.extend([bits(&r), bits(&h)]);
+            }
+            all
+        };
+        assert_eq!(
+            run("fast", &residual),
+            run("fast-wide", &residual),
+            "residual_norm_modulate {rows}×{cols}, bias {} on {dev}: the narrow build's bits differ",
+            bias.is_some()
+        );
+    }
+}
+backend_test!(narrow_norms_give_the_wide_ones_bits);
+
 fn linear_matches_the_cpu(dev: Device) {
     // With our bias and GELU kernels, then with cuBLASLt's epilogues (`WORLDLINE_GEMM_EPILOGUE`).
     for epilogue in ["0", "1"] {

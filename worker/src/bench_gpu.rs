@@ -15,10 +15,12 @@ use serde::Serialize;
 
 mod gemm_algos;
 mod gemm_configs;
+mod narrow;
 mod rope;
 mod vsa;
 pub use gemm_algos::run_gemm_algos;
 pub use gemm_configs::run_gemm_configs;
+use narrow::narrow_rows;
 use rope::rope_rows;
 pub use vsa::run_vsa;
 use vsa::vsa_rows;
@@ -327,6 +329,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
         }
     }
     rope_rows(dev, repeat, &mut push)?;
+    narrow_rows(dev, repeat, &mut push)?;
 
     for heads in [40, 12] {
         let (lq, lk, d) = (4680, 28080, 128);
@@ -453,8 +456,8 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
 }
 
 /// `worker bench blocks --device cuda`: only the DiT block rows of `kernels` (both models,
-/// each variant best of the rounds, sustained, and profiled) and its q/k norm + RoPE row, for
-/// a block's change timed in a short call.
+/// each variant best of the rounds, sustained, and profiled), its q/k norm + RoPE rows and the
+/// norm rows at lingbot-1.3b's width, for a block's change timed in a short call.
 pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
@@ -465,6 +468,7 @@ pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()
     let mut rows = Vec::new();
     let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
     rope_rows(dev, repeat, &mut push)?;
+    narrow_rows(dev, repeat, &mut push)?;
     block_rows(dev, repeat.max(PEER_REPEAT), &mut push)?;
     write_rows(json, &rows)
 }

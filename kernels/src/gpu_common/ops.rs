@@ -376,8 +376,12 @@ pub enum NormKernel {
     Lean,
     /// `Lean` with f32 per-thread statistics (folded into lean's f64 block sums) and a
     /// two-instruction normalisation: about half the instructions an element, the result
-    /// within ~1.5 f32 ulps of `Lean`'s before the bf16 or e4m3 rounding.
+    /// within ~1.5 f32 ulps of `Lean`'s before the bf16 or e4m3 rounding. Rows up to 2048
+    /// columns take its narrow build ([`fast_build`]).
     Fast,
+    /// `Fast`'s wide build at every width `Fast` takes (`WORLDLINE_NORM=fast-wide`): what the
+    /// narrow build is checked and timed against.
+    FastWide,
 }
 
 /// Threads of a `Vec` block and the columns each holds (norm.cu).
@@ -412,7 +416,7 @@ impl NormKernel {
         let cols = x.cols();
         match self {
             NormKernel::Rows => true,
-            NormKernel::Vec | NormKernel::Lean | NormKernel::Fast => {
+            NormKernel::Vec | NormKernel::Lean | NormKernel::Fast | NormKernel::FastWide => {
                 let lanes = match x.dtype() {
                     DType::F32 => 4,
                     DType::BF16 => 8,
@@ -438,6 +442,7 @@ fn norm_kernel(x: &Tensor, out: crate::NormOut) -> NormKernel {
         Ok("rows") => NormKernel::Rows,
         Ok("vec") => NormKernel::Vec,
         Ok("lean") => NormKernel::Lean,
+        Ok("fast-wide") => NormKernel::FastWide,
         _ => NormKernel::Fast,
     };
     if wanted.takes(x, out) {
@@ -487,12 +492,13 @@ pub fn norm_modulate_with(
             ),
             rows_cfg(rows),
         ),
-        NormKernel::Vec | NormKernel::Lean | NormKernel::Fast => (
+        NormKernel::Vec | NormKernel::Lean | NormKernel::Fast | NormKernel::FastWide => (
             format!(
                 "norm_modulate_{}_{}_{}",
                 match kernel {
                     NormKernel::Vec => "vec",
                     NormKernel::Lean => "lean",
+                    NormKernel::FastWide => "fast",
                     _ => fast_build(cols),
                 },
                 suffix(x.dtype())?,
@@ -561,7 +567,7 @@ fn fp8_rowwise_out(
 /// [`crate::ops::residual_norm_modulate`] as one kernel (norm.cu's `residual_norm_fast`), where it
 /// takes the operands: the stream `x` f32, `y` bf16 of its shape, `gate` an f32 row, the FiLM f32
 /// or bf16 per token, `shift`/`scale` f32, and the norm that `norm_modulate` would pick is `Fast`
-/// into bf16 or fp8. `None` otherwise: the caller runs the ops apart.
+/// (or `FastWide`) into bf16 or fp8. `None` otherwise: the caller runs the ops apart.
 #[allow(clippy::too_many_arguments)]
 pub fn residual_norm_modulate(
     x: &Tensor,
@@ -584,7 +590,7 @@ pub fn residual_norm_modulate(
         && film.is_none_or(|(a, b)| {
             a.dtype() == b.dtype() && matches!(a.dtype(), DType::F32 | DType::BF16)
         })
-        && norm_kernel(x, out) == NormKernel::Fast;
+        && matches!(norm_kernel(x, out), NormKernel::Fast | NormKernel::FastWide);
     if !takes {
         return Ok(None);
     }
@@ -634,7 +640,10 @@ pub fn residual_norm_modulate(
     let (sh, sc) = (storage(shift)?, storage(scale)?);
     let name = format!(
         "residual_norm_{}{}_{}",
-        fast_build(cols),
+        match norm_kernel(x, out) {
+            NormKernel::FastWide => "fast",
+            _ => fast_build(cols),
+        },
         if bias.is_some() { "_bias" } else { "" },
         suffix(film.map_or(DType::BF16, |f| f.0.dtype()))?
     );
