@@ -17,7 +17,8 @@
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
 # blocks: the kernels table's DiT block rows and their PyTorch peers alone (the fp8 block with and
-# without WORLDLINE_DEFER_BIAS among them); deferred: that switch's GPU tests alone (its kernels
+# without WORLDLINE_DEFER_BIAS among them), with the q/k norm + RoPE rows and the norm rows at
+# lingbot-1.3b's width; deferred: that switch's GPU tests alone (its kernels
 # against the CPU, and the fp8 stream with it); serve: `worker serve`'s start-up chunk and /status;
 # rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with its
 # peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test
