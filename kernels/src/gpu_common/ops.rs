@@ -583,6 +583,7 @@ pub fn residual_norm_modulate(
     // As norm_modulate takes them: in one dtype, f32 where they differ.
     let (shift, scale) = params_alike(shift, scale)?;
     let (shift, scale) = (&shift, &scale);
+    let kernel = norm_kernel(x, out);
     let f32s = |ts: &[Option<&Tensor>]| ts.iter().flatten().all(|t| t.dtype() == DType::F32);
     let takes = x.dtype() == DType::F32
         && y.dtype() == DType::BF16
@@ -590,7 +591,7 @@ pub fn residual_norm_modulate(
         && film.is_none_or(|(a, b)| {
             a.dtype() == b.dtype() && matches!(a.dtype(), DType::F32 | DType::BF16)
         })
-        && matches!(norm_kernel(x, out), NormKernel::Fast | NormKernel::FastWide);
+        && matches!(kernel, NormKernel::Fast | NormKernel::FastWide);
     if !takes {
         return Ok(None);
     }
@@ -640,7 +641,7 @@ pub fn residual_norm_modulate(
     let (sh, sc) = (storage(shift)?, storage(scale)?);
     let name = format!(
         "residual_norm_{}{}_{}",
-        match norm_kernel(x, out) {
+        match kernel {
             NormKernel::FastWide => "fast",
             _ => fast_build(cols),
         },
