@@ -69,6 +69,19 @@ fn time(dev: Device, repeat: usize, f: impl FnMut() -> Result<()>) -> Result<Dur
 /// waits on the host between them, as in a model's stream of launches. A single call timed
 /// alone also counts the few microseconds between the start event and its launch (allocation,
 /// argument packing), which here is a sixth of the op.
+/// `f` with `WORLDLINE_NORM` (read at each norm call) set to `kernel`; the variable is then left
+/// as the user had it, whether `f` failed or not.
+fn with_norm<T>(kernel: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let user = std::env::var("WORLDLINE_NORM").ok();
+    std::env::set_var("WORLDLINE_NORM", kernel);
+    let r = f();
+    match user {
+        Some(v) => std::env::set_var("WORLDLINE_NORM", v),
+        None => std::env::remove_var("WORLDLINE_NORM"),
+    }
+    r
+}
+
 fn time_queued(
     dev: Device,
     repeat: usize,
@@ -295,18 +308,17 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             copy.as_secs_f64() * 1e3,
             gbs(copy_bytes, copy)
         );
-        // Each kernel of the fused norm (`WORLDLINE_NORM`, read at each call); the variable is
-        // then left as the user had it.
-        let user = std::env::var("WORLDLINE_NORM").ok();
+        // Each kernel of the fused norm (`WORLDLINE_NORM`).
         for kernel in ["vec", "lean", "fast", "rows"] {
-            std::env::set_var("WORLDLINE_NORM", kernel);
             for (out, bytes_out, label) in [
                 (NormOut::Dtype(DType::BF16), 2, "bf16"),
                 (NormOut::Fp8Rowwise, 1, "fp8 rowwise"),
             ] {
-                let t = time_queued(dev, repeat, 20, || {
-                    ops::norm_modulate(&x, &shift, &scale, 1e-6, out)?;
-                    Ok(())
+                let t = with_norm(kernel, || {
+                    time_queued(dev, repeat, 20, || {
+                        ops::norm_modulate(&x, &shift, &scale, 1e-6, out)?;
+                        Ok(())
+                    })
                 })?;
                 let bytes = (m * d * (4 + bytes_out)) as f64;
                 println!(
@@ -322,10 +334,6 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                     0.0,
                 );
             }
-        }
-        match user {
-            Some(v) => std::env::set_var("WORLDLINE_NORM", v),
-            None => std::env::remove_var("WORLDLINE_NORM"),
         }
     }
     rope_rows(dev, repeat, &mut push)?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use kernels::{ops, DType, Device, NormOut, ScaleKind};
 
-use super::{rand, time_queued};
+use super::{rand, time_queued, with_norm};
 
 pub(super) fn narrow_rows(
     dev: Device,
@@ -37,19 +37,13 @@ pub(super) fn narrow_rows(
         );
         what
     };
-    // The variable is read at each call, then left as the user had it.
-    let user = std::env::var("WORLDLINE_NORM").ok();
     for kernel in ["fast", "fast-wide"] {
-        std::env::set_var("WORLDLINE_NORM", kernel);
-        let t = time_queued(dev, repeat, 20, || {
-            ops::norm_modulate(&x, &shift, &scale, 1e-6, NormOut::Fp8Rowwise)?;
-            Ok(())
-        });
-        match &user {
-            Some(v) => std::env::set_var("WORLDLINE_NORM", v),
-            None => std::env::remove_var("WORLDLINE_NORM"),
-        }
-        let t = t?;
+        let t = with_norm(kernel, || {
+            time_queued(dev, repeat, 20, || {
+                ops::norm_modulate(&x, &shift, &scale, 1e-6, NormOut::Fp8Rowwise)?;
+                Ok(())
+            })
+        })?;
         let what = format!("norm+modulate ({kernel}) f32 -> fp8 rowwise {m}x{d}");
         push(report(what, t, m * d * 5), t, 0.0);
     }
