@@ -205,16 +205,15 @@ impl KvCache {
         v: &Tensor,
         keys: impl FnOnce(&mut Tensor, usize) -> Result<()>,
     ) -> Result<()> {
-        let tpf = self.tokens_per_frame;
         // Everything `write_rows` would refuse is checked here, before eviction moves any row.
-        if v.rank() != 3
-            || v.shape()[1..] != self.v.shape()[1..]
-            || !v.dim(0).is_multiple_of(tpf)
-            || v.dim(0) == 0
-        {
+        if v.rank() != 3 || v.shape()[1..] != self.v.shape()[1..] {
             return Err(shape_err(
                 "KvCache::write",
-                format!("k/v {:?} with {tpf} tokens per frame", v.shape()),
+                format!(
+                    "k/v {:?} with {} tokens per frame",
+                    v.shape(),
+                    self.tokens_per_frame
+                ),
             ));
         }
         if v.dtype() != self.v.dtype() {
@@ -224,9 +223,33 @@ impl KvCache {
                 msg: "k and v must have the cache's dtype",
             });
         }
-        let n = v.dim(0) / tpf;
+        self.write_with(first_frame, v.dim(0), keys, |values, row| {
+            ops::write_rows(values, row, v)
+        })
+    }
+
+    /// [`write`](Self::write) of `tokens` rows (whole frames) with both keys and values made in
+    /// place: `keys(storage, row)` and `values(storage, row)` must fill rows
+    /// `[row, row + tokens)` of the storage they are given (as `ops::rms_norm_rope_into` and
+    /// `ops::linear_into` do). If either fails, the frames it was to hold are not held (an
+    /// eviction it followed stays done).
+    pub fn write_with(
+        &mut self,
+        first_frame: u64,
+        tokens: usize,
+        keys: impl FnOnce(&mut Tensor, usize) -> Result<()>,
+        values: impl FnOnce(&mut Tensor, usize) -> Result<()>,
+    ) -> Result<()> {
+        let tpf = self.tokens_per_frame;
+        if tokens == 0 || !tokens.is_multiple_of(tpf) {
+            return Err(shape_err(
+                "KvCache::write",
+                format!("{tokens} tokens with {tpf} tokens per frame"),
+            ));
+        }
+        let n = tokens / tpf;
         let (at, new) = self.slot(first_frame, n)?;
-        if let Err(e) = keys(&mut self.k, at).and_then(|()| ops::write_rows(&mut self.v, at, v)) {
+        if let Err(e) = keys(&mut self.k, at).and_then(|()| values(&mut self.v, at)) {
             // Rewritten frames hold half-written rows now: drop them and what follows.
             self.frames.truncate(at / tpf);
             return Err(e);
@@ -234,8 +257,8 @@ impl KvCache {
         if new {
             self.frames.extend((0..n as u64).map(|i| first_frame + i));
         }
-        self.requantize(at, v.dim(0))?;
-        self.resum(at, v.dim(0))
+        self.requantize(at, tokens)?;
+        self.resum(at, tokens)
     }
 
     /// The first row of `n` frames from `first_frame`, and whether they are new: rows they

@@ -117,6 +117,39 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     }
 }
 
+/// [`linear`] stored into rows `[row, row + m)` of `dst`, whose rows hold `w.dim(0)` elements
+/// (a KV cache's values `[rows, heads, head_dim]`), so a projection's output need not be stored
+/// apart and copied over. On CUDA the GEMM writes there where it alone makes the result; the
+/// CPU, ROCm, or a `dst` of another dtype than the output's (the result is then rounded to it)
+/// go through [`write_rows`].
+pub fn linear_into(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    dst: &mut Tensor,
+    row: usize,
+) -> Result<()> {
+    linear_checks(x, w, b)?;
+    let (m, _) = rows_cols(x);
+    let inner: usize = dst.shape().iter().skip(1).product();
+    if dst.rank() < 2 || inner != w.dim(0) || row + m > dst.dim(0) {
+        return Err(shape_err(
+            "linear_into",
+            format!("{m} rows of {} at row {row} of {:?}", w.dim(0), dst.shape()),
+        ));
+    }
+    same_device("linear_into", x, dst)?;
+    match x.storage() {
+        Storage::Cuda(_) => cuda::ops::linear_into(x, w, b, dst, row),
+        _ => {
+            let mut shape = dst.shape().to_vec();
+            shape[0] = m;
+            let y = linear(x, w, b)?.to_dtype(dst.dtype())?;
+            write_rows(dst, row, &y.reshape(&shape)?)
+        }
+    }
+}
+
 /// `gelu_tanh(linear(x, w, b))`: the first half of the DiT's FFN. On CUDA the bias and the GELU
 /// run in cuBLASLt's epilogue (one rounding of the output instead of two; 1.37× faster at the 14B
 /// FFN shape on an H200), and on ROCm in hipBLASLt's where it takes them, unless

@@ -607,6 +607,103 @@ fn linear_cases(dev: Device, epilogue: &str) {
 }
 backend_test!(linear_matches_the_cpu);
 
+/// `linear_into` into rows of a larger tensor filled with NaN (a KV cache's values): the rows it
+/// writes hold the same device's `linear` bit for bit, whether the GEMM wrote them in place or
+/// the result was made apart and copied (a row not 256-byte aligned, another dtype, our bias
+/// pass), near the CPU's; every other row keeps its NaN.
+fn linear_into_fills_only_its_rows(dev: Device) {
+    for epilogue in ["1", "0"] {
+        std::env::set_var("WORLDLINE_GEMM_EPILOGUE", epilogue);
+        linear_into_cases(dev, epilogue);
+    }
+    std::env::remove_var("WORLDLINE_GEMM_EPILOGUE");
+}
+
+fn linear_into_cases(dev: Device, epilogue: &str) {
+    let mut rng = Rng::new(21);
+    // 208 outputs: a bf16 row is 416 bytes, so row 16 is 256-byte aligned and row 3 is not.
+    let (m, k, heads, head_dim, cap) = (96, 128, 13, 16, 130);
+    let n = heads * head_dim;
+    let x = rand(&mut rng, &[m, k], DType::F32);
+    let w = rand(&mut rng, &[n, k], DType::F32);
+    let b = rand(&mut rng, &[n], DType::F32);
+    let bb = b.to_dtype(DType::BF16).expect("bf16");
+    let (xb, wb) = (
+        x.to_dtype(DType::BF16).expect("x"),
+        w.to_dtype(DType::BF16).expect("w"),
+    );
+    let xq = ops::quantize_fp8(&x, ScaleKind::Rowwise).expect("x fp8");
+    let wq = ops::quantize_fp8(&w, ScaleKind::Rowwise).expect("w fp8");
+    // (what, x, w, bias, destination dtype, row, tolerance against the CPU)
+    let cases = [
+        ("f32", &x, &w, Some(&b), DType::F32, 16, 3e-4),
+        ("bf16", &xb, &wb, Some(&bb), DType::BF16, 16, 1e-2),
+        (
+            "bf16 at an unaligned row",
+            &xb,
+            &wb,
+            Some(&bb),
+            DType::BF16,
+            3,
+            1e-2,
+        ),
+        ("bf16 into f32", &xb, &wb, Some(&bb), DType::F32, 16, 1e-2),
+        ("fp8 rowwise", &xq, &wq, Some(&bb), DType::BF16, 16, 1e-2),
+        (
+            "fp8 rowwise, no bias",
+            &xq,
+            &wq,
+            None,
+            DType::BF16,
+            32,
+            1e-2,
+        ),
+        (
+            "fp8 rowwise at an unaligned row",
+            &xq,
+            &wq,
+            Some(&bb),
+            DType::BF16,
+            3,
+            1e-2,
+        ),
+    ];
+    for (what, x, w, b, dt, row, tol) in cases {
+        let what = format!("linear_into {what} (epilogue {epilogue}) on {dev}");
+        let up = |t: &Tensor| t.to_device(dev).expect("upload");
+        let (xd, wd, bd) = (up(x), up(w), b.map(up));
+        let nan = vec![f32::NAN; cap * n];
+        let mut dst = up(&Tensor::from_f32(nan, &[cap, heads, head_dim], dt).expect("dst"));
+        ops::linear_into(&xd, &wd, bd.as_ref(), &mut dst, row).expect(&what);
+        let got = dst.to_device(Device::Cpu).expect("download").to_vec_f32();
+        let apart = ops::linear(&xd, &wd, bd.as_ref())
+            .and_then(|y| y.to_dtype(dt))
+            .expect("linear")
+            .to_device(Device::Cpu)
+            .expect("download")
+            .to_vec_f32();
+        let written = &got[row * n..(row + m) * n];
+        let same = written
+            .iter()
+            .zip(&apart)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}: not the bits of linear on the device");
+        let outside = got[..row * n].iter().chain(&got[(row + m) * n..]);
+        assert!(
+            outside.into_iter().all(|v| v.is_nan()),
+            "{what}: wrote outside its rows"
+        );
+        let cpu = ops::linear(x, w, b)
+            .expect("cpu")
+            .to_dtype(DType::F32)
+            .expect("f32");
+        let e = rel_l2(written, &widen(&cpu.to_vec_f32()));
+        println!("{what}: rel L2 {e:.2e}");
+        assert!(e < tol, "{what}: rel L2 {e:.3e} ≥ {tol:e}");
+    }
+}
+backend_test!(linear_into_fills_only_its_rows);
+
 fn fp8_gemm_matches_the_cpu(dev: Device) {
     let mut rng = Rng::new(6);
     // Sizes cuBLASLt's fp8 path takes (multiples of 16), and one it does not (dequantized).

@@ -340,6 +340,67 @@ fn kv_cache_keys_made_in_place(dev: Device) -> Result<()> {
 }
 test_device!(kv_cache_keys_made_in_place, kv_cache_keys_made_in_place_cpu);
 
+/// `write_with`: keys and values both made in place (`ops::rms_norm_rope_into`,
+/// `ops::linear_into`) land where `write` puts the ops' results, and values that fail leave the
+/// frames they were to hold unheld.
+fn kv_cache_keys_and_values_made_in_place(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(45);
+    let (grid, table) = ([1, 1, 2], RopeTable::new(8, 64, 1e4)?);
+    let mut cache = KvCache::new(3, 1, 2, 2, 8, DType::F32)?.on_device(dev)?;
+    let mut plain = cache.clone();
+    let w = randn(dev, &mut rng, &[16])?;
+    let (wv, bv) = (
+        randn(dev, &mut rng, &[16, 24])?,
+        randn(dev, &mut rng, &[16])?,
+    );
+    for frame in [0u64, 1, 2, 3, 3, 5] {
+        let (k, x) = (
+            randn(dev, &mut rng, &[2, 2, 8])?,
+            randn(dev, &mut rng, &[2, 24])?,
+        );
+        let t = frame as usize;
+        cache.write_with(
+            frame,
+            2,
+            |keys, row| ops::rms_norm_rope_into(&k, None, &w, 1e-6, grid, t, &table, keys, row),
+            |values, row| ops::linear_into(&x, &wv, Some(&bv), values, row),
+        )?;
+        plain.write(
+            frame,
+            &ops::rms_norm_rope(&k, None, &w, 1e-6, grid, t, &table)?,
+            &ops::linear(&x, &wv, Some(&bv))?.reshape(&[2, 2, 8])?,
+        )?;
+        assert_eq!(cache.frames(), plain.frames(), "frame {frame}");
+        let what = format!("frame {frame}");
+        assert_bits_eq(
+            &what,
+            &cache.keys().to_vec_f32(),
+            &plain.keys().to_vec_f32(),
+        );
+        assert_bits_eq(
+            &what,
+            &cache.values().to_vec_f32(),
+            &plain.values().to_vec_f32(),
+        );
+    }
+    let keys = |keys: &mut Tensor, row| ops::write_rows(keys, row, &plain.keys().narrow(0, 0, 2)?);
+    // Values with the wrong width: refused by `linear_into`, after the keys were written.
+    let wide = randn(dev, &mut rng, &[24, 24])?;
+    let x = randn(dev, &mut rng, &[2, 24])?;
+    let bad = |values: &mut Tensor, row| ops::linear_into(&x, &wide, None, values, row);
+    assert!(cache.write_with(3, 2, keys, bad).is_err());
+    assert_eq!(cache.frames(), &[0], "after a failed rewrite");
+    // Tokens that are not whole frames: refused before anything moves.
+    let never = |_: &mut Tensor, _| -> Result<()> { panic!("called for a refused write") };
+    assert!(cache.write_with(6, 3, never, never).is_err());
+    assert_eq!(cache.frames(), &[0]);
+    Ok(())
+}
+test_device!(
+    kv_cache_keys_and_values_made_in_place,
+    kv_cache_keys_and_values_made_in_place_cpu
+);
+
 /// (first frame, frames) written in turn into a cache of 6 frames with 2 sink frames: appends, a
 /// rewrite in place, evictions of one and of several frames; it ends holding 0, 1, 8–11.
 const WRITES: [(u64, usize); 8] = [

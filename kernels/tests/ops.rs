@@ -92,6 +92,48 @@ fn linear_f32(dev: Device) -> Result<()> {
 }
 test_device!(linear_f32, linear_f32_cpu);
 
+/// `linear_into`: the product in its rows of a longer tensor (against the f64 reference), the
+/// rows around them kept, and a destination of the wrong width or too few rows refused
+/// untouched.
+fn linear_into_rows(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(9);
+    let (m, k, heads, d) = (5, 24, 3, 4);
+    let n = heads * d;
+    let x = randn(dev, &mut rng, &[m, k])?;
+    let w = randn(dev, &mut rng, &[n, k])?;
+    let b = randn(dev, &mut rng, &[n])?;
+    let mut dst = tensor(dev, vec![7.0; (m + 4) * n], &[m + 4, heads, d])?;
+    ops::linear_into(&x, &w, Some(&b), &mut dst, 3)?;
+    let got = dst.to_vec_f32();
+    let want = linear_ref(
+        &widen(&x.to_vec_f32()),
+        &widen(&w.to_vec_f32()),
+        Some(&widen(&b.to_vec_f32())),
+        k,
+        n,
+    );
+    let rows = tensor(Device::Cpu, got[3 * n..(3 + m) * n].to_vec(), &[m, n])?;
+    assert_f32_close("linear_into", &rows, &want);
+    let around = got[..3 * n].iter().chain(&got[(3 + m) * n..]);
+    assert!(
+        around.into_iter().all(|&v| v == 7.0),
+        "linear_into wrote outside its rows"
+    );
+    let before = dst.to_vec_f32();
+    assert!(
+        ops::linear_into(&x, &w, Some(&b), &mut dst, 5).is_err(),
+        "past the end"
+    );
+    let mut narrow = tensor(dev, vec![7.0; 20 * (n - 1)], &[20, n - 1])?;
+    assert!(
+        ops::linear_into(&x, &w, None, &mut narrow, 0).is_err(),
+        "wrong width"
+    );
+    assert_eq!(dst.to_vec_f32(), before, "a refused write changed the rows");
+    Ok(())
+}
+test_device!(linear_into_rows, linear_into_rows_cpu);
+
 fn linear_bf16(dev: Device) -> Result<()> {
     let mut rng = Rng::new(2);
     let (m, k, n) = (9, 48, 20);

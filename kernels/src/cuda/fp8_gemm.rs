@@ -33,35 +33,80 @@ pub fn supported(x: &Tensor, w: &Tensor) -> bool {
 /// our ops after the GEMM. At the 14B FFN shape they are two passes over a 4680×13824 bf16
 /// output, each about as long as a fifth of the fp8 GEMM.
 pub fn linear_fp8(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result<Tensor> {
-    let (xs, ws) = (storage(x)?, storage(w)?);
-    let dev = &xs.dev;
+    let dev = &storage(x)?.dev;
     let (k, n) = (w.dim(1), w.dim(0));
     let m = x.elem_count() / k;
-    let (
+    let mut out = CudaStorage::alloc(dev, DType::BF16, m * n)?;
+    let o_p = out.device_ptr_mut()?;
+    let (fused, pass) = gemm_fp8(x, w, bias, gelu, o_p)?;
+    if pass {
+        let ((_, xsc, xrow), (_, wsc, wrow)) = (parts(x)?, parts(w)?);
+        apply_scales(dev, &mut out, xsc, xrow, wsc, wrow, m, n)?;
+    }
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    let mut y = Tensor::from_storage(Storage::Cuda(out), shape);
+    if !fused {
+        if let Some(b) = bias {
+            y = super::ops::cast(&super::ops::add(&y, b)?, DType::BF16)?;
+        }
+        if gelu {
+            y = super::ops::unary("gelu_tanh", &y)?;
+        }
+    }
+    Ok(y)
+}
+
+/// [`linear_fp8`] without GELU into the `m × n` bf16 at device address `out` (256-byte
+/// aligned), where the GEMM alone makes the result: returns false, `out` then holding no
+/// result, where it takes a pass after (cuBLASLt refused the epilogue or the scale mode).
+pub fn linear_fp8_at(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: u64) -> Result<bool> {
+    let (fused, pass) = gemm_fp8(x, w, bias, false, out)?;
+    Ok(fused && !pass)
+}
+
+type F8Parts<'a> = (
+    &'a cudarc::driver::CudaSlice<u8>,
+    &'a cudarc::driver::CudaSlice<f32>,
+    bool,
+);
+
+/// An fp8 tensor's codes, scales and whether the scales are per row.
+fn parts(t: &Tensor) -> Result<F8Parts<'_>> {
+    match &storage(t)?.data {
         CudaData::F8 {
-            codes: xq,
-            scales: xsc,
-            rowwise: xrow,
-        },
-        CudaData::F8 {
-            codes: wq,
-            scales: wsc,
-            rowwise: wrow,
-        },
-    ) = (&xs.data, &ws.data)
-    else {
-        return Err(Error::DType {
+            codes,
+            scales,
+            rowwise,
+        } => Ok((codes, scales, *rowwise)),
+        _ => Err(Error::DType {
             op: "linear_fp8",
-            got: x.dtype(),
+            got: t.dtype(),
             msg: "fp8 operands",
-        });
-    };
-    let rowwise = *xrow || *wrow;
+        }),
+    }
+}
+
+/// The GEMM of [`linear_fp8`] into the `m × n` bf16 at `o_p`: whether it applied the bias and
+/// GELU, and whether the rowwise scales still need their pass.
+fn gemm_fp8(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    gelu: bool,
+    o_p: u64,
+) -> Result<(bool, bool)> {
+    let dev = &storage(x)?.dev;
+    let (k, n) = (w.dim(1), w.dim(0));
+    let m = x.elem_count() / k;
+    let ((xq, xsc, xrow), (wq, wsc, wrow)) = (parts(x)?, parts(w)?);
+    let rowwise = xrow || wrow;
     let in_gemm = rowwise && rowwise_in_gemm();
     if rowwise && !in_gemm {
         log_rowwise("cuBLASLt", false, || "WORLDLINE_FP8_ROWWISE=pass".into());
     }
-    let out = CudaStorage::alloc(dev, DType::BF16, m * n)?;
     let s = &dev.stream;
     // `WORLDLINE_GEMM_EPILOGUE=0` runs bias and GELU as our ops here too.
     let epilogue = match (bias.is_some(), gelu, super::ops::epilogues()) {
@@ -83,22 +128,18 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> 
     // Column-major, A = w and B = xᵀ: A's outer vector is the weight's n scales, B's the
     // activation's m.
     let outer = Types::Fp8Outer {
-        a_vec: *wrow,
-        b_vec: *xrow,
+        a_vec: wrow,
+        b_vec: xrow,
     };
     let g_outer = Gemm::linear(outer, m, k, n, Epilogue::None);
     // Whether the GEMM applied the bias and GELU, and whether the rowwise scales still need
     // their pass.
-    let (fused, pass) = dev.timed("gemm", || {
+    dev.timed("gemm", || {
         let mut plans = dev.gemm_plans()?;
         let (xq_p, _g1) = xq.device_ptr(s);
         let (wq_p, _g2) = wq.device_ptr(s);
         let (xsc_p, _g3) = xsc.device_ptr(s);
         let (wsc_p, _g4) = wsc.device_ptr(s);
-        let CudaData::BF16(o) = &out.data else {
-            return Err(dev.err("linear_fp8: output not bf16"));
-        };
-        let (o_p, _g5) = o.device_ptr(s);
         let bias_p = match &bias_store {
             Some(b) => {
                 let CudaData::BF16(b) = &b.data else {
@@ -170,25 +211,7 @@ pub fn linear_fp8(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, gelu: bool) -> 
         unsafe { plans.run(s, g, ops) }
             .map_err(|e| dev.err(format!("cuBLASLt fp8 {m}×{k}×{n}: {e}")))?;
         Ok((nothing_to_add, rowwise))
-    })?;
-    let mut out = out;
-    if pass {
-        apply_scales(dev, &mut out, xsc, *xrow, wsc, *wrow, m, n)?;
-    }
-    let mut shape = x.shape().to_vec();
-    if let Some(last) = shape.last_mut() {
-        *last = n;
-    }
-    let mut y = Tensor::from_storage(Storage::Cuda(out), shape);
-    if !fused {
-        if let Some(b) = bias {
-            y = super::ops::cast(&super::ops::add(&y, b)?, DType::BF16)?;
-        }
-        if gelu {
-            y = super::ops::unary("gelu_tanh", &y)?;
-        }
-    }
-    Ok(y)
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -100,48 +100,10 @@ pub fn linear_act(
         (false, true) => Epilogue::Gelu,
         (true, true) => Epilogue::GeluBias,
     };
-    let types = if gemm_dtype == DType::BF16 {
-        Types::Bf16
-    } else {
-        Types::F32
-    };
-    let g = Gemm::linear(types, m, k, n, epilogue);
-    let s = &dev.stream;
-    let (ws, xs) = (&storage(&w)?.data, &storage(&x)?.data);
-    let fb = fused_bias.as_ref().map(storage).transpose()?;
-    dev.timed("gemm", || {
-        let mut plans = dev.gemm_plans()?;
-        let (a, _a) = gemm_operand(ws, s).ok_or_else(|| dev.err("linear: weight not f32/bf16"))?;
-        let (b, _b) = gemm_operand(xs, s).ok_or_else(|| dev.err("linear: input not f32/bf16"))?;
-        let (c, _c) = gemm_operand(&out.data, s).ok_or_else(|| dev.err("linear: output"))?;
-        let bias = match fb {
-            Some(f) => Some(gemm_operand(&f.data, s).ok_or_else(|| dev.err("linear: bias"))?),
-            None => None,
-        };
-        if [ws, xs, &out.data].iter().any(|d| d.dtype() != gemm_dtype) {
-            return Err(Error::DType {
-                op: "cuda linear",
-                got: gemm_dtype,
-                msg: "f32 or bf16 operands alike",
-            });
-        }
-        // SAFETY: a is n×k, b is m×k, c is m×n elements, the bias n, as allocated and checked
-        // above, all on this device's stream.
-        unsafe {
-            plans.run(
-                s,
-                g,
-                Operands {
-                    a,
-                    b,
-                    c,
-                    bias: bias.as_ref().map(|b| b.0),
-                    scales: None,
-                },
-            )
-        }
-        .map_err(|e| dev.err(format!("cuBLASLt matmul {m}×{k}×{n}: {e}")))
-    })?;
+    let c = gemm_operand(&out.data, &dev.stream)
+        .ok_or_else(|| dev.err("linear: output"))?
+        .0;
+    gemm_at(&dev, &w, &x, fused_bias.as_ref(), epilogue, c, [m, k, n])?;
     let mut shape = x.shape().to_vec();
     *shape
         .last_mut()
@@ -159,6 +121,112 @@ pub fn linear_act(
     } else {
         Ok(y)
     }
+}
+
+/// cuBLASLt's `c = x · wᵀ` (with the epilogue) into the `m × n` elements at device address `c`,
+/// f32 or bf16 operands alike, the bias (if any) in their dtype.
+fn gemm_at(
+    dev: &Backend,
+    w: &Tensor,
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    epilogue: Epilogue,
+    c: u64,
+    [m, k, n]: [usize; 3],
+) -> Result<()> {
+    let gemm_dtype = w.dtype();
+    let types = match gemm_dtype {
+        DType::BF16 => Types::Bf16,
+        _ => Types::F32,
+    };
+    let g = Gemm::linear(types, m, k, n, epilogue);
+    let s = &dev.stream;
+    let (ws, xs) = (&storage(w)?.data, &storage(x)?.data);
+    let fb = bias.map(storage).transpose()?;
+    dev.timed("gemm", || {
+        let mut plans = dev.gemm_plans()?;
+        let (a, _a) = gemm_operand(ws, s).ok_or_else(|| dev.err("linear: weight not f32/bf16"))?;
+        let (b, _b) = gemm_operand(xs, s).ok_or_else(|| dev.err("linear: input not f32/bf16"))?;
+        let bias = match fb {
+            Some(f) => Some(gemm_operand(&f.data, s).ok_or_else(|| dev.err("linear: bias"))?),
+            None => None,
+        };
+        let same = [ws, xs].iter().all(|d| d.dtype() == gemm_dtype)
+            && fb.is_none_or(|f| f.data.dtype() == gemm_dtype);
+        if !same {
+            return Err(Error::DType {
+                op: "cuda linear",
+                got: gemm_dtype,
+                msg: "f32 or bf16 operands alike",
+            });
+        }
+        // SAFETY: a is n×k, b is m×k elements, the bias n, as checked by `crate::ops::linear`;
+        // the caller owns m×n elements of the GEMM's dtype at `c`; all on this device's stream.
+        unsafe {
+            plans.run(
+                s,
+                g,
+                Operands {
+                    a,
+                    b,
+                    c,
+                    bias: bias.as_ref().map(|b| b.0),
+                    scales: None,
+                },
+            )
+        }
+        .map_err(|e| dev.err(format!("cuBLASLt matmul {m}×{k}×{n}: {e}")))
+    })
+}
+
+/// [`linear`] into rows `[row, row + m)` of `dst` (a KV cache's values), its rows of `n`
+/// elements. Where the GEMM alone makes the result (its epilogue takes the bias, the fp8
+/// scales ride on it, `dst` has its output dtype) it writes there; otherwise the result is made
+/// apart and copied over, as [`crate::ops::write_rows`] does. `crate::ops::linear_into` checked
+/// the shapes.
+pub fn linear_into(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    dst: &mut Tensor,
+    row: usize,
+) -> Result<()> {
+    let (k, n) = (w.dim(1), w.dim(0));
+    let m = x.elem_count() / k;
+    let dev = storage(x)?.dev.clone();
+    let offset = (row * n * dst.dtype().size_in_bytes()) as u64;
+    let at = storage_mut(dst)?.device_ptr_mut().ok().map(|p| p + offset);
+    // cuBLASLt's heuristic assumes 256-byte aligned operands unless told otherwise.
+    let at = at.filter(|p| p % 256 == 0);
+    let done = match at {
+        None => false,
+        Some(at) if super::fp8_gemm::supported(x, w) => {
+            dst.dtype() == DType::BF16 && super::fp8_gemm::linear_fp8_at(x, w, bias, at)?
+        }
+        Some(at) => {
+            let dt = x.dtype();
+            let direct = matches!(dt, DType::BF16 | DType::F32)
+                && w.dtype() == dt
+                && dst.dtype() == dt
+                && (bias.is_none() || epilogues());
+            if direct {
+                let b = bias.map(|b| cast(b, dt)).transpose()?;
+                let epilogue = match b {
+                    Some(_) => Epilogue::Bias,
+                    None => Epilogue::None,
+                };
+                gemm_at(&dev, w, x, b.as_ref(), epilogue, at, [m, k, n])?;
+            }
+            direct
+        }
+    };
+    if done {
+        return Ok(());
+    }
+    let y = linear(x, w, bias, dst.dtype())?;
+    let mut shape = dst.shape().to_vec();
+    shape[0] = m;
+    crate::ops::write_rows(dst, row, &y.reshape(&shape)?)
 }
 
 /// Attention over a KV cache: the tensor-core kernels at head dim 128, else the portable one.

@@ -291,8 +291,8 @@ impl SelfAttention {
     }
 
     /// [`forward`](Self::forward) over a cache on one card: the keys are normed and rotated
-    /// straight into the rows the chunk takes in the cache (`ops::rms_norm_rope_into`), not
-    /// stored apart and copied over.
+    /// straight into the rows the chunk takes in the cache (`ops::rms_norm_rope_into`), and the
+    /// values projected there (`ops::linear_into`), not stored apart and copied over.
     #[allow(clippy::too_many_arguments)]
     fn forward_cached(
         &self,
@@ -304,16 +304,20 @@ impl SelfAttention {
         first_frame: u64,
         kv_only: bool,
     ) -> Result<Option<Deferred<'_>>> {
-        // The cache keeps its own dtype (bf16 on GPUs, f32 on the CPU reference).
-        let dtype = cache.keys().dtype();
         let (k, bias) = self.k.forward_deferred(x)?;
         let k = self.heads_view(&k)?;
-        let v = self.heads_view(&self.v.forward(x)?)?.to_dtype(dtype)?;
-        let norm = &self.norm_k;
-        cache.write_keys_with(first_frame, &v, |keys, row| {
-            let (w, eps) = (&norm.weight, norm.eps);
-            ops::rms_norm_rope_into(&k, bias, w, eps, grid, t_offset, rope, keys, row)
-        })?;
+        let (norm, v) = (&self.norm_k, &self.v);
+        // The cache keeps its own dtype (bf16 on GPUs, f32 on the CPU reference); both ops
+        // round to it.
+        cache.write_with(
+            first_frame,
+            x.dim(0),
+            |keys, row| {
+                let (w, eps) = (&norm.weight, norm.eps);
+                ops::rms_norm_rope_into(&k, bias, w, eps, grid, t_offset, rope, keys, row)
+            },
+            |values, row| v.forward_into(x, values, row),
+        )?;
         if kv_only {
             return Ok(None);
         }

@@ -131,6 +131,21 @@ impl Linear {
         Ok(run(&xq)?.to_dtype(DType::BF16)?)
     }
 
+    /// [`forward`](Self::forward) stored into rows `[row, row + x.dim(0))` of `dst` (a KV
+    /// cache's values), where a GPU GEMM writes it without a copy (`ops::linear_into`). The
+    /// kernels' error, as a cache write's closures return.
+    pub fn forward_into(&self, x: &Tensor, dst: &mut Tensor, row: usize) -> kernels::Result<()> {
+        let bias = self.gemm_bias.as_ref();
+        if self.weight.dtype() != DType::F8E4M3 {
+            return ops::linear_into(x, &self.weight, bias, dst, row);
+        }
+        let xq = match x.dtype() {
+            DType::F8E4M3 => x.clone(),
+            _ => ops::quantize_fp8(x, ScaleKind::Rowwise)?,
+        };
+        ops::linear_into(&xq, &self.weight, bias, dst, row)
+    }
+
     /// The weight as fp8 e4m3 with one scale per output channel (its rows).
     pub fn quantize_fp8(&mut self) -> Result<()> {
         if self.weight.dtype() != DType::F8E4M3 {
