@@ -13,11 +13,13 @@ use pipeline::rng::NormalRng;
 use pipeline::{flops, ModelConfig, WeightStore};
 use serde::Serialize;
 
+mod cross;
 mod gemm_algos;
 mod gemm_configs;
 mod narrow;
 mod rope;
 mod vsa;
+use cross::cross_rows;
 pub use gemm_algos::run_gemm_algos;
 pub use gemm_configs::run_gemm_configs;
 use narrow::narrow_rows;
@@ -338,6 +340,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     }
     rope_rows(dev, repeat, &mut push)?;
     narrow_rows(dev, repeat, &mut push)?;
+    cross_rows(dev, repeat, &mut push)?;
 
     for heads in [40, 12] {
         let (lq, lk, d) = (4680, 28080, 128);
@@ -415,17 +418,6 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 0.0,
             );
         }
-        // The blocks' text cross-attention: the same queries over the 512 text tokens.
-        let text = 512;
-        let t_text = time(dev, heavy, || {
-            ops::attention(&q, &k, &v, text, AttnMask::None)?;
-            Ok(())
-        })?;
-        push(
-            format!("attention bf16 {lq}q x {text}k x {heads}h x {d} (text cross)"),
-            t_text,
-            flops::attention(lq, text, heads * d),
-        );
         vsa_rows(dev, heavy, [&q, &k, &v], t, &mut push)?;
         // Every tensor-core variant, to keep the choice of the default measured.
         if let Device::Cuda(i) = dev {
@@ -477,6 +469,7 @@ pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()
     let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
     rope_rows(dev, repeat, &mut push)?;
     narrow_rows(dev, repeat, &mut push)?;
+    cross_rows(dev, repeat, &mut push)?;
     block_rows(dev, repeat.max(PEER_REPEAT), &mut push)?;
     write_rows(json, &rows)
 }
