@@ -36,6 +36,18 @@ pub(super) fn grid(n: usize) -> LaunchConfig {
     }
 }
 
+/// [`grid`] for the element-wise kernels that step in fours when the element count and every
+/// parameter's count are multiples of four (elementwise.cu's residual kernels and `add`): a
+/// thread per four elements, not per element, so no block is launched only to find no work
+/// (three in four were, measured as 30 µs for the 1.3B block's 4680×1536 gated residual, 69 % of
+/// a copy of its bytes). Their loops stride over the grid, so either grid is correct.
+pub(super) fn grid4(counts: &[usize]) -> LaunchConfig {
+    match counts.iter().all(|c| c % 4 == 0) {
+        true => grid(counts[0] / 4),
+        false => grid(counts[0]),
+    }
+}
+
 pub(super) fn rows_cfg(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.max(1) as u32, 1, 1),
@@ -183,13 +195,19 @@ pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
     let mut out = GpuStorage::alloc(&s.dev, x.dtype(), n)?;
     let (n64, gn) = (n as u64, gate.elem_count() as u64);
     let (ys, gs) = (storage(y)?, storage(gate)?);
-    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
-        push_mut(b, &mut out.data);
-        push(b, &s.data);
-        push(b, &ys.data);
-        push(b, &gs.data);
-        b.arg(&n64).arg(&gn);
-    });
+    launch!(
+        &s.dev,
+        "elementwise",
+        &name,
+        grid4(&[n, gate.elem_count()]),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            push(b, &ys.data);
+            push(b, &gs.data);
+            b.arg(&n64).arg(&gn);
+        }
+    );
     Ok(wrap(out, x.shape()))
 }
 
@@ -220,18 +238,24 @@ pub fn gated_residual_modulate(
         storage(&shift)?,
         storage(&scale)?,
     );
-    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
-        push_mut(b, &mut out.data);
-        push(b, &s.data);
-        push(b, &ys.data);
-        push(b, &gs.data);
-        push(b, &shs.data);
-        push(b, &scs.data);
-        b.arg(&counts[0])
-            .arg(&counts[1])
-            .arg(&counts[2])
-            .arg(&counts[3]);
-    });
+    launch!(
+        &s.dev,
+        "elementwise",
+        &name,
+        grid4(&counts.map(|c| c as usize)),
+        |b| {
+            push_mut(b, &mut out.data);
+            push(b, &s.data);
+            push(b, &ys.data);
+            push(b, &gs.data);
+            push(b, &shs.data);
+            push(b, &scs.data);
+            b.arg(&counts[0])
+                .arg(&counts[1])
+                .arg(&counts[2])
+                .arg(&counts[3]);
+        }
+    );
     Ok(wrap(out, x.shape()))
 }
 
@@ -251,7 +275,12 @@ fn binary(op: &str, a: &Tensor, bt: &Tensor) -> Result<Tensor> {
     let mut out = GpuStorage::alloc(&s.dev, a.dtype(), n)?;
     let (n64, bn) = (n as u64, bt.elem_count() as u64);
     let bs = storage(bt)?;
-    launch!(&s.dev, "elementwise", &name, grid(n), |b| {
+    // `add` steps in fours, `mul` does not.
+    let cfg = match op {
+        "add" => grid4(&[n, bt.elem_count()]),
+        _ => grid(n),
+    };
+    launch!(&s.dev, "elementwise", &name, cfg, |b| {
         push_mut(b, &mut out.data);
         push(b, &s.data);
         push(b, &bs.data);
@@ -1129,7 +1158,7 @@ pub fn gated_residual_bias(
         &s.dev,
         "elementwise",
         "gated_residual_bias_f32_bf16_f32",
-        grid(n),
+        grid4(&[n, bias.elem_count(), gate.elem_count()]),
         |b| {
             push_mut(b, &mut out.data);
             push(b, &s.data);
