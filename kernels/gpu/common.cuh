@@ -206,31 +206,6 @@ WL_DEVICE double wl_row_sumsq(const T* xr, const float* bias, wl_u64 cols, doubl
     return wl_block_sum_f64(s, scratch);
 }
 
-// wl_row_sumsq over a row of nv whole vectors, each thread keeping the WL_HELD vectors it reads
-// (vector threadIdx.x + t·blockDim.x in v[t]), so the caller writes the row from registers
-// instead of reading it again after the reduction: the same sums in the same order, so the same
-// result. Needs nv ≤ WL_HELD · blockDim.x, which `norm_rows_cfg` gives (a thread per four vectors
-// or more).
-#define WL_HELD 4
-template <typename T>
-WL_DEVICE double wl_row_sumsq_held(float (*v)[WlVec<T>::N], const T* xr, const float* bias, unsigned int nv,
-                                   double* scratch) {
-    constexpr int N = WlVec<T>::N;
-    double s = 0.0;
-#pragma unroll
-    for (int t = 0; t < WL_HELD; ++t) {
-        const unsigned int j = threadIdx.x + t * blockDim.x;
-        if (j < nv) {
-            wl_load_biased(v[t], xr, bias, j);
-            float q = 0.f;
-#pragma unroll
-            for (int c = 0; c < N; ++c) q = fmaf(v[t][c], v[t][c], q);
-            s += (double)q;
-        }
-    }
-    return wl_block_sum_f64(s, scratch);
-}
-
 // wl_to_e4m3's codes (checked equal on all 2^32 floats) without its branch and its two
 // float→int conversions: magnitudes from 448 up (and ±inf) clamp to 448, code 0x7e; normal
 // values round their mantissa to 3 bits in the integer bits (a carry moves into the exponent, as

@@ -31,26 +31,8 @@ WL_DEVICE void rms_norm(T* out, const T* x, const float* bias, const float* w, w
     __shared__ double scratch[32];
     const wl_u64 row = blockIdx.x;
     const T* xr = x + row * cols;
-    T* o = out + row * cols;
-    const unsigned int nv = (unsigned int)(cols / N);
-    if (cols % N == 0 && nv <= WL_HELD * blockDim.x) {
-        // Read once, held across the reduction (rms_norm_rope does the same, bit for bit).
-        float v[WL_HELD][N];
-        const double sq = wl_row_sumsq_held<T>(v, xr, bias, nv, scratch);
-        const float inv = (float)(1.0 / sqrt(sq / (double)cols + (double)eps));
-#pragma unroll
-        for (int t = 0; t < WL_HELD; ++t) {
-            const unsigned int j = threadIdx.x + t * blockDim.x;
-            if (j >= nv) continue;
-            float g[N];
-            wl_ld_f32s<N>(g, w, j);
-#pragma unroll
-            for (int c = 0; c < N; ++c) v[t][c] = (v[t][c] * inv) * g[c];
-            WlVec<T>::store(o, j, v[t]);
-        }
-        return;
-    }
     const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, bias, cols, scratch) / (double)cols + (double)eps));
+    T* o = out + row * cols;
     if (cols % N == 0) {
         for (unsigned int j = threadIdx.x; j < (unsigned int)(cols / N); j += blockDim.x) {
             float v[N], g[N];

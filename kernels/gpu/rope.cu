@@ -112,34 +112,10 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
         cc[slot(j)] = angles[2 * e];
         ss[slot(j)] = angles[2 * e + 1];
     }
-    T* o = out + (wl_u64)n * cols;
-    const unsigned int nv = (unsigned int)(cols / N);
-    if (vec && nv <= WL_HELD * blockDim.x) {
-        // The row read once, held in registers across the reduction (a second read, from L2,
-        // after it was most of this kernel's time at 14B's 5120 columns).
-        float v[WL_HELD][N];
-        const double sq = wl_row_sumsq_held<T>(v, xr, bias, nv, scratch);
-        const float inv = (float)(1.0 / sqrt(sq / (double)cols + (double)eps));
-#pragma unroll
-        for (int t = 0; t < WL_HELD; ++t) {
-            const unsigned int j = threadIdx.x + t * blockDim.x;
-            if (j >= nv) continue;
-            float g[N], r[N];
-            wl_ld_f32s<N>(g, w, j);
-            const int first = (int)(j % (unsigned int)stride);
-#pragma unroll
-            for (int k = 0; k < K; ++k) {
-                const float a = wl_as_stored<T>((v[t][2 * k] * inv) * g[2 * k]);
-                const float b = wl_as_stored<T>((v[t][2 * k + 1] * inv) * g[2 * k + 1]);
-                const int at = k * stride + first;
-                wl_rotate(a, b, cc[at], ss[at], r + 2 * k);
-            }
-            WlVec<T>::store(o, j, r);
-        }
-        return;
-    }
     const float inv = (float)(1.0 / sqrt(wl_row_sumsq(xr, bias, cols, scratch) / (double)cols + (double)eps));
+    T* o = out + (wl_u64)n * cols;
     if (vec) {
+        const unsigned int nv = (unsigned int)(cols / N);
         for (unsigned int j = threadIdx.x; j < nv; j += blockDim.x) {
             float v[N], g[N], r[N];
             wl_load_biased(v, xr, bias, j);
