@@ -1520,7 +1520,9 @@ fn cudnn_convolutions_match_the_cpu(dev: Device) {
     std::env::set_var("WORLDLINE_CONV", "cudnn");
     let mut rng = Rng::new(41);
     for dt in [DType::F32, DType::BF16] {
-        let gemm_tol = if dt == DType::BF16 { 1e-2 } else { 3e-4 };
+        // TF32 in f32 (cuDNN's tensor-core algorithms): the notes' ~3e-4 is where it lands, not
+        // a bound; an H100 gave 3.003e-4 at K = 144 (2026-12-06). Wrong indexing gives order one.
+        let gemm_tol = if dt == DType::BF16 { 1e-2 } else { 6e-4 };
         for (xs, ws, stride) in [
             ([24, 3, 13, 21], [32, 24, 3, 3, 3], [1, 1, 1]),
             ([16, 1, 20, 34], [16, 16, 1, 3, 3], [1, 2, 2]),
@@ -1593,7 +1595,8 @@ backend_test!(cudnn_convolutions_match_the_cpu);
 /// The channels-last per-frame convolution on `[x, w, bias, residual]` given channels-first
 /// (`w` with kt = 1): transposed here, against the CPU reference (itself channels-first).
 fn channels_last_cases(dev: Device, dt: DType, [x, w, b, r]: [&Tensor; 4], stride: [usize; 2]) {
-    let tol = if dt == DType::BF16 { 1e-2 } else { 3e-4 };
+    // TF32 in f32, bounded as the cuDNN cases above.
+    let tol = if dt == DType::BF16 { 1e-2 } else { 6e-4 };
     let (cout, cin, kh, kw) = (w.dim(0), w.dim(1), w.dim(3), w.dim(4));
     let x = x.permute(&[1, 2, 3, 0]).expect("x");
     let w = w
