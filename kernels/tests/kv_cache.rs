@@ -287,6 +287,16 @@ fn kv_cache_errors(dev: Device) -> Result<()> {
 }
 test_device!(kv_cache_errors, kv_cache_errors_cpu);
 
+/// The same frames held, and the same keys and values bit for bit.
+#[track_caller]
+fn assert_same_cache(what: &str, cache: &KvCache, plain: &KvCache) {
+    assert_eq!(cache.frames(), plain.frames(), "{what}");
+    let (k, pk) = (cache.keys().to_vec_f32(), plain.keys().to_vec_f32());
+    assert_bits_eq(&format!("keys {what}"), &k, &pk);
+    let (v, pv) = (cache.values().to_vec_f32(), plain.values().to_vec_f32());
+    assert_bits_eq(&format!("values {what}"), &v, &pv);
+}
+
 /// `write_keys_with`: keys made in place by `ops::rms_norm_rope_into` land where `write` puts
 /// the op's result, and keys that fail leave the frames they were to hold unheld.
 fn kv_cache_keys_made_in_place(dev: Device) -> Result<()> {
@@ -309,18 +319,7 @@ fn kv_cache_keys_made_in_place(dev: Device) -> Result<()> {
             &ops::rms_norm_rope(&x, None, &w, 1e-6, grid, t, &table)?,
             &v,
         )?;
-        assert_eq!(cache.frames(), plain.frames(), "frame {frame}");
-        let what = format!("keys after frame {frame}");
-        assert_bits_eq(
-            &what,
-            &cache.keys().to_vec_f32(),
-            &plain.keys().to_vec_f32(),
-        );
-        assert_bits_eq(
-            &what,
-            &cache.values().to_vec_f32(),
-            &plain.values().to_vec_f32(),
-        );
+        assert_same_cache(&format!("after frame {frame}"), &cache, &plain);
     }
     assert_eq!(cache.frames(), &[0, 3, 5]);
     let v = randn(dev, &mut rng, &[2, 2, 8])?;
@@ -370,18 +369,7 @@ fn kv_cache_keys_and_values_made_in_place(dev: Device) -> Result<()> {
             &ops::rms_norm_rope(&k, None, &w, 1e-6, grid, t, &table)?,
             &ops::linear(&x, &wv, Some(&bv))?.reshape(&[2, 2, 8])?,
         )?;
-        assert_eq!(cache.frames(), plain.frames(), "frame {frame}");
-        let what = format!("frame {frame}");
-        assert_bits_eq(
-            &what,
-            &cache.keys().to_vec_f32(),
-            &plain.keys().to_vec_f32(),
-        );
-        assert_bits_eq(
-            &what,
-            &cache.values().to_vec_f32(),
-            &plain.values().to_vec_f32(),
-        );
+        assert_same_cache(&format!("after frame {frame}"), &cache, &plain);
     }
     let keys = |keys: &mut Tensor, row| ops::write_rows(keys, row, &plain.keys().narrow(0, 0, 2)?);
     // Values with the wrong width: refused by `linear_into`, after the keys were written.
