@@ -140,6 +140,29 @@ WL_TP(float, wl_bf16, f32, bf16)
 WL_TP(wl_bf16, float, bf16, f32)
 WL_TP(wl_bf16, wl_bf16, bf16, bf16)
 
+// add(a, b) over [rows, cols] (rows ≤ 8) with row r stored at o_r: a DiT block's six modulation
+// rows in one launch (a copy of each row out of the sum was a launch each). The same
+// arithmetic as add, so the same bits.
+template <typename T, typename P>
+WL_DEVICE void add_rows(T* o0, T* o1, T* o2, T* o3, T* o4, T* o5, T* o6, T* o7, const T* a, const P* b,
+                        unsigned int rows, unsigned int cols, wl_u64 b_n) {
+    T* const outs[8] = {o0, o1, o2, o3, o4, o5, o6, o7};
+    WL_GRID_STRIDE(i, (wl_u64)rows * cols) {
+        const unsigned int r = (unsigned int)i / cols, c = (unsigned int)i % cols;
+        wl_st(outs[r], c, wl_ld(a, i) + wl_ld(b, wl_rem(i, b_n)));
+    }
+}
+
+#define WL_ADD_ROWS(T, P, tn, pn)                                                                         \
+    WL_KERNEL void add_rows_##tn##_##pn(T* o0, T* o1, T* o2, T* o3, T* o4, T* o5, T* o6, T* o7, const T* a, \
+                                        const P* b, unsigned int rows, unsigned int cols, wl_u64 b_n) {  \
+        add_rows(o0, o1, o2, o3, o4, o5, o6, o7, a, b, rows, cols, b_n);                                  \
+    }
+WL_ADD_ROWS(float, float, f32, f32)
+WL_ADD_ROWS(float, wl_bf16, f32, bf16)
+WL_ADD_ROWS(wl_bf16, float, bf16, f32)
+WL_ADD_ROWS(wl_bf16, wl_bf16, bf16, bf16)
+
 // alpha·x + beta·y in f64, rounded once (the sampler's update).
 template <typename T>
 WL_DEVICE void axpby(T* out, double alpha, const T* x, double beta, const T* y, wl_u64 n) {

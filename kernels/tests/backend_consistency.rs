@@ -112,6 +112,40 @@ fn elementwise_and_norms_match_the_cpu(dev: Device) {
             &[&x, &per, &per2],
             |v| ops::modulate(&v[0], &v[1], &v[2]),
         );
+        // The six modulation rows of a block in one launch: `add`'s rows on the device, bit
+        // for bit, and near the CPU's.
+        let table = rand(&mut rng, &[6, 96], dt);
+        for (what, b) in [
+            ("per row", &per.narrow(0, 0, 6).expect("rows")),
+            ("one row", &row),
+        ] {
+            let (td, bd) = (
+                table.to_device(dev).expect("up"),
+                b.to_device(dev).expect("up"),
+            );
+            let rows = ops::add_rows(&td, &bd).expect("add_rows");
+            let sum = ops::add(&td, &bd).expect("add").to_vec_f32();
+            let want = ops::add(&table, b).expect("cpu add");
+            assert_eq!(rows.len(), 6, "add_rows {what}");
+            for (r, t) in rows.iter().enumerate() {
+                assert_eq!((t.shape(), t.dtype()), (&[96][..], dt), "add_rows {what}");
+                let got = t.to_vec_f32();
+                let same = got
+                    .iter()
+                    .zip(&sum[r * 96..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "add_rows {dt:?} {what}: row {r} is not add's on {dev}"
+                );
+                let cpu = want.narrow(0, r, 1).expect("row").to_vec_f32();
+                let e = rel_l2(&got, &widen(&cpu));
+                assert!(
+                    e < tol(dt),
+                    "add_rows {dt:?} {what}: row {r} rel L2 {e:e} on {dev}"
+                );
+            }
+        }
         check(
             &format!("gated_residual {dt:?}"),
             dev,

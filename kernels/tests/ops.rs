@@ -134,6 +134,31 @@ fn linear_into_rows(dev: Device) -> Result<()> {
 }
 test_device!(linear_into_rows, linear_into_rows_cpu);
 
+/// `add_rows`: each row of `add` as its own tensor, bit for bit; more rows than it splits, or a
+/// second operand of another width, refused.
+fn add_rows(dev: Device) -> Result<()> {
+    let mut rng = Rng::new(10);
+    let a = randn(dev, &mut rng, &[6, 40])?;
+    for b in [
+        randn(dev, &mut rng, &[6, 40])?,
+        randn(dev, &mut rng, &[40])?,
+    ] {
+        let rows = ops::add_rows(&a, &b)?;
+        let sum = ops::add(&a, &b)?.to_vec_f32();
+        assert_eq!(rows.len(), 6);
+        for (r, t) in rows.iter().enumerate() {
+            assert_eq!(t.shape(), &[40]);
+            assert_bits_eq("add_rows", &t.to_vec_f32(), &sum[r * 40..(r + 1) * 40]);
+        }
+    }
+    let nine = randn(dev, &mut rng, &[9, 40])?;
+    assert!(ops::add_rows(&nine, &nine).is_err(), "nine rows");
+    let narrow = randn(dev, &mut rng, &[39])?;
+    assert!(ops::add_rows(&a, &narrow).is_err(), "another width");
+    Ok(())
+}
+test_device!(add_rows, add_rows_cpu);
+
 fn linear_bf16(dev: Device) -> Result<()> {
     let mut rng = Rng::new(2);
     let (m, k, n) = (9, 48, 20);

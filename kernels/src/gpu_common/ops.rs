@@ -289,6 +289,34 @@ fn binary(op: &str, a: &Tensor, bt: &Tensor) -> Result<Tensor> {
     Ok(wrap(out, a.shape()))
 }
 
+/// [`crate::ops::add_rows`]: one launch writing each row of `a + b` to a tensor of its own.
+pub fn add_rows(a: &Tensor, bt: &Tensor) -> Result<Vec<Tensor>> {
+    let s = storage(a)?;
+    let (rows, cols) = (a.dim(0), a.elem_count() / a.dim(0).max(1));
+    let mut outs = (0..rows)
+        .map(|_| GpuStorage::alloc(&s.dev, a.dtype(), cols))
+        .collect::<Result<Vec<_>>>()?;
+    let mut ptrs = [0u64; 8];
+    for (p, o) in ptrs.iter_mut().zip(&mut outs) {
+        *p = o.device_ptr_mut()?;
+    }
+    // Slots past `rows` are never written (a row index stays under `rows`): the first stands in.
+    let first = ptrs[0];
+    ptrs[rows..].fill(first);
+    let (r32, c32, bn) = (rows as u32, cols as u32, bt.elem_count() as u64);
+    let name = format!("add_rows_{}_{}", suffix(a.dtype())?, suffix(bt.dtype())?);
+    let bs = storage(bt)?;
+    launch!(&s.dev, "elementwise", &name, grid(rows * cols), |b| {
+        for p in &ptrs {
+            b.arg(p);
+        }
+        push(b, &s.data);
+        push(b, &bs.data);
+        b.arg(&r32).arg(&c32).arg(&bn);
+    });
+    Ok(outs.into_iter().map(|o| wrap(o, &[cols])).collect())
+}
+
 pub fn axpby(alpha: f64, x: &Tensor, beta: f64, y: &Tensor) -> Result<Tensor> {
     let s = storage(x)?;
     let y = cast(y, x.dtype())?;

@@ -2,7 +2,7 @@ use kernels::{ops, DType, NormOut, RopeTable, Tensor};
 use sp::Ulysses;
 
 use super::attention::{CrossAttention, KvMode, SelfAttention, TextKv};
-use super::layers::{row, Activation, LayerNorm, Linear, Mlp};
+use super::layers::{Activation, LayerNorm, Linear, Mlp};
 use crate::config::ModelConfig;
 use crate::weights::Vb;
 use crate::Result;
@@ -138,10 +138,13 @@ impl WanBlock {
         kv_only: bool,
         sp: Option<&Ulysses>,
     ) -> Result<Option<Tensor>> {
-        // Rows: shift, scale, gate for self-attention, then for the FFN.
-        let m = ops::add(&self.modulation.reshape(&[6, x.dim(1)])?, inp.e0)?;
-        let e = |i| row(&m, i);
-        let h = ops::norm_modulate(x, &e(0)?, &e(1)?, self.eps, self.projection_input())?;
+        // Shift, scale, gate for self-attention, then for the FFN: six rows made in one op.
+        let rows = ops::add_rows(&self.modulation.reshape(&[6, x.dim(1)])?, inp.e0)?;
+        let [shift, scale, gate, ffn_shift, ffn_scale, ffn_gate]: [Tensor; 6] =
+            rows.try_into().map_err(|r: Vec<Tensor>| {
+                crate::Error::Config(format!("{} modulation rows, not 6", r.len()))
+            })?;
+        let h = ops::norm_modulate(x, &shift, &scale, self.eps, self.projection_input())?;
         let Some(y) = self.self_attn.forward_deferred(
             &h,
             inp.grid,
@@ -162,7 +165,7 @@ impl WanBlock {
         let film = camera.map(|c| (&c.shift, &c.scale));
         let (x, n3) = self
             .norm3
-            .after_residual(x, y, &e(2)?, film, self.projection_input())?;
+            .after_residual(x, y, &gate, film, self.projection_input())?;
         // The linears' deferred biases (Linear::forward_deferred) ride on the passes after them.
         let (y, bias) = self.cross_attn.forward_deferred(&n3, text)?;
         let (x, h) = ops::residual_norm_modulate(
@@ -171,14 +174,14 @@ impl WanBlock {
             bias,
             None,
             None,
-            &e(3)?,
-            &e(4)?,
+            &ffn_shift,
+            &ffn_scale,
             self.eps,
             self.projection_input(),
         )?;
         Ok(Some(match self.ffn.forward_deferred(&h)? {
-            (y, Some(b)) => ops::gated_residual_bias(&x, &y, b, &e(5)?)?,
-            (y, None) => ops::gated_residual(&x, &y, &e(5)?)?,
+            (y, Some(b)) => ops::gated_residual_bias(&x, &y, b, &ffn_gate)?,
+            (y, None) => ops::gated_residual(&x, &y, &ffn_gate)?,
         }))
     }
 }
