@@ -320,10 +320,3 @@ impl Mlp {
         self.fc2.forward_deferred(&h)
     }
 }
-
-/// Row `i` of a `[n, dim]` (or `[1, n, dim]`) table as a `[dim]` tensor.
-pub fn row(t: &Tensor, i: usize) -> Result<Tensor> {
-    let dim = t.dim(-1);
-    let flat = t.reshape(&[t.elem_count() / dim, dim])?;
-    Ok(flat.narrow(0, i, 1)?.reshape(&[dim])?)
-}

@@ -53,9 +53,9 @@ impl Head {
     ) -> Result<Tensor> {
         let dim = h.dim(1);
         // Modulation rows (shift, scale) take `e`, not `e0`.
-        let m = ops::add(&self.modulation.reshape(&[2, dim])?, e)?;
+        let m = ops::add_rows(&self.modulation.reshape(&[2, dim])?, e)?;
         let y = ops::layer_norm(h, None, None, eps)?;
-        let y = ops::modulate(&y, &layers::row(&m, 0)?, &layers::row(&m, 1)?)?;
+        let y = ops::modulate(&y, &m[0], &m[1])?;
         let y = match sp {
             Some(u) => u.gather_tokens(&y)?,
             None => y,
