@@ -178,9 +178,9 @@ WL_DEVICE float wl_ld_biased(const T* row, const float* bias, wl_u64 c) {
 
 // Σ x² over a row (x + bias where `bias` is given), accumulated in f64 (a vector's squares in
 // f32), in an order fixed by the block size and `cols` alone: norm.cu's rms_norm and rope.cu's
-// rms_norm_rope both take it, so the fused op's normalisation is the plain one's bit for bit. 16-byte vectors where the row is a whole
-// number of them (the loads go out together instead of one element a thread waiting on each),
-// else elements.
+// rms_norm_rope both take it, so the fused op's normalisation is the plain one's bit for bit.
+// 16-byte vectors where the row is a whole number of them (the loads go out together instead of
+// one element a thread waiting on each), else elements.
 template <typename T>
 WL_DEVICE double wl_row_sumsq(const T* xr, const float* bias, wl_u64 cols, double* scratch) {
     constexpr int N = WlVec<T>::N;

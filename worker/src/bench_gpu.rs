@@ -66,11 +66,6 @@ fn time(dev: Device, repeat: usize, f: impl FnMut() -> Result<()>) -> Result<Dur
     time_queued(dev, repeat, 1, f)
 }
 
-/// For ops of tens of microseconds: the best over `repeat` rounds of the mean stream time of
-/// `calls` calls queued back to back (events around the round on CUDA), so the device never
-/// waits on the host between them, as in a model's stream of launches. A single call timed
-/// alone also counts the few microseconds between the start event and its launch (allocation,
-/// argument packing), which here is a sixth of the op.
 /// `f` with `WORLDLINE_NORM` (read at each norm call) set to `kernel`; the variable is then left
 /// as the user had it, whether `f` failed or not.
 fn with_norm<T>(kernel: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -84,6 +79,11 @@ fn with_norm<T>(kernel: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     r
 }
 
+/// For ops of tens of microseconds: the best over `repeat` rounds of the mean stream time of
+/// `calls` calls queued back to back (events around the round on CUDA), so the device never
+/// waits on the host between them, as in a model's stream of launches. A single call timed
+/// alone also counts the few microseconds between the start event and its launch (allocation,
+/// argument packing), which here is a sixth of the op.
 fn time_queued(
     dev: Device,
     repeat: usize,

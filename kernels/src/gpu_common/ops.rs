@@ -260,26 +260,22 @@ pub fn gated_residual_modulate(
 }
 
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary("add", a, b)
+    // elementwise.cu's `add` steps in fours where the counts allow (`mul` does not).
+    binary("add", a, b, grid4(&[a.elem_count(), b.elem_count()]))
 }
 
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary("mul", a, b)
+    binary("mul", a, b, grid(a.elem_count()))
 }
 
 /// `a ∘ b` with `b` of `a`'s shape or one row broadcast (elementwise.cu's `add`, `mul`).
-fn binary(op: &str, a: &Tensor, bt: &Tensor) -> Result<Tensor> {
+fn binary(op: &str, a: &Tensor, bt: &Tensor, cfg: LaunchConfig) -> Result<Tensor> {
     let s = storage(a)?;
     let name = format!("{op}_{}_{}", suffix(a.dtype())?, suffix(bt.dtype())?);
     let n = a.elem_count();
     let mut out = GpuStorage::alloc(&s.dev, a.dtype(), n)?;
     let (n64, bn) = (n as u64, bt.elem_count() as u64);
     let bs = storage(bt)?;
-    // `add` steps in fours, `mul` does not.
-    let cfg = match op {
-        "add" => grid4(&[n, bt.elem_count()]),
-        _ => grid(n),
-    };
     launch!(&s.dev, "elementwise", &name, cfg, |b| {
         push_mut(b, &mut out.data);
         push(b, &s.data);
