@@ -806,6 +806,21 @@ WL_DEVICE void fw_rescale(float* o, float* m, float* l, const float* n, const fl
         }
 }
 
+// This thread's share of 64 query rows at qs (as TMA puts them: two 64-dim halves `half` bytes
+// apart, 128-byte rows with the 128-byte swizzle, the 16-byte chunk c of row r at c ^ r % 8, the
+// halves 1024-byte aligned) in the A-fragment layout of wgmma: rows r0 and r0 + 8, dims
+// 16·kk + cq (+1) and the same + 8.
+WL_DEVICE void fw_load_q(unsigned int (*qa)[4], const unsigned char* qs, int half, int r0, int cq) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int row = r0 + (r & 1) * 8, d = (kk % 4) * 16 + (r >> 1) * 8 + cq;
+            const int at = kk / 4 * half + row * 128 + (((d >> 3) ^ (row & 7)) << 4) + (d & 7) * 2;
+            qa[kk][r] = *(const unsigned int*)(qs + at);
+        }
+}
+
 // Key tiles of BC keys from this index on may reach past the limit of some row of the 128-query
 // block at qb (limits grow with the row, so the block's first row has the smallest); the
 // tiles before it are visible whole to every row and skip the softmax's masking.
@@ -873,7 +888,7 @@ WL_DEVICE void fw_finish(const float* o, const float* m, const float* l, float o
     }
 }
 
-template <int BC, int ST>
+template <int BC, int ST, bool QR>
 WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv, int lq,
                               int kv_len, int heads, int block_tokens, float scale, fw_split sp) {
     constexpr int KB = BC * 256, SB = 2 * KB;  // bytes of a K (or V) tile, of a stage
@@ -935,6 +950,10 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     const unsigned long long dq = wl_wgmma_desc_sw128(qs + wg * 64 * 128);
     const unsigned long long dk0 = wl_wgmma_desc_sw128(stages);
     const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + KB, BC * 128);
+    // With QR the warpgroup's 64 query rows sit in registers once they have arrived, and
+    // S = Q·Kᵀ reads only K from shared memory.
+    static_assert(!QR || BC == 128, "queries in registers: 128-key tiles only");
+    unsigned int qa[QR ? 8 : 1][4];
     auto scores = [&](float* sc, int s) {
         const unsigned long long dk = wl_desc_plus(dk0, s * SB);
 #pragma unroll
@@ -942,7 +961,8 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
             const int half = kk / 4, step = (kk % 4) * 32;
             const unsigned long long da = wl_desc_plus(dq, half * FW_BR * 128 + step);
             const unsigned long long db = wl_desc_plus(dk, half * BC * 128 + step);
-            if constexpr (BC == 64) wl_wgmma_64x64x16_ss(sc, da, db, kk);
+            if constexpr (QR) wl_wgmma_64x128x16_rs_p(sc, qa[kk], db, kk);
+            else if constexpr (BC == 64) wl_wgmma_64x64x16_ss(sc, da, db, kk);
             else if constexpr (BC == 176) wl_wgmma_64x176x16_ss(sc, da, db, kk);
             else wl_wgmma_64x128x16_ss(sc, da, db, kk);
         }
@@ -964,6 +984,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
     unsigned int pa[BC / 16][4];
     wl_mbar_wait(qbar, 0);
+    if constexpr (QR) fw_load_q(qa, qs, FW_BR * 128, wg * 64 + (t / 32) * 16 + lane / 4, cq);
     wl_mbar_wait(full, 0);
     // Warpgroup 0 issues first; each arrival on the other's barrier hands the turn over.
     if (wg == 1) wl_named_arrive(1, 256);
@@ -1020,16 +1041,17 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
 }
 
 // q, k and v as [L, heads, 128], in boxes of 64 dims × 1 head × (128 queries | BC keys).
-#define WL_FLASH_TMA(BC, ST)                                                                                    \
-    WL_KERNEL void __launch_bounds__(FT_THREADS, 1) flash_tma_bf16_d128_bc##BC##_s##ST(                         \
+#define WL_FLASH_TMA(BC, ST, QR, suffix)                                                                        \
+    WL_KERNEL void __launch_bounds__(FT_THREADS, 1) flash_tma_bf16_d128_bc##BC##_s##ST##suffix(                 \
         wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                  \
         const __grid_constant__ wl_tmap tv, int lq, int kv_len, int heads, int block_tokens, float scale,      \
         fw_split sp) {                                                                                          \
-        flash_tma_d128<BC, ST>(out, &tq, &tk, &tv, lq, kv_len, heads, block_tokens, scale, sp);                 \
+        flash_tma_d128<BC, ST, QR>(out, &tq, &tk, &tv, lq, kv_len, heads, block_tokens, scale, sp);             \
     }
 // Shared memory: 32 KiB of Q, then ST stages of 2·BC·256 bytes (the H200 gives a block 227 KiB).
-WL_FLASH_TMA(128, 3)
-WL_FLASH_TMA(176, 2)
+WL_FLASH_TMA(128, 3, false, )
+WL_FLASH_TMA(176, 2, false, )
+WL_FLASH_TMA(128, 3, true, _qr)
 
 // Merges the key ranges of the split items (see fw_split): a block per (split item, row), a
 // thread per dim; out as the whole kernel writes it.

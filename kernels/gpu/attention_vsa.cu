@@ -51,25 +51,12 @@ WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g
     wl_tma_load_5d(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar);
 }
 
-// S (64 × 64) = Q·Kᵀ for the query tile in registers (as vt_load_q leaves it) and the key tile at
+// S (64 × 64) = Q·Kᵀ for the query tile in registers (as fw_load_q leaves it) and the key tile at
 // dk.
 WL_DEVICE void vt_scores(float* sc, const unsigned int (*qa)[4], unsigned long long dk) {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
         wl_wgmma_64x64x16_rs(sc, qa[kk], wl_desc_plus(dk, kk / 4 * (VT_TB / 2) + (kk % 4) * 32), kk);
-}
-// This thread's share of the query tile at qs (as vt_load put it: two 64-dim halves of 64 rows,
-// 128-byte rows with TMA's 128-byte swizzle, the 16-byte chunk c of row r at c ^ r % 8) in the
-// A-fragment layout of wgmma: rows r0 and r0 + 8, dims 16·kk + cq (+1) and the same + 8.
-WL_DEVICE void vt_load_q(unsigned int (*qa)[4], const unsigned char* qs, int r0, int cq) {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int row = r0 + (r & 1) * 8, d = (kk % 4) * 16 + (r >> 1) * 8 + cq;
-            const int at = kk / 4 * (VT_TB / 2) + row * 128 + (((d >> 3) ^ (row & 7)) << 4) + (d & 7) * 2;
-            qa[kk][r] = *(const unsigned int*)(qs + at);
-        }
 }
 // O += P·V, with P as vt_pack leaves it in registers and V at descriptor dv.
 WL_DEVICE void vt_pv(float* o, const unsigned int (*pa)[4], unsigned long long dv) {
@@ -239,7 +226,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     ex.init(kg, kl, top_k, lane);
     wl_mbar_wait(full + 2 * VT_STAGES, 0);
     unsigned int qa[8][4];
-    vt_load_q(qa, qs, r0, cq);
+    fw_load_q(qa, qs, TB / 2, r0, cq);
     wl_mbar_wait(full, 0);
     {
         float sc[32];

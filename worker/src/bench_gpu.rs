@@ -18,6 +18,7 @@ mod gemm_algos;
 mod gemm_configs;
 mod narrow;
 mod rope;
+mod variants;
 mod vsa;
 use cross::cross_rows;
 pub use gemm_algos::run_gemm_algos;
@@ -66,15 +67,15 @@ fn time(dev: Device, repeat: usize, f: impl FnMut() -> Result<()>) -> Result<Dur
     time_queued(dev, repeat, 1, f)
 }
 
-/// `f` with `WORLDLINE_NORM` (read at each norm call) set to `kernel`; the variable is then left
-/// as the user had it, whether `f` failed or not.
-fn with_norm<T>(kernel: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let user = std::env::var("WORLDLINE_NORM").ok();
-    std::env::set_var("WORLDLINE_NORM", kernel);
+/// `f` with the kernel switch `var` (read at each call of its op, e.g. `WORLDLINE_NORM`) set to
+/// `kernel`; the variable is then left as the user had it, whether `f` failed or not.
+fn with_env<T>(var: &str, kernel: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let user = std::env::var(var).ok();
+    std::env::set_var(var, kernel);
     let r = f();
     match user {
-        Some(v) => std::env::set_var("WORLDLINE_NORM", v),
-        None => std::env::remove_var("WORLDLINE_NORM"),
+        Some(v) => std::env::set_var(var, v),
+        None => std::env::remove_var(var),
     }
     r
 }
@@ -316,7 +317,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
                 (NormOut::Dtype(DType::BF16), 2, "bf16"),
                 (NormOut::Fp8Rowwise, 1, "fp8 rowwise"),
             ] {
-                let t = with_norm(kernel, || {
+                let t = with_env("WORLDLINE_NORM", kernel, || {
                     time_queued(dev, repeat, 20, || {
                         ops::norm_modulate(&x, &shift, &scale, 1e-6, out)?;
                         Ok(())
@@ -470,6 +471,9 @@ pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()
     rope_rows(dev, repeat, &mut push)?;
     narrow_rows(dev, repeat, &mut push)?;
     cross_rows(dev, repeat, &mut push)?;
+    if matches!(dev, Device::Cuda(_)) {
+        variants::attention_ab(dev, PEER_REPEAT, &mut push)?;
+    }
     block_rows(dev, repeat.max(PEER_REPEAT), &mut push)?;
     write_rows(json, &rows)
 }
@@ -631,6 +635,20 @@ fn block_rows(
                 t,
                 block_flop(blk),
             );
+        }
+        // The fp8-linears block with its attention's queries in registers, in turn with the
+        // default.
+        if matches!(dev, Device::Cuda(_)) {
+            pipeline::model::set_defer_bias(false);
+            variants::flash_ab(
+                dev,
+                heavy,
+                &format!("{} block fp8 linears", cfg.name),
+                &variants::q_regs(),
+                block_flop(&fp8_block),
+                push,
+                || forward(&fp8_block, &mut cache),
+            )?;
         }
         // The block's self-attention alone, over the cache the block left (15 frames of
         // filler, whose keys are its values, then the block's own 3): against the standalone

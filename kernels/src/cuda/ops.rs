@@ -262,11 +262,13 @@ pub enum FlashKernel {
     Mma { bc: usize },
     /// wgmma fed by TMA (sm_90a only): a producer warpgroup and 2 consumer warpgroups × 64
     /// queries, `bc` (128 or 176) keys per tile, `stages` (3 or 2) tiles in flight; with `split`, the
-    /// blocks of the last, partial wave cut into key ranges (attention.cu's `fw_split`).
+    /// blocks of the last, partial wave cut into key ranges (attention.cu's `fw_split`); with
+    /// `q_regs` (128-key tiles only), each consumer's queries held in registers.
     Tma {
         bc: usize,
         stages: usize,
         split: bool,
+        q_regs: bool,
     },
 }
 
@@ -284,11 +286,19 @@ impl FlashKernel {
                 bc: 128,
                 stages: 3,
                 split: true,
+                q_regs: false,
             });
             v.push(FlashKernel::Tma {
                 bc: 128,
                 stages: 3,
                 split: false,
+                q_regs: false,
+            });
+            v.push(FlashKernel::Tma {
+                bc: 128,
+                stages: 3,
+                split: true,
+                q_regs: true,
             });
             // FlashAttention-3's tile for head dim 128: 176 keys, two stages (K is refilled
             // as soon as its scores are done, V after the next tile's P·V).
@@ -296,6 +306,7 @@ impl FlashKernel {
                 bc: 176,
                 stages: 2,
                 split: true,
+                q_regs: false,
             });
         }
         v.extend([FlashKernel::Mma { bc: 64 }, FlashKernel::Mma { bc: 32 }]);
@@ -308,10 +319,19 @@ impl FlashKernel {
                 Ok(format!("flash_attention_bf16_d128_bc{bc}"))
             }
             FlashKernel::Tma {
-                bc: 128, stages: 3, ..
-            } => Ok("flash_tma_bf16_d128_bc128_s3".into()),
+                bc: 128,
+                stages: 3,
+                q_regs,
+                ..
+            } => Ok(format!(
+                "flash_tma_bf16_d128_bc128_s3{}",
+                if q_regs { "_qr" } else { "" }
+            )),
             FlashKernel::Tma {
-                bc: 176, stages: 2, ..
+                bc: 176,
+                stages: 2,
+                q_regs: false,
+                ..
             } => Ok("flash_tma_bf16_d128_bc176_s2".into()),
             other => Err(Error::Shape {
                 op: "attention",
@@ -337,9 +357,16 @@ impl FlashKernel {
     pub fn tag(self) -> String {
         match self {
             FlashKernel::Mma { bc } => format!("mma{bc}"),
-            FlashKernel::Tma { bc, stages, split } => {
-                format!("tma{bc}s{stages}{}", if split { "" } else { "whole" })
-            }
+            FlashKernel::Tma {
+                bc,
+                stages,
+                split,
+                q_regs,
+            } => format!(
+                "tma{bc}s{stages}{}{}",
+                if split { "" } else { "whole" },
+                if q_regs { "qr" } else { "" }
+            ),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use kernels::{ops, DType, Device, NormOut, ScaleKind};
 
-use super::{rand, time_queued, with_norm};
+use super::{rand, time_queued, with_env};
 
 pub(super) fn narrow_rows(
     dev: Device,
@@ -38,7 +38,7 @@ pub(super) fn narrow_rows(
         what
     };
     for kernel in ["fast", "fast-wide"] {
-        let t = with_norm(kernel, || {
+        let t = with_env("WORLDLINE_NORM", kernel, || {
             time_queued(dev, repeat, 20, || {
                 ops::norm_modulate(&x, &shift, &scale, 1e-6, NormOut::Fp8Rowwise)?;
                 Ok(())

@@ -1,0 +1,124 @@
+//! A tensor-core attention kernel against the default, timed in turn. Rows timed one after the
+//! other inherit the clock the row before left the card at (its power cap acts within tens of
+//! milliseconds), so a variant a few percent apart from the default is only seen when both take
+//! rounds in turn and their sustained runs alternate.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use kernels::cuda::ops::FlashKernel;
+use kernels::{ops, AttnMask, DType, Device};
+use pipeline::flops;
+
+use super::{rand, round, sustained, with_env, Round};
+
+/// The variant these rows weigh: each consumer's 64 queries held in registers, so S = Q·Kᵀ
+/// reads only K from shared memory.
+pub(super) fn q_regs() -> String {
+    FlashKernel::Tma {
+        bc: 128,
+        stages: 3,
+        split: true,
+        q_regs: true,
+    }
+    .tag()
+}
+
+/// `f` through the default kernel and through `WORLDLINE_FLASH=tag`: `heavy` rounds of each in
+/// turn, then each sustained for two seconds, twice in turn. Prints the ratios and pushes the
+/// variant's rows (the default's are the caller's own rows).
+pub(super) fn flash_ab(
+    dev: Device,
+    heavy: usize,
+    what: &str,
+    tag: &str,
+    flop: f64,
+    push: &mut impl FnMut(String, Duration, f64),
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    const VAR: &str = "WORLDLINE_FLASH";
+    f()?;
+    with_env(VAR, tag, &mut f)?;
+    dev.synchronize()?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..heavy {
+        a.push(round(dev, 1, &mut f)?);
+        b.push(with_env(VAR, tag, || round(dev, 1, &mut f))?);
+    }
+    let (mut sa, mut sb) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        sa.push(sustained(dev, &mut f)?.0);
+        sb.push(with_env(VAR, tag, || sustained(dev, &mut f))?.0);
+    }
+    let (ba, ma) = best_median(&a);
+    let (bb, mb) = best_median(&b);
+    let (ta, tb) = (mean(&sa), mean(&sb));
+    let ms = |t: Duration| t.as_secs_f64() * 1e3;
+    let x = |d: Duration, v: Duration| d.as_secs_f64() / v.as_secs_f64();
+    println!(
+        "{what}, {tag} against the default in turn ({heavy} rounds each): best {:.3} / {:.3} ms \
+         ({:.3}x), median {:.3} / {:.3} ({:.3}x), sustained {:.3} / {:.3} ({:.3}x; runs {:.3}, \
+         {:.3} / {:.3}, {:.3})",
+        ms(ba),
+        ms(bb),
+        x(ba, bb),
+        ms(ma),
+        ms(mb),
+        x(ma, mb),
+        ms(ta),
+        ms(tb),
+        x(ta, tb),
+        ms(sa[0]),
+        ms(sa[1]),
+        ms(sb[0]),
+        ms(sb[1]),
+    );
+    push(
+        format!("{what}, {tag} (in turn with the default)"),
+        bb,
+        flop,
+    );
+    push(format!("{what}, {tag}, sustained (in turn)"), tb, flop);
+    Ok(())
+}
+
+fn best_median(rounds: &[Round]) -> (Duration, Duration) {
+    let mut t: Vec<Duration> = rounds.iter().map(|r| r.device).collect();
+    t.sort();
+    match (t.first(), t.get(t.len() / 2)) {
+        (Some(&b), Some(&m)) => (b, m),
+        _ => (Duration::MAX, Duration::MAX),
+    }
+}
+
+fn mean(t: &[Duration]) -> Duration {
+    t.iter().sum::<Duration>() / t.len().max(1) as u32
+}
+
+/// The self-attention of a chunk over the 18-frame window (4680 queries, 28080 keys) at
+/// lingbot-14b's 40 heads and lingbot-1.3b's 12, default against queries in registers.
+pub(super) fn attention_ab(
+    dev: Device,
+    heavy: usize,
+    push: &mut impl FnMut(String, Duration, f64),
+) -> Result<()> {
+    let (lq, lk, d) = (4680, 28080, 128);
+    for heads in [40, 12] {
+        let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
+        let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
+        let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
+        flash_ab(
+            dev,
+            heavy,
+            &format!("attention bf16 {lq}q x {lk}k x {heads}h x {d}"),
+            &q_regs(),
+            flops::attention(lq, lk, heads * d),
+            push,
+            || {
+                ops::attention(&q, &k, &v, lk, AttnMask::None)?;
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}
