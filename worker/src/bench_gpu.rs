@@ -636,15 +636,15 @@ fn block_rows(
                 block_flop(blk),
             );
         }
-        // The fp8-linears block with its attention's queries in registers, in turn with the
-        // default.
+        // The fp8-linears block with its attention's queries read from shared memory, in turn
+        // with the default (queries in registers).
         if matches!(dev, Device::Cuda(_)) {
             pipeline::model::set_defer_bias(false);
             variants::flash_ab(
                 dev,
                 heavy,
                 &format!("{} block fp8 linears", cfg.name),
-                &variants::q_regs(),
+                &variants::q_shared(),
                 block_flop(&fp8_block),
                 push,
                 || forward(&fp8_block, &mut cache),
