@@ -891,9 +891,15 @@ WL_DEVICE void fw_finish(const float* o, const float* m, const float* l, float o
     }
 }
 
-template <int BC, int ST, bool QR>
+// PERSIST (with QR): a block per SM walks the items blockIdx.x, + gridDim.x, … (all whole), the
+// producer loading the next item's queries and first tiles while the consumers finish this one,
+// so an item's start and end no longer leave the tensor cores idle: for the text
+// cross-attention's items of four key tiles they weigh as much as the tiles.
+template <int BC, int ST, bool QR, bool PERSIST>
 WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv, int lq,
                               int kv_len, int heads, int block_tokens, float scale, fw_split sp) {
+    static_assert(!QR || BC == 128, "queries in registers: 128-key tiles only");
+    static_assert(!PERSIST || QR, "a persistent block frees its queries' memory once they are in registers");
     constexpr int KB = BC * 256, SB = 2 * KB;  // bytes of a K (or V) tile, of a stage
     extern __shared__ __align__(1024) unsigned char ft_smem[];
     unsigned char* qs = ft_smem;                      // dims 0-63 | 64-127, 128 rows each
@@ -903,22 +909,34 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     unsigned long long* full = (unsigned long long*)(stages + ST * SB);  // K: [0, ST), V: [ST, 2·ST)
     unsigned long long* empty = full + 2 * ST;
     unsigned long long* qbar = empty + 2 * ST;
+    unsigned long long* qfree = qbar + 1;  // PERSIST: every consumer thread has its queries
     // The warpgroup index through a shuffle, so the compiler keeps what derives from it uniform
     // (see vsa_fine_tma).
     const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
     const int nqb = (lq + FW_BR - 1) / FW_BR;
-    int item = blockIdx.x, part = -1;
-    if (item >= sp.whole) part = (item - sp.whole) % sp.parts, item = sp.whole + (item - sp.whole) / sp.parts;
-    const int h = item / nqb, qb = item % nqb * FW_BR;
-    int block_end = kv_len;
-    if (block_tokens > 0) block_end = min(kv_len, (min(lq - 1, qb + FW_BR - 1) / block_tokens + 1) * block_tokens);
-    // Key tiles j0 + [0, n) (the host makes every part at least one tile).
-    const int tiles = (block_end + BC - 1) / BC;
-    const int j0 = part < 0 ? 0 : part * tiles / sp.parts;
-    const int n = part < 0 ? tiles : (part + 1) * tiles / sp.parts - j0;
+    const int items = nqb * heads;
+    // An item's head, first query, and key tiles j0 + [0, n) (the host makes every part at least
+    // one tile).
+    struct work {
+        int item, part, h, qb, j0, n;
+    };
+    auto at = [&](int it) {
+        work w;
+        w.item = it, w.part = -1;
+        if (it >= sp.whole) w.part = (it - sp.whole) % sp.parts, w.item = sp.whole + (it - sp.whole) / sp.parts;
+        w.h = w.item / nqb, w.qb = w.item % nqb * FW_BR;
+        int block_end = kv_len;
+        if (block_tokens > 0)
+            block_end = min(kv_len, (min(lq - 1, w.qb + FW_BR - 1) / block_tokens + 1) * block_tokens);
+        const int tiles = (block_end + BC - 1) / BC;
+        w.j0 = w.part < 0 ? 0 : w.part * tiles / sp.parts;
+        w.n = w.part < 0 ? tiles : (w.part + 1) * tiles / sp.parts - w.j0;
+        return w;
+    };
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2 * ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
         wl_mbar_init(qbar, 1);
+        wl_mbar_init(qfree, 256);
         wl_mbar_init_fence();
     }
     __syncthreads();
@@ -926,26 +944,31 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         // 40 registers for the producer leave 232 for each consumer thread.
         WL_SETMAXNREG_DEC(40);
         if (t == 0) {
-            wl_mbar_expect_tx(qbar, FW_BR * 256);
-            wl_tma_load_3d(qs, tq, 0, h, qb, qbar);
-            wl_tma_load_3d(qs + FW_BR * 128, tq, 64, h, qb, qbar);
-            for (int j = 0; j < n; ++j) {
-                const int s = j % ST, key = (j0 + j) * BC;
-                unsigned char* ks = stages + s * SB;
-                if (j >= ST) wl_mbar_wait(empty + s, (j / ST - 1) & 1);
-                wl_mbar_expect_tx(full + s, KB);
-                wl_tma_load_3d(ks, tk, 0, h, key, full + s);
-                wl_tma_load_3d(ks + BC * 128, tk, 64, h, key, full + s);
-                if (j >= ST) wl_mbar_wait(empty + ST + s, (j / ST - 1) & 1);
-                wl_mbar_expect_tx(full + ST + s, KB);
-                wl_tma_load_3d(ks + KB, tv, 0, h, key, full + ST + s);
-                wl_tma_load_3d(ks + KB + BC * 128, tv, 64, h, key, full + ST + s);
+            // g counts the tiles this block has loaded: tile g sits in stage g % ST.
+            for (int it = blockIdx.x, qi = 0, g = 0;; it += gridDim.x, ++qi) {
+                const work w = at(it);
+                if (qi > 0) wl_mbar_wait(qfree, (qi - 1) & 1);
+                wl_mbar_expect_tx(qbar, FW_BR * 256);
+                wl_tma_load_3d(qs, tq, 0, w.h, w.qb, qbar);
+                wl_tma_load_3d(qs + FW_BR * 128, tq, 64, w.h, w.qb, qbar);
+                for (int j = 0; j < w.n; ++j, ++g) {
+                    const int s = g % ST, key = (w.j0 + j) * BC;
+                    unsigned char* ks = stages + s * SB;
+                    if (g >= ST) wl_mbar_wait(empty + s, (g / ST - 1) & 1);
+                    wl_mbar_expect_tx(full + s, KB);
+                    wl_tma_load_3d(ks, tk, 0, w.h, key, full + s);
+                    wl_tma_load_3d(ks + BC * 128, tk, 64, w.h, key, full + s);
+                    if (g >= ST) wl_mbar_wait(empty + ST + s, (g / ST - 1) & 1);
+                    wl_mbar_expect_tx(full + ST + s, KB);
+                    wl_tma_load_3d(ks + KB, tv, 0, w.h, key, full + ST + s);
+                    wl_tma_load_3d(ks + KB + BC * 128, tv, 64, w.h, key, full + ST + s);
+                }
+                if (!PERSIST || it + (int)gridDim.x >= items) break;
             }
         }
         return;
     }
     WL_SETMAXNREG_INC(232);
-    const int row0 = qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
     // Descriptors of this warpgroup's Q rows (in each half) and of stage 0's K and V; the
@@ -955,7 +978,6 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + KB, BC * 128);
     // With QR the warpgroup's 64 query rows sit in registers once they have arrived, and
     // S = Q·Kᵀ reads only K from shared memory.
-    static_assert(!QR || BC == 128, "queries in registers: 128-key tiles only");
     unsigned int qa[QR ? 8 : 1][4];
     auto scores = [&](float* sc, int s) {
         const unsigned long long dk = wl_desc_plus(dk0, s * SB);
@@ -981,80 +1003,92 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
 #pragma unroll
             for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
     };
-    float o[64];
+    // g: the tiles of the block's earlier items (tile g + j of an item sits in stage (g + j) % ST).
+    for (int it = blockIdx.x, qi = 0, g = 0;; it += gridDim.x, ++qi) {
+        const work w = at(it);
+        const int row0 = w.qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
+        float o[64];
 #pragma unroll
-    for (int j = 0; j < 64; ++j) o[j] = 0.0f;
-    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
-    unsigned int pa[BC / 16][4];
-    wl_mbar_wait(qbar, 0);
-    if constexpr (QR) fw_load_q(qa, qs, FW_BR * 128, wg * 64 + (t / 32) * 16 + lane / 4, cq);
-    wl_mbar_wait(full, 0);
-    // Warpgroup 0 issues first; each arrival on the other's barrier hands the turn over.
-    if (wg == 1) wl_named_arrive(1, 256);
-    {
-        float sc[BC / 2];
-        wl_named_sync(1 + wg, 256);
+        for (int j = 0; j < 64; ++j) o[j] = 0.0f;
+        float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+        unsigned int pa[BC / 16][4];
+        wl_mbar_wait(qbar, qi & 1);
+        if constexpr (QR) fw_load_q(qa, qs, FW_BR * 128, wg * 64 + (t / 32) * 16 + lane / 4, cq);
+        if constexpr (PERSIST) wl_mbar_arrive(qfree);
+        wl_mbar_wait(full + g % ST, (g / ST) & 1);
+        // Warpgroup 0 issues first; each arrival on the other's barrier hands the turn over.
+        if (wg == 1) wl_named_arrive(1, 256);
+        {
+            float sc[BC / 2];
+            wl_named_sync(1 + wg, 256);
+            wl_wgmma_fence();
+            scores(sc, g % ST);
+            wl_wgmma_commit();
+            wl_named_arrive(2 - wg, 256);
+            wl_wgmma_wait_all();
+            if (t == 0) wl_mbar_arrive(empty + g % ST);
+            float nm[2], corr[2], sum[2];
+            fw_softmax<BC, true, FW_LAZY>(sc, m, nm, corr, sum, w.j0 * BC, row0, cq, kv_len, block_tokens, scale2);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
+            pack(pa, sc);
+        }
+        auto step = [&](int j, bool mask) {
+            const int s = (g + j) % ST, prev = (g + j - 1) % ST;
+            wl_mbar_wait(full + s, ((g + j) / ST) & 1);
+            wl_mbar_wait(full + ST + prev, ((g + j - 1) / ST) & 1);
+            float sc[BC / 2];
+            wl_named_sync(1 + wg, 256);
+            wl_wgmma_fence();
+            scores(sc, s);
+            wl_wgmma_commit();
+            pv(o, pa, prev);
+            wl_wgmma_commit();
+            wl_named_arrive(2 - wg, 256);
+            wl_wgmma_wait_one();
+            if (t == 0) wl_mbar_arrive(empty + s);
+            float nm[2], corr[2], sum[2];
+            // A constant once the body is inlined into its two loops: no branch is left here.
+            const int kb = (w.j0 + j) * BC;
+            if (mask) fw_softmax<BC, true, FW_LAZY>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
+            else fw_softmax<BC, false, FW_LAZY>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
+            wl_wgmma_wait_all();
+            if (t == 0) wl_mbar_arrive(empty + ST + prev);
+            fw_rescale(o, m, l, nm, corr, sum);
+            pack(pa, sc);
+        };
+        const int jm = max(1, min(w.n, fw_first_masked(w.qb, kv_len, block_tokens, BC) - w.j0));
+        for (int j = 1; j < jm; ++j) step(j, false);
+        for (int j = jm; j < w.n; ++j) step(j, true);
+        // Warpgroup 1 arrived on barrier 1 once more than warpgroup 0 waited there.
+        if (wg == 0) wl_named_sync(1, 256);
+        const int last = (g + w.n - 1) % ST;
+        wl_mbar_wait(full + ST + last, ((g + w.n - 1) / ST) & 1);
         wl_wgmma_fence();
-        scores(sc, 0);
+        pv(o, pa, last);
         wl_wgmma_commit();
-        wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
-        if (t == 0) wl_mbar_arrive(empty);
-        float nm[2], corr[2], sum[2];
-        fw_softmax<BC, true, FW_LAZY>(sc, m, nm, corr, sum, j0 * BC, row0, cq, kv_len, block_tokens, scale2);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
-        pack(pa, sc);
+        // The last V stage is refilled only by a next item.
+        if (PERSIST && t == 0) wl_mbar_arrive(empty + ST + last);
+        fw_finish(o, m, l, 1.0f, out, sp, w.item, w.part, w.qb, row0, cq, lq, heads, w.h);
+        g += w.n;
+        if (!PERSIST || it + (int)gridDim.x >= items) break;
     }
-    auto step = [&](int j, bool mask) {
-        const int s = j % ST, prev = (j - 1) % ST;
-        wl_mbar_wait(full + s, (j / ST) & 1);
-        wl_mbar_wait(full + ST + prev, ((j - 1) / ST) & 1);
-        float sc[BC / 2];
-        wl_named_sync(1 + wg, 256);
-        wl_wgmma_fence();
-        scores(sc, s);
-        wl_wgmma_commit();
-        pv(o, pa, prev);
-        wl_wgmma_commit();
-        wl_named_arrive(2 - wg, 256);
-        wl_wgmma_wait_one();
-        if (t == 0) wl_mbar_arrive(empty + s);
-        float nm[2], corr[2], sum[2];
-        // A constant once the body is inlined into its two loops: no branch is left here.
-        const int kb = (j0 + j) * BC;
-        if (mask) fw_softmax<BC, true, FW_LAZY>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
-        else fw_softmax<BC, false, FW_LAZY>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, block_tokens, scale2);
-        wl_wgmma_wait_all();
-        if (t == 0) wl_mbar_arrive(empty + ST + prev);
-        fw_rescale(o, m, l, nm, corr, sum);
-        pack(pa, sc);
-    };
-    const int jm = max(1, min(n, fw_first_masked(qb, kv_len, block_tokens, BC) - j0));
-    for (int j = 1; j < jm; ++j) step(j, false);
-    for (int j = jm; j < n; ++j) step(j, true);
-    // Warpgroup 1 arrived on barrier 1 once more than warpgroup 0 waited there.
-    if (wg == 0) wl_named_sync(1, 256);
-    wl_mbar_wait(full + ST + (n - 1) % ST, ((n - 1) / ST) & 1);
-    wl_wgmma_fence();
-    pv(o, pa, (n - 1) % ST);
-    wl_wgmma_commit();
-    wl_wgmma_wait_all();
-    fw_finish(o, m, l, 1.0f, out, sp, item, part, qb, row0, cq, lq, heads, h);
 }
 
 // q, k and v as [L, heads, 128], in boxes of 64 dims × 1 head × (128 queries | BC keys).
-#define WL_FLASH_TMA(BC, ST, QR, suffix)                                                                        \
+#define WL_FLASH_TMA(BC, ST, QR, PERSIST, suffix)                                                               \
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1) flash_tma_bf16_d128_bc##BC##_s##ST##suffix(                 \
         wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                  \
         const __grid_constant__ wl_tmap tv, int lq, int kv_len, int heads, int block_tokens, float scale,      \
         fw_split sp) {                                                                                          \
-        flash_tma_d128<BC, ST, QR>(out, &tq, &tk, &tv, lq, kv_len, heads, block_tokens, scale, sp);             \
+        flash_tma_d128<BC, ST, QR, PERSIST>(out, &tq, &tk, &tv, lq, kv_len, heads, block_tokens, scale, sp);    \
     }
 // Shared memory: 32 KiB of Q, then ST stages of 2·BC·256 bytes (the H200 gives a block 227 KiB).
-WL_FLASH_TMA(128, 3, false, )
-WL_FLASH_TMA(176, 2, false, )
-WL_FLASH_TMA(128, 3, true, _qr)
+WL_FLASH_TMA(128, 3, false, false, )
+WL_FLASH_TMA(176, 2, false, false, )
+WL_FLASH_TMA(128, 3, true, false, _qr)
+WL_FLASH_TMA(128, 3, true, true, _qr_persist)
 
 // Merges the key ranges of the split items (see fw_split): a block per (split item, row), a
 // thread per dim; out as the whole kernel writes it.

@@ -472,6 +472,7 @@ pub fn run_blocks(device: &str, json: Option<&Path>, repeat: usize) -> Result<()
     narrow_rows(dev, repeat, &mut push)?;
     cross_rows(dev, repeat, &mut push)?;
     if matches!(dev, Device::Cuda(_)) {
+        variants::cross_ab(dev, PEER_REPEAT, &mut push)?;
         variants::attention_ab(dev, PEER_REPEAT, &mut push)?;
     }
     block_rows(dev, repeat.max(PEER_REPEAT), &mut push)?;
@@ -636,8 +637,9 @@ fn block_rows(
                 block_flop(blk),
             );
         }
-        // The fp8-linears block with its attention's queries read from shared memory, in turn
-        // with the default (queries in registers).
+        // The fp8-linears block through the attention kernel that was the default before
+        // 2026-12-06, in turn with the default (queries in registers, persistent blocks for the
+        // text cross-attention).
         if matches!(dev, Device::Cuda(_)) {
             pipeline::model::set_defer_bias(false);
             variants::flash_ab(

@@ -261,15 +261,74 @@ pub enum FlashKernel {
     /// mma.sync (sm_80 and later): 4 warps × 32 queries, `bc` (32 or 64) keys per tile.
     Mma { bc: usize },
     /// wgmma fed by TMA (sm_90a only): a producer warpgroup and 2 consumer warpgroups × 64
-    /// queries, `bc` (128 or 176) keys per tile, `stages` (3 or 2) tiles in flight; with `split`, the
-    /// blocks of the last, partial wave cut into key ranges (attention.cu's `fw_split`); with
-    /// `q_regs` (128-key tiles only), each consumer's queries held in registers.
+    /// queries, `bc` (128 or 176) keys per tile, `stages` (3 or 2) tiles in flight, its items
+    /// placed on blocks by `schedule`; with `q_regs` (128-key tiles only), each consumer's
+    /// queries held in registers.
     Tma {
         bc: usize,
         stages: usize,
-        split: bool,
+        schedule: Schedule,
         q_regs: bool,
     },
+}
+
+/// How the TMA kernel's (query block, head) items take the GPU's blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// A block per item, the items of a last, partial wave cut into key ranges (attention.cu's
+    /// `fw_split`, see [`tail_split`]); items of fewer than [`MIN_SPLIT_TILES`] key tiles whole,
+    /// and where there is at least a wave of them and the queries sit in registers,
+    /// [`Schedule::Persistent`].
+    Auto,
+    /// A block per item, each whole.
+    Whole,
+    /// A block per SM (never more than items), each walking the items `b`, `b + blocks`, …
+    /// whole, its producer loading the next item while the consumers finish this one; needs
+    /// the queries in registers.
+    Persistent,
+}
+
+/// What a launch of the TMA kernel runs: persistent blocks, or `whole` items and the rest in
+/// `parts` key ranges each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Plan {
+    persistent: bool,
+    whole: usize,
+    parts: usize,
+}
+
+/// The launch plan of `items` items of `tiles` key tiles on `sms` SMs.
+fn plan(
+    schedule: Schedule,
+    q_regs: bool,
+    items: usize,
+    sms: usize,
+    tiles: usize,
+    block_tokens: usize,
+) -> Plan {
+    let whole = Plan {
+        persistent: false,
+        whole: items,
+        parts: 1,
+    };
+    let persistent = Plan {
+        persistent: true,
+        ..whole
+    };
+    match schedule {
+        Schedule::Whole => whole,
+        Schedule::Persistent => persistent,
+        Schedule::Auto if q_regs && tiles < MIN_SPLIT_TILES && items >= sms => persistent,
+        Schedule::Auto if block_tokens == 0 => {
+            let (whole, parts) = tail_split(items, sms, tiles);
+            Plan {
+                persistent: false,
+                whole,
+                parts,
+            }
+        }
+        Schedule::Auto => whole,
+    }
 }
 
 impl FlashKernel {
@@ -285,23 +344,30 @@ impl FlashKernel {
             // Each consumer's queries in registers (S = Q·Kᵀ reads only K from shared memory):
             // on an H100, 2026-12-06, in turn with the same kernel reading Q from shared memory,
             // 1.3-1.7 % faster at 4680 × 28080 (40 and 12 heads; best, median and sustained
-            // alike) and 0.6-1.5 % on the lingbot blocks.
+            // alike) and 0.6-1.5 % on the lingbot blocks. Its `Auto` schedule runs items of
+            // few key tiles (the text cross-attention's) on persistent blocks.
             v.push(FlashKernel::Tma {
                 bc: 128,
                 stages: 3,
-                split: true,
+                schedule: Schedule::Auto,
                 q_regs: true,
             });
             v.push(FlashKernel::Tma {
                 bc: 128,
                 stages: 3,
-                split: false,
+                schedule: Schedule::Whole,
                 q_regs: true,
             });
             v.push(FlashKernel::Tma {
                 bc: 128,
                 stages: 3,
-                split: true,
+                schedule: Schedule::Persistent,
+                q_regs: true,
+            });
+            v.push(FlashKernel::Tma {
+                bc: 128,
+                stages: 3,
+                schedule: Schedule::Auto,
                 q_regs: false,
             });
             // FlashAttention-3's tile for head dim 128: 176 keys, two stages (K is refilled
@@ -309,7 +375,7 @@ impl FlashKernel {
             v.push(FlashKernel::Tma {
                 bc: 176,
                 stages: 2,
-                split: true,
+                schedule: Schedule::Auto,
                 q_regs: false,
             });
         }
@@ -346,12 +412,12 @@ impl FlashKernel {
 
     /// Dynamic shared memory: the Q tile, then the stages of K and V tiles (mma.sync rows are
     /// padded to 136 elements; TMA tiles are dense), then the TMA kernel's barriers: full and
-    /// empty per stage for K and for V, one for Q.
+    /// empty per stage for K and for V, Q's arrival and (persistent) its release.
     fn smem_bytes(self) -> u32 {
         let bytes = match self {
             FlashKernel::Mma { bc } => (FLASH_BLOCK_QUERIES * 136 + 2 * 2 * bc * 136) * 2,
             FlashKernel::Tma { bc, stages, .. } => {
-                FLASH_BLOCK_QUERIES * 256 + stages * 2 * bc * 256 + (4 * stages + 1) * 8
+                FLASH_BLOCK_QUERIES * 256 + stages * 2 * bc * 256 + (4 * stages + 2) * 8
             }
         };
         bytes as u32
@@ -364,11 +430,15 @@ impl FlashKernel {
             FlashKernel::Tma {
                 bc,
                 stages,
-                split,
+                schedule,
                 q_regs,
             } => format!(
                 "tma{bc}s{stages}{}{}",
-                if split { "" } else { "whole" },
+                match schedule {
+                    Schedule::Auto => "",
+                    Schedule::Whole => "whole",
+                    Schedule::Persistent => "persist",
+                },
                 if q_regs { "qr" } else { "" }
             ),
         }
@@ -431,6 +501,38 @@ pub fn flash_attention_with(
     let (lq32, kv32, h32, bt) = (lq as i32, kv_len as i32, heads as i32, block_tokens as i32);
     let scale = 1.0f32 / (FLASH_HEAD_DIM as f32).sqrt();
     let (qs, ks, vs) = (storage(&qb)?, storage(&kb)?, storage(&vb)?);
+    let grid_dim = (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1);
+    let items = grid_dim.0 as usize * heads;
+    let launch = match kernel {
+        FlashKernel::Tma {
+            bc,
+            schedule,
+            q_regs,
+            ..
+        } => {
+            let launch = plan(
+                schedule,
+                q_regs,
+                items,
+                dev.sms,
+                kv_len.div_ceil(bc),
+                block_tokens,
+            );
+            if launch.persistent && !q_regs {
+                return Err(Error::Shape {
+                    op: "attention",
+                    msg: format!("{name}: a persistent schedule needs the queries in registers"),
+                });
+            }
+            launch
+        }
+        FlashKernel::Mma { .. } => plan(Schedule::Whole, false, items, dev.sms, 1, 0),
+    };
+    let name = if launch.persistent {
+        format!("{name}_persist")
+    } else {
+        name
+    };
     let func = dev.func("attention", &name)?;
     // More than the default 48 KiB of dynamic shared memory must be asked for.
     func.set_attribute(
@@ -438,7 +540,6 @@ pub fn flash_attention_with(
         smem as i32,
     )
     .map_err(|e| dev.err(e))?;
-    let grid_dim = (lq.div_ceil(FLASH_BLOCK_QUERIES) as u32, heads as u32, 1);
     match kernel {
         FlashKernel::Mma { .. } => {
             let cfg = LaunchConfig {
@@ -458,7 +559,7 @@ pub fn flash_attention_with(
                 Ok(())
             })?;
         }
-        FlashKernel::Tma { bc, split, .. } => {
+        FlashKernel::Tma { bc, .. } => {
             let st = &dev.stream;
             let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("attention: not bf16"));
             let ((q_p, _g1), (k_p, _g2), (v_p, _g3)) =
@@ -474,11 +575,7 @@ pub fn flash_attention_with(
             let tq = map(q_p, lq, FLASH_BLOCK_QUERIES)?;
             let tk = map(k_p, kv_len, bc)?;
             let tv = map(v_p, kv_len, bc)?;
-            let items = grid_dim.0 as usize * heads;
-            let (whole, parts) = match (split, block_tokens) {
-                (true, 0) => tail_split(items, dev.sms, kv_len.div_ceil(bc)),
-                _ => (items, 1),
-            };
+            let Plan { whole, parts, .. } = launch;
             let (mut po, mut pml) = split_buffers(dev, (items - whole) * parts)?;
             let (po_p, _g4) = po.device_ptr_mut(st);
             let (pml_p, _g5) = pml.device_ptr_mut(st);
@@ -488,8 +585,13 @@ pub fn flash_attention_with(
                 o: po_p,
                 ml: pml_p,
             };
+            let blocks = if launch.persistent {
+                items.min(dev.sms.max(1))
+            } else {
+                whole + (items - whole) * parts
+            };
             let cfg = LaunchConfig {
-                grid_dim: ((whole + (items - whole) * parts) as u32, 1, 1),
+                grid_dim: (blocks as u32, 1, 1),
                 block_dim: (FLASH_TMA_THREADS, 1, 1),
                 shared_mem_bytes: smem,
             };
@@ -745,7 +847,7 @@ pub use fp8_attention::attention_fp8;
 
 #[cfg(test)]
 mod tests {
-    use super::{tail_split, MAX_SPLIT_PARTS, MIN_SPLIT_TILES};
+    use super::{plan, tail_split, Plan, Schedule, MAX_SPLIT_PARTS, MIN_SPLIT_TILES};
 
     #[test]
     fn tail_split_fills_the_last_wave() {
@@ -764,5 +866,43 @@ mod tests {
         assert_eq!(tail_split(1480, 132, 4), (1480, 1));
         assert_eq!(tail_split(444, 132, 4), (444, 1));
         assert_eq!(tail_split(444, 132, MIN_SPLIT_TILES), (396, 2));
+    }
+
+    #[test]
+    fn short_items_run_persistent() {
+        let split = |whole, parts| Plan {
+            persistent: false,
+            whole,
+            parts,
+        };
+        let persistent = |items| Plan {
+            persistent: true,
+            whole: items,
+            parts: 1,
+        };
+        // The text cross-attention (4 key tiles an item): persistent with the queries in
+        // registers, whole without.
+        assert_eq!(
+            plan(Schedule::Auto, true, 1480, 132, 4, 0),
+            persistent(1480)
+        );
+        assert_eq!(plan(Schedule::Auto, false, 1480, 132, 4, 0), split(1480, 1));
+        // Under a wave of items, or long ones: the tail split.
+        assert_eq!(plan(Schedule::Auto, true, 6, 132, 3, 0), split(0, 3));
+        assert_eq!(
+            plan(Schedule::Auto, true, 1480, 132, 220, 0),
+            split(1452, 4)
+        );
+        // Block-causal items are never split.
+        assert_eq!(
+            plan(Schedule::Auto, true, 1480, 132, 220, 70),
+            split(1480, 1)
+        );
+        // A named schedule is taken as named.
+        assert_eq!(plan(Schedule::Whole, true, 1480, 132, 4, 0), split(1480, 1));
+        assert_eq!(
+            plan(Schedule::Persistent, true, 6, 132, 220, 70),
+            persistent(6)
+        );
     }
 }

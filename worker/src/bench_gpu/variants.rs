@@ -6,21 +6,32 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use kernels::cuda::ops::FlashKernel;
+use kernels::cuda::ops::{FlashKernel, Schedule};
 use kernels::{ops, AttnMask, DType, Device};
 use pipeline::flops;
 
 use super::{rand, round, sustained, with_env, Round};
 
-/// The variant these rows weigh against the default: the default's queries read from shared
-/// memory at every product (before 2026-12-06 the default), where the default holds them in
-/// registers.
+/// The default before 2026-12-06: the queries read from shared memory at every product (the
+/// default holds them in registers), and so no persistent blocks.
 pub(super) fn q_shared() -> String {
     FlashKernel::Tma {
         bc: 128,
         stages: 3,
-        split: true,
+        schedule: Schedule::Auto,
         q_regs: false,
+    }
+    .tag()
+}
+
+/// The default's kernel with a block per item, each whole: against the default's persistent
+/// blocks on items of few key tiles.
+fn whole() -> String {
+    FlashKernel::Tma {
+        bc: 128,
+        stages: 3,
+        schedule: Schedule::Whole,
+        q_regs: true,
     }
     .tag()
 }
@@ -117,6 +128,34 @@ pub(super) fn attention_ab(
             push,
             || {
                 ops::attention(&q, &k, &v, lk, AttnMask::None)?;
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// The text cross-attention (a chunk's 4680 queries over 512 text tokens: four key tiles an
+/// item), the default's persistent blocks against a block per item.
+pub(super) fn cross_ab(
+    dev: Device,
+    heavy: usize,
+    push: &mut impl FnMut(String, Duration, f64),
+) -> Result<()> {
+    let (lq, text, d) = (4680, 512, 128);
+    for heads in [40, 12] {
+        let q = rand(dev, 41, &[lq, heads, d], 1.0, DType::BF16)?;
+        let k = rand(dev, 42, &[text, heads, d], 1.0, DType::BF16)?;
+        let v = rand(dev, 43, &[text, heads, d], 1.0, DType::BF16)?;
+        flash_ab(
+            dev,
+            heavy,
+            &format!("attention bf16 {lq}q x {text}k x {heads}h x {d} (text cross)"),
+            &whole(),
+            flops::attention(lq, text, heads * d),
+            push,
+            || {
+                ops::attention(&q, &k, &v, text, AttnMask::None)?;
                 Ok(())
             },
         )?;
