@@ -933,6 +933,7 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         w.n = w.part < 0 ? tiles : (w.part + 1) * tiles / sp.parts - w.j0;
         return w;
     };
+    const work w0 = at(blockIdx.x);
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2 * ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
         wl_mbar_init(qbar, 1);
@@ -943,27 +944,35 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     if (wg == 2) {
         // 40 registers for the producer leave 232 for each consumer thread.
         WL_SETMAXNREG_DEC(40);
+        // Item qi of this block, its tiles the block's g-th on: tile g + j sits in stage
+        // (g + j) % ST.
+        auto load = [&](const work& w, int qi, int g) {
+            if (qi > 0) wl_mbar_wait(qfree, (qi - 1) & 1);
+            wl_mbar_expect_tx(qbar, FW_BR * 256);
+            wl_tma_load_3d(qs, tq, 0, w.h, w.qb, qbar);
+            wl_tma_load_3d(qs + FW_BR * 128, tq, 64, w.h, w.qb, qbar);
+            for (int j = 0; j < w.n; ++j) {
+                const int u = g + j, s = u % ST, key = (w.j0 + j) * BC;
+                unsigned char* ks = stages + s * SB;
+                if (u >= ST) wl_mbar_wait(empty + s, (u / ST - 1) & 1);
+                wl_mbar_expect_tx(full + s, KB);
+                wl_tma_load_3d(ks, tk, 0, w.h, key, full + s);
+                wl_tma_load_3d(ks + BC * 128, tk, 64, w.h, key, full + s);
+                if (u >= ST) wl_mbar_wait(empty + ST + s, (u / ST - 1) & 1);
+                wl_mbar_expect_tx(full + ST + s, KB);
+                wl_tma_load_3d(ks + KB, tv, 0, w.h, key, full + ST + s);
+                wl_tma_load_3d(ks + KB + BC * 128, tv, 64, w.h, key, full + ST + s);
+            }
+        };
         if (t == 0) {
-            // g counts the tiles this block has loaded: tile g sits in stage g % ST.
-            for (int it = blockIdx.x, qi = 0, g = 0;; it += gridDim.x, ++qi) {
-                const work w = at(it);
-                if (qi > 0) wl_mbar_wait(qfree, (qi - 1) & 1);
-                wl_mbar_expect_tx(qbar, FW_BR * 256);
-                wl_tma_load_3d(qs, tq, 0, w.h, w.qb, qbar);
-                wl_tma_load_3d(qs + FW_BR * 128, tq, 64, w.h, w.qb, qbar);
-                for (int j = 0; j < w.n; ++j, ++g) {
-                    const int s = g % ST, key = (w.j0 + j) * BC;
-                    unsigned char* ks = stages + s * SB;
-                    if (g >= ST) wl_mbar_wait(empty + s, (g / ST - 1) & 1);
-                    wl_mbar_expect_tx(full + s, KB);
-                    wl_tma_load_3d(ks, tk, 0, w.h, key, full + s);
-                    wl_tma_load_3d(ks + BC * 128, tk, 64, w.h, key, full + s);
-                    if (g >= ST) wl_mbar_wait(empty + ST + s, (g / ST - 1) & 1);
-                    wl_mbar_expect_tx(full + ST + s, KB);
-                    wl_tma_load_3d(ks + KB, tv, 0, w.h, key, full + ST + s);
-                    wl_tma_load_3d(ks + KB + BC * 128, tv, 64, w.h, key, full + ST + s);
+            if constexpr (PERSIST) {
+                for (int it = blockIdx.x, qi = 0, g = 0; it < items; it += gridDim.x, ++qi) {
+                    const work w = at(it);
+                    load(w, qi, g);
+                    g += w.n;
                 }
-                if (!PERSIST || it + (int)gridDim.x >= items) break;
+            } else {
+                load(w0, 0, 0);
             }
         }
         return;
@@ -1003,9 +1012,8 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
 #pragma unroll
             for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
     };
-    // g: the tiles of the block's earlier items (tile g + j of an item sits in stage (g + j) % ST).
-    for (int it = blockIdx.x, qi = 0, g = 0;; it += gridDim.x, ++qi) {
-        const work w = at(it);
+    // Item qi of this block, its tiles the block's g-th on (as the producer's load).
+    auto run = [&](const work& w, int qi, int g) {
         const int row0 = w.qb + wg * 64 + (t / 32) * 16 + lane / 4;  // and row0 + 8
         float o[64];
 #pragma unroll
@@ -1071,8 +1079,15 @@ WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         // The last V stage is refilled only by a next item.
         if (PERSIST && t == 0) wl_mbar_arrive(empty + ST + last);
         fw_finish(o, m, l, 1.0f, out, sp, w.item, w.part, w.qb, row0, cq, lq, heads, w.h);
-        g += w.n;
-        if (!PERSIST || it + (int)gridDim.x >= items) break;
+    };
+    if constexpr (PERSIST) {
+        for (int it = blockIdx.x, qi = 0, g = 0; it < items; it += gridDim.x, ++qi) {
+            const work w = at(it);
+            run(w, qi, g);
+            g += w.n;
+        }
+    } else {
+        run(w0, 0, 0);
     }
 }
 
