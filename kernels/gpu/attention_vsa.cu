@@ -156,43 +156,54 @@ struct vt_extents {
     }
 };
 
+// PERSIST: a block per SM walks the items (pairs of query tiles of a head) blockIdx.x,
+// + gridDim.x, …; each consumer frees its query tile's memory once it holds the tile in
+// registers, so the producer loads the next item's queries and first key tiles while the
+// consumers finish this one. Item it is pair it % ⌈nq/2⌉ of head it / ⌈nq/2⌉, the order of
+// the one-item grid (pairs along x, heads along y).
+template <bool PERSIST>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
     constexpr int TB = VT_TB;
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
+    constexpr int NB = 2 * VT_STAGES + 2;        // barriers per consumer: full, empty, q, q free
     extern __shared__ __align__(1024) unsigned char vt_smem[];
-    unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);  // per consumer: full, empty, q
+    unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);
     // The warpgroup index through a shuffle, as CUTLASS takes it: the compiler then knows it is
     // uniform and keeps the wgmma descriptors built from it in uniform registers, where each
     // product of a step otherwise paid register-to-uniform moves (~70 issue slots a step).
     const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
-    const int h = blockIdx.y;
+    const int pairs = (nq + 1) / 2, items = pairs * heads;
     if (threadIdx.x == 0) {
         for (int c = 0; c < 2; ++c) {
-            unsigned long long* b = bars + c * (2 * VT_STAGES + 1);
+            unsigned long long* b = bars + c * NB;
             for (int s = 0; s < VT_STAGES; ++s) wl_mbar_init(b + s, 1), wl_mbar_init(b + VT_STAGES + s, 1);
             wl_mbar_init(b + 2 * VT_STAGES, 1);
+            wl_mbar_init(b + 2 * VT_STAGES + 1, 128);
         }
         wl_mbar_init_fence();
     }
     __syncthreads();
     if (wg == 2) {
         WL_SETMAXNREG_DEC(40);
-        if (t == 0) {
+        // Pair p of head h, the block's qi-th item: its key tiles are each ring's
+        // (qi · top_k)-th on.
+        auto load = [&](int p, int h, int qi) {
             int tile[2];
             for (int c = 0; c < 2; ++c) {
-                tile[c] = min(blockIdx.x * 2 + c, nq - 1);
-                unsigned long long* qbar = bars + c * (2 * VT_STAGES + 1) + 2 * VT_STAGES;
+                tile[c] = min(p * 2 + c, nq - 1);
+                unsigned long long* qbar = bars + c * NB + 2 * VT_STAGES;
+                if (qi > 0) wl_mbar_wait(qbar + 1, (qi - 1) & 1);
                 wl_mbar_expect_tx(qbar, TB);
                 vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
             }
             for (int u = 0; u < top_k; ++u) {
+                const int g = qi * top_k + u, s = g % VT_STAGES;
                 for (int c = 0; c < 2; ++c) {
-                    const int s = u % VT_STAGES;
-                    unsigned long long* full = bars + c * (2 * VT_STAGES + 1);
+                    unsigned long long* full = bars + c * NB;
                     unsigned long long* empty = full + VT_STAGES;
-                    if (u >= VT_STAGES) wl_mbar_wait(empty + s, (u / VT_STAGES - 1) & 1);
+                    if (g >= VT_STAGES) wl_mbar_wait(empty + s, (g / VT_STAGES - 1) & 1);
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
                     const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
                     wl_mbar_expect_tx(full + s, 2 * TB);
@@ -200,67 +211,90 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                     vt_load(ks + TB, tv, kg, j, h, full + s);
                 }
             }
+        };
+        if (t == 0) {
+            if constexpr (PERSIST) {
+                for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) load(it % pairs, it / pairs, qi);
+            } else {
+                load(blockIdx.x, blockIdx.y, 0);
+            }
         }
         return;
     }
     WL_SETMAXNREG_INC(232);
-    const int i = min(blockIdx.x * 2 + wg, nq - 1);
-    const bool mine = blockIdx.x * 2 + wg < nq;  // the odd block's second consumer only keeps time
     unsigned char* qs = vt_smem + wg * CB;
     unsigned char* stages = qs + TB;
-    unsigned long long* full = bars + wg * (2 * VT_STAGES + 1);
+    unsigned long long* full = bars + wg * NB;
     unsigned long long* empty = full + VT_STAGES;
-    const int* kl = kept + ((wl_u64)i * heads + h) * top_k;
+    unsigned long long* qbar = full + 2 * VT_STAGES;
     const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 (tile slots)
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
-    // Descriptors of the query tile and of stage 0's K and V (the others are offsets).
+    // Descriptors of stage 0's K and V (the others are offsets).
     const unsigned long long dk0 = wl_wgmma_desc_sw128(stages);
     const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
-    float o[64];
+    auto run = [&](int p, int h, int qi) {
+        const int i = min(p * 2 + wg, nq - 1);
+        const bool mine = p * 2 + wg < nq;  // the odd block's second consumer only keeps time
+        const int* kl = kept + ((wl_u64)i * heads + h) * top_k;
+        const int g0 = qi * top_k;  // this item's first tile in the ring
+        float o[64];
 #pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
-    float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
-    unsigned int pa[4][4];
-    vt_extents ex;
-    ex.init(kg, kl, top_k, lane);
-    wl_mbar_wait(full + 2 * VT_STAGES, 0);
-    unsigned int qa[8][4];
-    fw_load_q(qa, qs, TB / 2, r0, cq);
-    wl_mbar_wait(full, 0);
-    {
-        float sc[32];
+        for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+        float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
+        unsigned int pa[4][4];
+        vt_extents ex;
+        ex.init(kg, kl, top_k, lane);
+        wl_mbar_wait(qbar, qi & 1);
+        unsigned int qa[8][4];
+        fw_load_q(qa, qs, TB / 2, r0, cq);
+        if constexpr (PERSIST) wl_mbar_arrive(qbar + 1);
+        wl_mbar_wait(full + g0 % VT_STAGES, (g0 / VT_STAGES) & 1);
+        {
+            float sc[32];
+            wl_wgmma_fence();
+            vt_scores(sc, qa, wl_desc_plus(dk0, g0 % VT_STAGES * 2 * TB));
+            wl_wgmma_commit();
+            wl_wgmma_wait_all();
+            float nm[2], corr[2], sum[2];
+            vt_softmax(sc, m, nm, corr, sum, ex.at(0), r0, cq, scale2);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
+            vt_pack(pa, sc);
+        }
+        for (int u = 1; u < top_k; ++u) {
+            const int g = g0 + u, s = g % VT_STAGES, prev = (g - 1) % VT_STAGES;
+            wl_mbar_wait(full + s, (g / VT_STAGES) & 1);
+            vt_step(o, pa, m, l, qa, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, prev * 2 * TB), ex.at(u), r0, cq,
+                    scale2, empty + prev, t == 0);
+            ex.after(kg, kl, top_k, lane, u);
+        }
+        const int last = (g0 + top_k - 1) % VT_STAGES;
         wl_wgmma_fence();
-        vt_scores(sc, qa, dk0);
+        vt_pv(o, pa, wl_desc_plus(dv0, last * 2 * TB));
         wl_wgmma_commit();
         wl_wgmma_wait_all();
-        float nm[2], corr[2], sum[2];
-        vt_softmax(sc, m, nm, corr, sum, ex.at(0), r0, cq, scale2);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
-        vt_pack(pa, sc);
+        // The last stage is refilled only by a next item.
+        if (PERSIST && t == 0) wl_mbar_arrive(empty + last);
+        if (mine) vt_store(out, o, l, coarse, gate, mix, qg, i, h, heads, r0, cq);
+    };
+    if constexpr (PERSIST) {
+        for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) run(it % pairs, it / pairs, qi);
+    } else {
+        run(blockIdx.x, blockIdx.y, 0);
     }
-    for (int u = 1; u < top_k; ++u) {
-        const int s = u % VT_STAGES, prev = (u - 1) % VT_STAGES;
-        wl_mbar_wait(full + s, (u / VT_STAGES) & 1);
-        vt_step(o, pa, m, l, qa, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, prev * 2 * TB), ex.at(u), r0, cq,
-                scale2, empty + prev, t == 0);
-        ex.after(kg, kl, top_k, lane, u);
-    }
-    wl_wgmma_fence();
-    vt_pv(o, pa, wl_desc_plus(dv0, (top_k - 1) % VT_STAGES * 2 * TB));
-    wl_wgmma_commit();
-    wl_wgmma_wait_all();
-    if (mine) vt_store(out, o, l, coarse, gate, mix, qg, i, h, heads, r0, cq);
 }
 
 // q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; two query
 // tiles per block.
-WL_KERNEL void __launch_bounds__(FT_THREADS, 1)
-    vsa_fine_tma_bf16_d128(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,
-                           const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse,
-                           const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {
-    vsa_fine_tma(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);
-}
+#define WL_VSA_FINE_TMA(name, PERSIST)                                                                              \
+    WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                 \
+        name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                  \
+             const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse, const int* kept, \
+             vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                                 \
+        vsa_fine_tma<PERSIST>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);        \
+    }
+WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true)
 
 #endif

@@ -1685,8 +1685,18 @@ fn channels_last_convolutions_match_the_cpu(dev: Device) {
 }
 backend_test!(channels_last_convolutions_match_the_cpu);
 
+/// `WORLDLINE_VSA_FINE`, read at each VSA call: the tests that set it hold this lock.
+static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn vsa_attention_matches_the_cpu(dev: Device) {
-    vsa_cases(dev);
+    let _env = VSA_ENV.lock().unwrap_or_else(|e| e.into_inner());
+    // CUDA's fine kernel on a block per pair of query tiles, and on persistent blocks (at any
+    // size here; the default where there is a wave of pairs).
+    for fine in ["blocks", "persist"] {
+        std::env::set_var("WORLDLINE_VSA_FINE", fine);
+        vsa_cases(dev);
+    }
+    std::env::remove_var("WORLDLINE_VSA_FINE");
 }
 backend_test!(vsa_attention_matches_the_cpu);
 
@@ -1709,11 +1719,31 @@ fn vsa_cases(dev: Device) {
             k_grid,
             dt,
             &[0.0, 0.5, 0.9, 0.97, 0.99],
+            2,
         );
     }
     // 514 key tiles (a 1026-frame cache of 4×8 tokens), as many as the bench's 520: more than a
     // coarse block has threads, so its score phase takes them in rounds.
-    vsa_case(dev, &mut rng, [3, 4, 8], [1026, 4, 8], DType::BF16, &[0.9]);
+    vsa_case(
+        dev,
+        &mut rng,
+        [3, 4, 8],
+        [1026, 4, 8],
+        DType::BF16,
+        &[0.9],
+        2,
+    );
+    // 3 query tiles (an odd count: the last pair's second consumer only keeps time) × 150
+    // heads: 300 pairs, more than a GPU has SMs, so a persistent block walks several.
+    vsa_case(
+        dev,
+        &mut rng,
+        [3, 4, 12],
+        [6, 4, 12],
+        DType::BF16,
+        &[0.5],
+        150,
+    );
     // An f32 model's queries over a GPU's bf16 cache: the bf16 path, the output back in f32.
     let (q_grid, k_grid) = ([3, 12, 20], [9, 12, 20]);
     let q = rand(&mut rng, &[720, 2, 128], DType::F32);
@@ -1740,8 +1770,9 @@ fn vsa_case(
     k_grid: [usize; 3],
     dt: DType,
     sparsities: &[f64],
+    heads: usize,
 ) {
-    let (heads, d) = (2, 128);
+    let d = 128;
     let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
     let tiles = kernels::vsa::Tiling::new(k_grid, kernels::vsa::TILE).tiles();
     let q = rand(rng, &[lq, heads, d], dt);

@@ -742,8 +742,20 @@ const VSA_TMA_THREADS: u32 = 384;
 const VSA_TILE_BYTES: u32 = 64 * 256;
 
 /// The fine kernel's dynamic shared memory: per consumer a query tile and three key/value
-/// stages, then 7 barriers each.
-const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 7 * 8;
+/// stages, then 8 barriers each.
+const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8;
+
+/// Whether the VSA fine kernel runs on persistent blocks (a block per SM walking the pairs of
+/// query tiles, the next pair's loads under this one's end) for `items` pairs × heads:
+/// where there is at least a wave of them, unless `WORLDLINE_VSA_FINE=blocks` asks for a block
+/// per pair (`persist` asks for persistent blocks at any size).
+fn vsa_persistent(items: usize, sms: usize) -> bool {
+    match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
+        Ok("blocks") => false,
+        Ok("persist") => true,
+        _ => items >= sms,
+    }
+}
 
 /// VSA's fine branch (plus `gate ⊙ coarse`) on Hopper through TMA, where it applies: bf16, head
 /// dim 128, sm_90a, 4×4×4 tiles. `None` elsewhere (the caller takes the portable kernel).
@@ -788,11 +800,20 @@ pub(crate) fn vsa_fine_fast(
     };
     let (tq, tk, tv) = (map(q_p, q_grid)?, map(k_p, k_grid)?, map(v_p, k_grid)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
-    let (name, smem) = ("vsa_fine_tma_bf16_d128", VSA_FINE_SMEM);
+    let pairs = nq.div_ceil(2);
+    let persistent = vsa_persistent(pairs * heads, dev.sms);
+    let (name, smem) = match persistent {
+        true => ("vsa_fine_tma_persist_bf16_d128", VSA_FINE_SMEM),
+        false => ("vsa_fine_tma_bf16_d128", VSA_FINE_SMEM),
+    };
     let func = dev.func("attention", name)?;
     dev.allow_dynamic_smem(&func, smem)?;
+    let grid_dim = match persistent {
+        true => ((pairs * heads).min(dev.sms.max(1)) as u32, 1, 1),
+        false => (pairs as u32, heads as u32, 1),
+    };
     let cfg = LaunchConfig {
-        grid_dim: (nq.div_ceil(2) as u32, heads as u32, 1),
+        grid_dim,
         block_dim: (VSA_TMA_THREADS, 1, 1),
         shared_mem_bytes: smem,
     };

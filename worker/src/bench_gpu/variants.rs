@@ -36,9 +36,7 @@ fn whole() -> String {
     .tag()
 }
 
-/// `f` through the default kernel and through `WORLDLINE_FLASH=tag`: `heavy` rounds of each in
-/// turn, then each sustained for two seconds, twice in turn. Prints the ratios and pushes the
-/// variant's rows (the default's are the caller's own rows).
+/// `f` through the default kernel and through `WORLDLINE_FLASH=tag`: see [`ab`].
 pub(super) fn flash_ab(
     dev: Device,
     heavy: usize,
@@ -46,21 +44,35 @@ pub(super) fn flash_ab(
     tag: &str,
     flop: f64,
     push: &mut impl FnMut(String, Duration, f64),
+    f: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    ab(dev, heavy, what, ("WORLDLINE_FLASH", tag), flop, push, f)
+}
+
+/// `f` through the default kernel and with the kernel switch `VAR=tag`: `heavy` rounds of each
+/// in turn, then each sustained for two seconds, twice in turn. Prints the ratios and pushes
+/// the variant's rows (the default's are the caller's own rows).
+pub(super) fn ab(
+    dev: Device,
+    heavy: usize,
+    what: &str,
+    (var, tag): (&str, &str),
+    flop: f64,
+    push: &mut impl FnMut(String, Duration, f64),
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<()> {
-    const VAR: &str = "WORLDLINE_FLASH";
     f()?;
-    with_env(VAR, tag, &mut f)?;
+    with_env(var, tag, &mut f)?;
     dev.synchronize()?;
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..heavy {
         a.push(round(dev, 1, &mut f)?);
-        b.push(with_env(VAR, tag, || round(dev, 1, &mut f))?);
+        b.push(with_env(var, tag, || round(dev, 1, &mut f))?);
     }
     let (mut sa, mut sb) = (Vec::new(), Vec::new());
     for _ in 0..2 {
         sa.push(sustained(dev, &mut f)?.0);
-        sb.push(with_env(VAR, tag, || sustained(dev, &mut f))?.0);
+        sb.push(with_env(var, tag, || sustained(dev, &mut f))?.0);
     }
     let (ba, ma) = best_median(&a);
     let (bb, mb) = best_median(&b);
@@ -156,6 +168,42 @@ pub(super) fn cross_ab(
             push,
             || {
                 ops::attention(&q, &k, &v, text, AttnMask::None)?;
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
+/// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
+/// kernel's default (persistent blocks) against a block per pair of query tiles.
+pub(super) fn vsa_ab(
+    dev: Device,
+    heavy: usize,
+    push: &mut impl FnMut(String, Duration, f64),
+) -> Result<()> {
+    let (heads, d) = (40, 128);
+    for (q_grid, k_grid) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])] {
+        let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
+        let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
+        let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
+        let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
+        let ks = kernels::vsa::frame_sums(&k, 0, k_grid)?;
+        let top_k = kernels::vsa::top_k(0.9, kernels::vsa::tiles(k_grid, kernels::vsa::TILE));
+        ab(
+            dev,
+            heavy,
+            &format!(
+                "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
+            ),
+            ("WORLDLINE_VSA_FINE", "blocks"),
+            0.0,
+            push,
+            || {
+                let sums = kernels::vsa::KeySums { k: &ks, v: None };
+                let only = kernels::vsa::Coarse::SelectOnly;
+                kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
                 Ok(())
             },
         )?;

@@ -322,6 +322,9 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     let heavy = repeat.max(PEER_REPEAT);
     let mut rows = Vec::new();
     let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
+    if matches!(dev, Device::Cuda(_)) {
+        super::variants::vsa_ab(dev, heavy, &mut push)?;
+    }
     for heads in [40, 12] {
         let (lq, lk, d) = (4680, 28080, 128);
         let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
