@@ -14,6 +14,8 @@
 // faster than reading Q there at each product). Each consumer has a ring of its own: a kernel
 // that walked the union of the block's two kept lists through one ring, loading a tile both keep
 // once, measured 20-25 % slower on the H200 even where the lists shared 45 % of their tiles.
+// Persistent blocks (PERSIST below) measured 1.8-2.6 % faster than a block per pair on an H100
+// (2026-12-06): the next pair's loads run under this pair's last steps and stores.
 // What bounds this kernel is issue: at the same instructions per cycle as the dense kernel it
 // executes 1.57 times the instructions per key, the fixed cost of a step spread over 64 keys
 // where the dense kernel's covers 128 (BENCHMARKS.md, 2026-12-05). Not the width of S: two
