@@ -238,6 +238,23 @@ fn rand(dev: Device, seed: u64, shape: &[usize], scale: f32, dtype: DType) -> Re
         .to_device(dev)?)
 }
 
+/// Attention inputs in bf16, from the seeds `seed`, `seed + 1`, `seed + 2`: q `[lq, heads, d]`,
+/// k and v `[lk, heads, d]`.
+fn rand_qkv(
+    dev: Device,
+    seed: u64,
+    lq: usize,
+    lk: usize,
+    heads: usize,
+    d: usize,
+) -> Result<[Tensor; 3]> {
+    Ok([
+        rand(dev, seed, &[lq, heads, d], 1.0, DType::BF16)?,
+        rand(dev, seed + 1, &[lk, heads, d], 1.0, DType::BF16)?,
+        rand(dev, seed + 2, &[lk, heads, d], 1.0, DType::BF16)?,
+    ])
+}
+
 pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     let dev: Device = device.parse().map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
@@ -345,9 +362,7 @@ pub fn run(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
 
     for heads in [40, 12] {
         let (lq, lk, d) = (4680, 28080, 128);
-        let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
-        let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
-        let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
+        let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let r = rounds(dev, heavy, 1, || {
             ops::attention(&q, &k, &v, lk, AttnMask::None)?;
             Ok(())

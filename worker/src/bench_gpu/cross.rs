@@ -7,10 +7,10 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use kernels::{ops, AttnMask, DType, Device};
+use kernels::{ops, AttnMask, Device};
 use pipeline::flops;
 
-use super::{rand, time_queued};
+use super::{rand_qkv, time_queued};
 
 pub(super) fn cross_rows(
     dev: Device,
@@ -19,9 +19,7 @@ pub(super) fn cross_rows(
 ) -> Result<()> {
     let (lq, text, d) = (4680, 512, 128);
     for heads in [40, 12] {
-        let q = rand(dev, 41, &[lq, heads, d], 1.0, DType::BF16)?;
-        let k = rand(dev, 42, &[text, heads, d], 1.0, DType::BF16)?;
-        let v = rand(dev, 43, &[text, heads, d], 1.0, DType::BF16)?;
+        let [q, k, v] = rand_qkv(dev, 41, lq, text, heads, d)?;
         let shape = format!("{lq}q x {text}k x {heads}h x {d} (text cross)");
         let fl = flops::attention(lq, text, heads * d);
         let t = time_queued(dev, repeat, 20, || {

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 use kernels::cuda::ops::{FlashKernel, Schedule};
-use kernels::{ops, AttnMask, DType, Device};
+use kernels::{ops, AttnMask, Device};
 use pipeline::flops;
 
-use super::{rand, round, sustained, with_env, Round};
+use super::{rand_qkv, round, sustained, with_env, Round};
 
 /// The default before 2026-12-06: the queries read from shared memory at every product (the
 /// default holds them in registers), and so no persistent blocks.
@@ -128,9 +128,7 @@ pub(super) fn attention_ab(
 ) -> Result<()> {
     let (lq, lk, d) = (4680, 28080, 128);
     for heads in [40, 12] {
-        let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
-        let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
-        let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
+        let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         flash_ab(
             dev,
             heavy,
@@ -156,9 +154,7 @@ pub(super) fn cross_ab(
 ) -> Result<()> {
     let (lq, text, d) = (4680, 512, 128);
     for heads in [40, 12] {
-        let q = rand(dev, 41, &[lq, heads, d], 1.0, DType::BF16)?;
-        let k = rand(dev, 42, &[text, heads, d], 1.0, DType::BF16)?;
-        let v = rand(dev, 43, &[text, heads, d], 1.0, DType::BF16)?;
+        let [q, k, v] = rand_qkv(dev, 41, lq, text, heads, d)?;
         flash_ab(
             dev,
             heavy,
@@ -186,9 +182,7 @@ pub(super) fn vsa_ab(
     let (heads, d) = (40, 128);
     for (q_grid, k_grid) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])] {
         let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
-        let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
-        let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
-        let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
+        let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let ks = kernels::vsa::frame_sums(&k, 0, k_grid)?;
         let top_k = kernels::vsa::top_k(0.9, kernels::vsa::tiles(k_grid, kernels::vsa::TILE));
         ab(

@@ -6,10 +6,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use kernels::{ops, AttnMask, DType, Device, Tensor};
+use kernels::{ops, AttnMask, Device, Tensor};
 use pipeline::flops;
 
-use super::{profile_line, rand, round, sustained, sync, time, write_rows, Row, PEER_REPEAT};
+use super::{profile_line, rand_qkv, round, sustained, sync, time, write_rows, Row, PEER_REPEAT};
 
 /// FLOPs the fine branch issues: every query tile's 64 rows (padding included: a 3-frame chunk
 /// fills 48 of them) against `top_k` key tiles of 64 slots, two products of head dim `d`. The
@@ -88,9 +88,7 @@ pub(super) fn vsa_rows(
     for window in [20, 18] {
         let (q_grid, k_grid) = ([4, 30, 52], [window, 30, 52]);
         let (lq4, lk4) = (4 * 30 * 52, window * 30 * 52);
-        let q4 = rand(dev, 6, &[lq4, heads, d], 1.0, DType::BF16)?;
-        let k4 = rand(dev, 7, &[lk4, heads, d], 1.0, DType::BF16)?;
-        let v4 = rand(dev, 8, &[lk4, heads, d], 1.0, DType::BF16)?;
+        let [q4, k4, v4] = rand_qkv(dev, 6, lq4, lk4, heads, d)?;
         let dense = time(dev, heavy, || {
             ops::attention(&q4, &k4, &v4, lk4, AttnMask::None)?;
             Ok(())
@@ -327,9 +325,7 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     }
     for heads in [40, 12] {
         let (lq, lk, d) = (4680, 28080, 128);
-        let q = rand(dev, 3, &[lq, heads, d], 1.0, DType::BF16)?;
-        let k = rand(dev, 4, &[lk, heads, d], 1.0, DType::BF16)?;
-        let v = rand(dev, 5, &[lk, heads, d], 1.0, DType::BF16)?;
+        let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let t = time(dev, heavy, || {
             ops::attention(&q, &k, &v, lk, AttnMask::None)?;
             Ok(())
