@@ -894,7 +894,9 @@ WL_DEVICE void fw_finish(const float* o, const float* m, const float* l, float o
 // PERSIST (with QR): a block per SM walks the items blockIdx.x, + gridDim.x, … (all whole), the
 // producer loading the next item's queries and first tiles while the consumers finish this one,
 // so an item's start and end no longer leave the tensor cores idle: for the text
-// cross-attention's items of four key tiles they weigh as much as the tiles.
+// cross-attention's items of four key tiles they weigh as much as the tiles. Only PERSIST has
+// the item loops (one per role); the one-item kernels keep their measured straight-line code,
+// which a shared loop cost ~180 instructions (2026-12-06).
 template <int BC, int ST, bool QR, bool PERSIST>
 WL_DEVICE void flash_tma_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv, int lq,
                               int kv_len, int heads, int block_tokens, float scale, fw_split sp) {
