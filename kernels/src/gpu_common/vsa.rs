@@ -48,7 +48,9 @@ type DeviceTiling = Arc<[CudaSlice<i32>; 3]>;
 /// call on an H100 (2026-12-06). A stream's chunks keep one query grid and one key grid, so a
 /// few entries serve a process; past [`TILINGS_KEPT`] the oldest is let go (its arrays freed in
 /// stream order, after any launch queued before reads them).
-static TILINGS: Mutex<Vec<((usize, [usize; 3]), DeviceTiling)>> = Mutex::new(Vec::new());
+static TILINGS: Mutex<Vec<(TilingKey, DeviceTiling)>> = Mutex::new(Vec::new());
+/// A device's ordinal and a token grid.
+type TilingKey = (usize, [usize; 3]);
 const TILINGS_KEPT: usize = 16;
 
 /// The tiling of `grid` on `dev`, made on its first use there.
