@@ -1,4 +1,4 @@
-//! A tensor-core attention kernel against the default, timed in turn. Rows timed one after the
+//! An attention kernel variant (dense or VSA) against the default, timed in turn. Rows timed one after the
 //! other inherit the clock the row before left the card at (its power cap acts within tens of
 //! milliseconds), so a variant a few percent apart from the default is only seen when both take
 //! rounds in turn and their sustained runs alternate.
@@ -49,7 +49,7 @@ pub(super) fn flash_ab(
     ab(dev, heavy, what, ("WORLDLINE_FLASH", tag), flop, push, f)
 }
 
-/// `f` through the default kernel and with the kernel switch `VAR=tag`: `heavy` rounds of each
+/// `f` through the default kernel and with the kernel switch `var` set to `tag`: `heavy` rounds of each
 /// in turn, then each sustained for two seconds, twice in turn. Prints the ratios and pushes
 /// the variant's rows (the default's are the caller's own rows).
 pub(super) fn ab(
