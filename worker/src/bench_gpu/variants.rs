@@ -1,7 +1,7 @@
-//! An attention kernel variant (dense or VSA) against the default, timed in turn. Rows timed one after the
-//! other inherit the clock the row before left the card at (its power cap acts within tens of
-//! milliseconds), so a variant a few percent apart from the default is only seen when both take
-//! rounds in turn and their sustained runs alternate.
+//! An attention kernel variant (dense or VSA) against the default, timed in turn. Rows timed
+//! one after the other inherit the clock the row before left the card at (its power cap acts
+//! within tens of milliseconds), so a variant a few percent apart from the default is only seen
+//! when both take rounds in turn and their sustained runs alternate.
 
 use std::time::Duration;
 
