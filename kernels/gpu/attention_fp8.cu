@@ -291,13 +291,9 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     extern __shared__ __align__(1024) unsigned char f8_smem[];
     unsigned char* qsm = f8_smem;
     unsigned char* stages = f8_smem + FW_BR * 128;
-    // K and V have barriers of their own, as in the bf16 kernel: a K tile is free once its
-    // scores are done, a Vᵀ tile only after the next step's P·V.
-    unsigned long long* full_k = (unsigned long long*)(stages + ST * SB);
-    unsigned long long* full_v = full_k + ST;
-    unsigned long long* empty_k = full_k + 2 * ST;
-    unsigned long long* empty_v = full_k + 3 * ST;
-    unsigned long long* qbar = full_k + 4 * ST;
+    unsigned long long* full = (unsigned long long*)(stages + ST * SB);
+    unsigned long long* empty = full + ST;
+    unsigned long long* qbar = empty + ST;
     // The warpgroup index through a shuffle, so the compiler keeps what derives from it uniform
     // (see vsa_fine_tma in attention.cu).
     const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
@@ -309,7 +305,7 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     const int j0 = part < 0 ? 0 : part * tiles / sp.parts;
     const int n = part < 0 ? tiles : (part + 1) * tiles / sp.parts - j0;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < 2 * ST; ++s) wl_mbar_init(full_k + s, 1), wl_mbar_init(empty_k + s, 2);
+        for (int s = 0; s < ST; ++s) wl_mbar_init(full + s, 1), wl_mbar_init(empty + s, 2);
         wl_mbar_init(qbar, 1);
         wl_mbar_init_fence();
     }
@@ -321,14 +317,12 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
             wl_tma_load_3d(qsm, tq, 0, h, qb, qbar);
             for (int j = 0; j < n; ++j) {
                 const int s = j % ST;
+                if (j >= ST) wl_mbar_wait(empty + s, (j / ST - 1) & 1);
                 unsigned char* st = stages + s * SB;
                 const int key = (j0 + j) * F8_TILE;
-                if (j >= ST) wl_mbar_wait(empty_k + s, (j / ST - 1) & 1);
-                wl_mbar_expect_tx(full_k + s, TB);
-                wl_tma_load_3d(st, tk, 0, h, key, full_k + s);
-                if (j >= ST) wl_mbar_wait(empty_v + s, (j / ST - 1) & 1);
-                wl_mbar_expect_tx(full_v + s, TB);
-                wl_tma_load_3d(st + TB, tv, key, 0, h, full_v + s);
+                wl_mbar_expect_tx(full + s, SB);
+                wl_tma_load_3d(st, tk, 0, h, key, full + s);
+                wl_tma_load_3d(st + TB, tv, key, 0, h, full + s);
             }
         }
         return;
@@ -385,7 +379,7 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
     unsigned int pa[4][4];
     wl_mbar_wait(qbar, 0);
-    wl_mbar_wait(full_k, 0);
+    wl_mbar_wait(full, 0);
     if (wg == 1) wl_named_arrive(1, 256);
     {
         float sc[64];
@@ -395,7 +389,6 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         wl_wgmma_commit();
         wl_named_arrive(2 - wg, 256);
         wl_wgmma_wait_all();
-        if (t == 0) wl_mbar_arrive(empty_k);
         float nm[2], corr[2], sum[2];
         const float v = vsh[j0];
         fw_softmax<F8_TILE>(sc, m, nm, corr, sum, j0 * F8_TILE, row0, cq, kv_len, 0, qs2 * ksh[j0],
@@ -408,8 +401,7 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     auto step = [&](int j, bool mask) {
         const int s = j % ST, prev = (j - 1) % ST;
         const float kscale = ksh[j0 + j], v = vsh[j0 + j];
-        wl_mbar_wait(full_k + s, (j / ST) & 1);
-        wl_mbar_wait(full_v + prev, ((j - 1) / ST) & 1);
+        wl_mbar_wait(full + s, (j / ST) & 1);
         float sc[64];
         wl_named_sync(1 + wg, 256);
         wl_wgmma_fence();
@@ -424,14 +416,8 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
         const float g = gain_v + __log2f(v);
         if (mask) fw_softmax<F8_TILE, true>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, 0, qs2 * kscale, g);
         else fw_softmax<F8_TILE, false>(sc, m, nm, corr, sum, kb, row0, cq, kv_len, 0, qs2 * kscale, g);
-        // K's tile is released only once the row sums exist (the condition always holds: a sum
-        // of exponentials is ≥ 0 or NaN). ptxas keeps an mbarrier arrival and the wait for P·V
-        // in program order; with none between them it hoisted that wait above the
-        // exponentials, and the softmax ran after P·V instead of under it. The kernel as it was
-        // (one barrier a stage, that order) measured 1.2-1.4 % slower on an H200 (2026-12-06).
-        if (t == 0 && !(sum[0] + sum[1] < 0.0f)) wl_mbar_arrive(empty_k + s);
         wl_wgmma_wait_all();
-        if (t == 0) wl_mbar_arrive(empty_v + prev);
+        if (t == 0) wl_mbar_arrive(empty + prev);
         const float unr = __fdividef(vmax, v);
 #pragma unroll
         for (int e = 0; e < 2; ++e) sum[e] *= unr;
@@ -442,7 +428,6 @@ WL_DEVICE void flash_fp8_d128(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk
     for (int j = 1; j < jm; ++j) step(j, false);
     for (int j = jm; j < n; ++j) step(j, true);
     if (wg == 0) wl_named_sync(1, 256);
-    wl_mbar_wait(full_v + (n - 1) % ST, ((n - 1) / ST) & 1);
     wl_wgmma_fence();
     pv(o, pa, (n - 1) % ST);
     wl_wgmma_commit();

@@ -22,9 +22,9 @@ fn stages() -> usize {
 }
 
 /// Dynamic shared memory: the Q tile (128 rows × 128 bytes), the stages (a K and a Vᵀ tile of
-/// 16 KiB each), then K's and V's full and empty barriers per stage and one for Q.
+/// 16 KiB each), then full and empty barriers per stage and one for Q.
 fn smem_bytes(stages: usize) -> u32 {
-    (FLASH_BLOCK_QUERIES * 128 + stages * 2 * FP8_TILE * 128 + (4 * stages + 1) * 8) as u32
+    (FLASH_BLOCK_QUERIES * 128 + stages * 2 * FP8_TILE * 128 + (2 * stages + 1) * 8) as u32
 }
 
 pub fn attention_fp8(q: &Tensor, kv: &Fp8Kv, kv_len: usize) -> Result<Tensor> {
