@@ -80,9 +80,10 @@ pub(super) fn ab(
     let ms = |t: Duration| t.as_secs_f64() * 1e3;
     let x = |d: Duration, v: Duration| d.as_secs_f64() / v.as_secs_f64();
     println!(
-        "{what}, {tag} against the default in turn ({heavy} rounds each): best {:.3} / {:.3} ms \
-         ({:.3}x), median {:.3} / {:.3} ({:.3}x), sustained {:.3} / {:.3} ({:.3}x; runs {:.3}, \
-         {:.3} / {:.3}, {:.3})",
+        "{what}, {tag} against the default in turn ({heavy} rounds each; times default / {tag}, \
+         ratio default ÷ {tag}: above 1, {tag} is faster): best {:.3} / {:.3} ms ({:.3}x), \
+         median {:.3} / {:.3} ({:.3}x), sustained {:.3} / {:.3} ({:.3}x; runs {:.3}, {:.3} / \
+         {:.3}, {:.3})",
         ms(ba),
         ms(bb),
         x(ba, bb),
