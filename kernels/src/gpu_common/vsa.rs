@@ -188,7 +188,10 @@ fn means_from_sums(
     let (ksd, vsd) = (f32_data(ks)?, f32_data(vs)?);
     let mut km = CudaStorage::alloc(dev, DType::F32, nk * row)?;
     let mut vm = CudaStorage::alloc(dev, DType::F32, if with_v { nk * row } else { 1 })?;
-    let chunks = row.div_ceil(THREADS);
+    // A thread per float4 of a row where the row is whole float4s (the buffers are whole
+    // allocations, so 16-byte aligned), else per column.
+    let per = if row % 4 == 0 { 4 } else { 1 };
+    let chunks = row.div_ceil(THREADS * per);
     let blocks = nk * if with_v { 2 } else { 1 } * chunks;
     let cfg = LaunchConfig {
         grid_dim: (
@@ -200,12 +203,12 @@ fn means_from_sums(
         shared_mem_bytes: 0,
     };
     let [gt, gh, gw] = k_grid.map(|x| x as i32);
-    let (nk32, row32, chunks32) = (nk as i32, row as i32, chunks as i32);
+    let (nk32, row32, chunks32, per32) = (nk as i32, row as i32, chunks as i32, per as i32);
     launch!(kind = "vsa means"; dev, "vsa", "vsa_means_from_sums", cfg, |b| {
         push_mut(b, &mut km.data);
         push_mut(b, &mut vm.data);
         b.arg(ksd).arg(vsd);
-        b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&chunks32);
+        b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&chunks32).arg(&per32);
     });
     Ok([km, vm])
 }
