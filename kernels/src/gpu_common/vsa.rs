@@ -190,7 +190,7 @@ fn means_from_sums(
     let mut vm = CudaStorage::alloc(dev, DType::F32, if with_v { nk * row } else { 1 })?;
     // A thread per float4 of a row where the row is whole float4s (the buffers are whole
     // allocations, so 16-byte aligned), else per column.
-    let per = if row % 4 == 0 { 4 } else { 1 };
+    let per = if row.is_multiple_of(4) { 4 } else { 1 };
     let chunks = row.div_ceil(THREADS * per);
     let blocks = nk * if with_v { 2 } else { 1 } * chunks;
     let cfg = LaunchConfig {
