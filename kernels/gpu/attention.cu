@@ -734,13 +734,19 @@ WL_VSA_FINE_MFMA(vsa_fine_mfma32_bf16_d128, 8)
 // a warp's 16 rows costs the warp the 64-multiply rescale, and keys that rise toward the query's
 // own position (RoPE, recency) move it on tile after tile. fp8's P must stay under 448, so that
 // kernel keeps the exact max (LAZY = 0).
+// Bit e of `live` clear: the warp's rows e hold no query (VSA's padded tiles) and are skipped, so
+// their scores stay as the product left them and their state does not move.
 #define FW_LAZY 8
 template <int BC, bool MASK = true, int LAZY = 0>
 WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, int kb, int row0, int cq,
                           int kv_len, int block_tokens, float scale2,
-                          float log2_gain = 0.0f) {
+                          float log2_gain = 0.0f, int live = 3) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
+        if (!(live >> e & 1)) {  // a warp's eight rows that hold no query (VSA): left as they are
+            n_out[e] = m[e], corr[e] = 1.0f, sum[e] = 0.0f;
+            continue;
+        }
         if constexpr (MASK) {
             const int rq = row0 + e * 8;
             const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
@@ -810,15 +816,20 @@ WL_DEVICE void fw_rescale(float* o, float* m, float* l, const float* n, const fl
 // apart, 128-byte rows with the 128-byte swizzle, the 16-byte chunk c of row r at c ^ r % 8, the
 // halves 1024-byte aligned) in the A-fragment layout of wgmma: rows r0 and r0 + 8, dims
 // 16·kk + cq (+1) and the same + 8.
-WL_DEVICE void fw_load_q(unsigned int (*qa)[4], const unsigned char* qs, int half, int r0, int cq) {
+// Rows ra and rb of the tile (r0 and r0 + 8 but for VSA's reordered query tiles) stand in the
+// fragment's rows r0 and r0 + 8.
+WL_DEVICE void fw_load_q_rows(unsigned int (*qa)[4], const unsigned char* qs, int half, int ra, int rb, int cq) {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            const int row = r0 + (r & 1) * 8, d = (kk % 4) * 16 + (r >> 1) * 8 + cq;
+            const int row = r & 1 ? rb : ra, d = (kk % 4) * 16 + (r >> 1) * 8 + cq;
             const int at = kk / 4 * half + row * 128 + (((d >> 3) ^ (row & 7)) << 4) + (d & 7) * 2;
             qa[kk][r] = *(const unsigned int*)(qs + at);
         }
+}
+WL_DEVICE void fw_load_q(unsigned int (*qa)[4], const unsigned char* qs, int half, int r0, int cq) {
+    fw_load_q_rows(qa, qs, half, r0, r0 + 8, cq);
 }
 
 // Key tiles of BC keys from this index on may reach past the limit of some row of the 128-query

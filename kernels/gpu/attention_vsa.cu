@@ -53,69 +53,155 @@ WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g
     wl_tma_load_5d(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar);
 }
 
-// S (64 × 64) = Q·Kᵀ for the query tile in registers (as fw_load_q leaves it) and the key tile at
-// dk.
+// Half key tiles. A kept key tile whose slots in the grid are exactly half its 64 (the window's
+// last frames, lt = 2, or its last rows, lh = 2: with random inputs half the tiles kept) takes a
+// step over 32 keys: S is 64 × 32 and P·V runs over 32 keys, the softmax over 32 columns with no
+// masking. lt = 2 keeps slots 0-31; lh = 2 keeps the 8-slot groups 0, 2, 4, 6, which the
+// products read through descriptors whose 8-row groups are 2048 bytes apart, not 1024.
+// Kind 0: all 64 slots (masked where outside the grid), 1: slots 0-31, 2: the even groups.
+#define VT_HALF_T (2 | 4 << 3 | 4 << 6)
+#define VT_HALF_H (4 | 2 << 3 | 4 << 6)
+WL_DEVICE int vt_kind(int ext) { return ext == VT_HALF_T ? 1 : ext == VT_HALF_H ? 2 : 0; }
+// A K or V descriptor for a tile of kind `kind` (the 8-row groups' stride doubled for kind 2).
+WL_DEVICE unsigned long long vt_desc(unsigned long long d, int kind) { return kind == 2 ? d + (64ull << 32) : d; }
+
+// S (64 × NC) = Q·Kᵀ for the query tile in registers (as fw_load_q leaves it) and the key tile
+// at dk.
+template <int NC>
 WL_DEVICE void vt_scores(float* sc, const unsigned int (*qa)[4], unsigned long long dk) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-        wl_wgmma_64x64x16_rs(sc, qa[kk], wl_desc_plus(dk, kk / 4 * (VT_TB / 2) + (kk % 4) * 32), kk);
+    for (int kk = 0; kk < 8; ++kk) {
+        const unsigned long long d = wl_desc_plus(dk, kk / 4 * (VT_TB / 2) + (kk % 4) * 32);
+        if constexpr (NC == 64) wl_wgmma_64x64x16_rs(sc, qa[kk], d, kk);
+        else wl_wgmma_64x32x16_rs(sc, qa[kk], d, kk);
+    }
 }
-// O += P·V, with P as vt_pack leaves it in registers and V at descriptor dv.
-WL_DEVICE void vt_pv(float* o, const unsigned int (*pa)[4], unsigned long long dv) {
+// O += P·V over NP keys, with P as vt_pack leaves it in registers and V at descriptor dv, its
+// 16-key steps `kstep` bytes apart.
+template <int NP>
+WL_DEVICE void vt_pv(float* o, const unsigned int (*pa)[4], unsigned long long dv, unsigned int kstep) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_desc_plus(dv, kk * 2048));
+    for (int kk = 0; kk < NP / 16; ++kk) wl_wgmma_64x128x16_rs_nmajor(o, pa[kk], wl_desc_plus(dv, kk * kstep));
 }
 // Masks the slots of a key tile (its extent as vt_extent packs it) outside the key grid, then
 // the softmax step. A step's issue slots are what these kernels run short of (two consumers'
 // softmax against 64-key products), so whole tiles, most of them, skip the masking: the branch
 // is uniform over the warpgroup and touches no register a wgmma in flight writes.
-WL_DEVICE void vt_softmax(float* sc, const float* m, float* nm, float* corr, float* sum, int ext, int r0, int cq,
+// Rows e whose bit in `live` is clear hold no query and are left alone (vt_deal). Half tiles
+// (NC = 32) need no masking.
+template <int NC>
+WL_DEVICE void vt_softmax(float* sc, const float* m, float* nm, float* corr, float* sum, int ext, int live, int cq,
                           float scale2) {
-    if (ext != VT_WHOLE) {
-        const int lt = ext & 7, lh = (ext >> 3) & 7, lw = ext >> 6;
+    if constexpr (NC == 64) {
+        if (ext != VT_WHOLE) {
+            const int lt = ext & 7, lh = (ext >> 3) & 7, lw = ext >> 6;
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
+            for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int slot = jj * 8 + cq + c;
-                const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
+                for (int c = 0; c < 2; ++c) {
+                    const int slot = jj * 8 + cq + c;
+                    const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
 #pragma unroll
-                for (int e = 0; e < 2; ++e) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
-            }
+                    for (int e = 0; e < 2; ++e)
+                        if (live >> e & 1) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
+                }
+        }
     }
-    fw_softmax<64, false, FW_LAZY>(sc, m, nm, corr, sum, 0, r0, cq, 64, 0, scale2);
+    fw_softmax<NC, false, FW_LAZY>(sc, m, nm, corr, sum, 0, 0, cq, NC, 0, scale2, 0.0f, live);
 }
-// P (the softmax weights in sc) as bf16 pairs, the A operand of vt_pv.
-WL_DEVICE void vt_pack(unsigned int (*pa)[4], const float* sc) {
+// P (the softmax weights in sc, NC columns) as bf16 pairs, the A operand of vt_pv; rows not in
+// `live` keep the zeros they start an item with.
+template <int NC>
+WL_DEVICE void vt_pack(unsigned int (*pa)[4], const float* sc, int live) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int e = 0; e < 2; ++e)
+        if (live >> e & 1)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+            for (int kk = 0; kk < NC / 16; ++kk)
+#pragma unroll
+                for (int r = e; r < 4; r += 2) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
 }
-// One kept key tile's step: S = Q·Kᵀ (K at dk) and the pending P·V (V at dv) issued together,
-// the softmax while P·V runs, then the pending stage's barrier `release` arrived at (where
-// `arrive`) and P packed for the next step.
+
+// Which of a query tile's slots this thread's rows e = 0, 1 hold, and which of them hold a query.
+// A 3-frame chunk fills 48 of a tile's 64 slots (t = 3 lies outside the grid), the tiles at the
+// grid's edge in h fewer. The slots go in groups of eight (t, two rows of h, all of w), and a
+// warp's rows e are one such group: a group with no query then skips the softmax whole
+// (fw_softmax's `live`). A consumer's warp w shares SM sub-partition w with the other
+// consumer's warp w, so the two deal their empty groups to different warps: consumer 0 to its
+// warps 0-1, consumer 1 to 2-3, rows e = 1 first. Each sub-partition then issues for 3 groups of
+// 4 where it issued for 4.
+struct vt_rows {
+    int slot[2];
+    int live;  // bit e: rows e hold a query
+};
+WL_DEVICE vt_rows vt_deal(int ext, int wg, int w, int lane) {
+    const int lt = ext & 7, lh = (ext >> 3) & 7;
+    int full = 0;  // bit g: slot group g (t = g / 2, h from 2 · (g % 2)) holds a query
+#pragma unroll
+    for (int g = 0; g < 8; ++g) full |= ((g >> 1) < lt && (g & 1) * 2 < lh) << g;
+    const int nfull = __popc(full);
+    vt_rows r;
+    r.live = 0;
+    const int ww = wg == 0 ? w ^ 2 : w;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        // This warp's group e in the consumer's order of filling: the groups that hold queries
+        // go to the first nfull places, in slot order, the empty ones after.
+        const int rank = (ww >> 1) * 4 + e * 2 + (ww & 1);
+        const int pick = rank < nfull ? full : ~full & 0xff;
+        const int k = rank < nfull ? rank : rank - nfull;
+        int g = 0;
+        for (int b = 0; b < 8; ++b)
+            if ((pick >> b & 1) && __popc(pick & ((1 << b) - 1)) == k) g = b;
+        r.slot[e] = g * 8 + lane / 4;
+        r.live |= (rank < nfull) << e;
+    }
+    // Uniform over the warp, and through a shuffle the compiler knows it: the softmax's branches
+    // on it then need no divergence handling around their shuffles.
+    r.live = wl_shfl(r.live, 0);
+    return r;
+}
+// One kept key tile's step (NC of its keys, NP of the previous tile's): S = Q·Kᵀ (K at dk) and
+// the pending P·V (V at dv, its 16-key steps kstep bytes apart) issued together, the softmax
+// while P·V runs, then the pending stage's barrier `release` arrived at (where `arrive`) and P
+// packed for the next step.
+template <int NC, int NP>
 WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, const unsigned int (*qa)[4],
-                       unsigned long long dk, unsigned long long dv, int ext, int r0, int cq, float scale2,
-                       unsigned long long* release, bool arrive) {
-    float sc[32];
+                       unsigned long long dk, unsigned long long dv, unsigned int kstep, int ext, int live, int cq,
+                       float scale2, unsigned long long* release, bool arrive) {
+    float sc[NC / 2];
     wl_wgmma_fence();
-    vt_scores(sc, qa, dk);
+    vt_scores<NC>(sc, qa, dk);
     wl_wgmma_commit();
-    vt_pv(o, pa, dv);
+    vt_pv<NP>(o, pa, dv, kstep);
     wl_wgmma_commit();
     wl_wgmma_wait_one();
     float nm[2], corr[2], sum[2];
-    vt_softmax(sc, m, nm, corr, sum, ext, r0, cq, scale2);
+    vt_softmax<NC>(sc, m, nm, corr, sum, ext, live, cq, scale2);
     wl_wgmma_wait_all();
     if (arrive) wl_mbar_arrive(release);
     fw_rescale(o, m, l, nm, corr, sum);
-    vt_pack(pa, sc);
+    vt_pack<NC>(pa, sc, live);
 }
-// out = O / l + the coarse term (wl_vsa_coarse) for this thread's rows r0, r0 + 8 of query tile
-// i (those inside the query grid).
+// The first step of an item: S and its softmax, no P·V pending.
+template <int NC>
+WL_DEVICE void vt_first(unsigned int (*pa)[4], float* m, float* l, const unsigned int (*qa)[4], unsigned long long dk,
+                        int ext, int live, int cq, float scale2) {
+    float sc[NC / 2];
+    wl_wgmma_fence();
+    vt_scores<NC>(sc, qa, dk);
+    wl_wgmma_commit();
+    wl_wgmma_wait_all();
+    float nm[2], corr[2], sum[2];
+    vt_softmax<NC>(sc, m, nm, corr, sum, ext, live, cq, scale2);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
+    vt_pack<NC>(pa, sc, live);
+}
+// out = O / l + the coarse term (wl_vsa_coarse) for this thread's rows (tile slots `slot`) of
+// query tile i, those inside the query grid.
 WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* l, const float* coarse, const wl_bf16* gate,
-                        int mix, const vsa_grid& qg, int i, int h, int heads, int r0, int cq) {
+                        int mix, const vsa_grid& qg, int i, int h, int heads, const int* slot, int cq) {
     int qo[3];
     vt_origin(qg, i, qo);
     const float* cv = coarse + ((wl_u64)i * heads + h) * 128;
@@ -123,7 +209,7 @@ WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* l, const floa
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const float inv = 1.0f / fw_row_sum(l[e]);
-        const int r = r0 + e * 8;
+        const int r = slot[e];
         const int tt = qo[0] + (r >> 4), yy = qo[1] + ((r >> 2) & 3), xx = qo[2] + (r & 3);
         if (tt < qg.t && yy < qg.h && xx < qg.w) {
             const wl_u64 base = (((wl_u64)tt * qg.h + yy) * qg.w + xx) * row + (wl_u64)h * 128;
@@ -162,8 +248,9 @@ struct vt_extents {
 // + gridDim.x, …; each consumer frees its query tile's memory once it holds the tile in
 // registers, so the producer loads the next item's queries and first key tiles while the
 // consumers finish this one. Item it is pair it % ⌈nq/2⌉ of head it / ⌈nq/2⌉, the order of
-// the one-item grid (pairs along x, heads along y).
-template <bool PERSIST>
+// the one-item grid (pairs along x, heads along y). DEAL: the query rows dealt as vt_deal says
+// (otherwise in slot order, every row live). HALF: half key tiles take 32-key steps (vt_kind).
+template <bool PERSIST, bool DEAL, bool HALF>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
@@ -229,7 +316,6 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     unsigned long long* full = bars + wg * NB;
     unsigned long long* empty = full + VT_STAGES;
     unsigned long long* qbar = full + 2 * VT_STAGES;
-    const int r0 = (t / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 (tile slots)
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
     // Descriptors of stage 0's K and V (the others are offsets).
@@ -245,40 +331,57 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         for (int e = 0; e < 64; ++e) o[e] = 0.0f;
         float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
         unsigned int pa[4][4];
+        if constexpr (DEAL)
+#pragma unroll
+            for (int e = 0; e < 16; ++e) pa[e / 4][e % 4] = 0;
         vt_extents ex;
         ex.init(kg, kl, top_k, lane);
+        vt_rows rows = {{(t / 32) * 16 + lane / 4, (t / 32) * 16 + lane / 4 + 8}, 3};
+        if constexpr (DEAL) rows = vt_deal(vt_extent(qg, i), wg, t / 32, lane);
         wl_mbar_wait(qbar, qi & 1);
         unsigned int qa[8][4];
-        fw_load_q(qa, qs, TB / 2, r0, cq);
+        fw_load_q_rows(qa, qs, TB / 2, rows.slot[0], rows.slot[1], cq);
         if constexpr (PERSIST) wl_mbar_arrive(qbar + 1);
+        const int live = rows.live;
         wl_mbar_wait(full + g0 % VT_STAGES, (g0 / VT_STAGES) & 1);
+        // The previous tile's kind (vt_kind; always 0 without HALF).
+        int pk = HALF ? vt_kind(ex.at(0)) : 0;
         {
-            float sc[32];
-            wl_wgmma_fence();
-            vt_scores(sc, qa, wl_desc_plus(dk0, g0 % VT_STAGES * 2 * TB));
-            wl_wgmma_commit();
-            wl_wgmma_wait_all();
-            float nm[2], corr[2], sum[2];
-            vt_softmax(sc, m, nm, corr, sum, ex.at(0), r0, cq, scale2);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
-            vt_pack(pa, sc);
+            const unsigned long long dk = vt_desc(wl_desc_plus(dk0, g0 % VT_STAGES * 2 * TB), pk);
+            if (pk == 0) vt_first<64>(pa, m, l, qa, dk, ex.at(0), live, cq, scale2);
+            else vt_first<32>(pa, m, l, qa, dk, ex.at(0), live, cq, scale2);
         }
+        // Tile u's stage and its barrier's phase, carried from step to step (no divisions).
+        int s = g0 % VT_STAGES, phase = (g0 / VT_STAGES) & 1;
         for (int u = 1; u < top_k; ++u) {
-            const int g = g0 + u, s = g % VT_STAGES, prev = (g - 1) % VT_STAGES;
-            wl_mbar_wait(full + s, (g / VT_STAGES) & 1);
-            vt_step(o, pa, m, l, qa, wl_desc_plus(dk0, s * 2 * TB), wl_desc_plus(dv0, prev * 2 * TB), ex.at(u), r0, cq,
-                    scale2, empty + prev, t == 0);
+            const int prev = s;
+            if (++s == VT_STAGES) s = 0, phase ^= 1;
+            const int ext = ex.at(u), kind = HALF ? vt_kind(ext) : 0;
+            const unsigned long long dk = vt_desc(wl_desc_plus(dk0, s * 2 * TB), kind);
+            const unsigned long long dv = vt_desc(wl_desc_plus(dv0, prev * 2 * TB), pk);
+            const unsigned int kstep = pk == 2 ? 4096 : 2048;
+            unsigned long long* rel = empty + prev;
+            wl_mbar_wait(full + s, phase);
+            if (kind == 0) {
+                if (pk == 0) vt_step<64, 64>(o, pa, m, l, qa, dk, dv, kstep, ext, live, cq, scale2, rel, t == 0);
+                else vt_step<64, 32>(o, pa, m, l, qa, dk, dv, kstep, ext, live, cq, scale2, rel, t == 0);
+            } else {
+                if (pk == 0) vt_step<32, 64>(o, pa, m, l, qa, dk, dv, kstep, ext, live, cq, scale2, rel, t == 0);
+                else vt_step<32, 32>(o, pa, m, l, qa, dk, dv, kstep, ext, live, cq, scale2, rel, t == 0);
+            }
+            pk = kind;
             ex.after(kg, kl, top_k, lane, u);
         }
-        const int last = (g0 + top_k - 1) % VT_STAGES;
+        const int last = s;
+        const unsigned long long dv = vt_desc(wl_desc_plus(dv0, last * 2 * TB), pk);
         wl_wgmma_fence();
-        vt_pv(o, pa, wl_desc_plus(dv0, last * 2 * TB));
+        if (pk == 0) vt_pv<64>(o, pa, dv, 2048);
+        else vt_pv<32>(o, pa, dv, pk == 2 ? 4096 : 2048);
         wl_wgmma_commit();
         wl_wgmma_wait_all();
         // The last stage is refilled only by a next item.
         if (PERSIST && t == 0) wl_mbar_arrive(empty + last);
-        if (mine) vt_store(out, o, l, coarse, gate, mix, qg, i, h, heads, r0, cq);
+        if (mine) vt_store(out, o, l, coarse, gate, mix, qg, i, h, heads, rows.slot, cq);
     };
     if constexpr (PERSIST) {
         for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) run(it % pairs, it / pairs, qi);
@@ -289,14 +392,17 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 
 // q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; two query
 // tiles per block.
-#define WL_VSA_FINE_TMA(name, PERSIST)                                                                              \
-    WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                 \
-        name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                  \
-             const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse, const int* kept, \
-             vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                                 \
-        vsa_fine_tma<PERSIST>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);        \
+#define WL_VSA_FINE_TMA(name, PERSIST, DEAL, HALF)                                                                     \
+    WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
+        name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
+             const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse, const int* kept,   \
+             vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                                    \
+        vsa_fine_tma<PERSIST, DEAL, HALF>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k,       \
+                                          scale);                                                                      \
     }
-WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_deal_bf16_d128, true, true, false)
 
 #endif

@@ -1691,8 +1691,10 @@ static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn vsa_attention_matches_the_cpu(dev: Device) {
     let _env = VSA_ENV.lock().unwrap_or_else(|e| e.into_inner());
     // CUDA's fine kernel on a block per pair of query tiles, and on persistent blocks (at any
-    // size here; the default where there is a wave of pairs).
-    for fine in ["blocks", "persist"] {
+    // size here; the default where there is a wave of pairs), both with the query rows dealt
+    // out and half key tiles in 32-key steps; the persistent kernel without the half steps, and
+    // without either.
+    for fine in ["blocks", "persist", "deal", "rows"] {
         std::env::set_var("WORLDLINE_VSA_FINE", fine);
         vsa_cases(dev);
     }
@@ -1705,12 +1707,14 @@ fn vsa_cases(dev: Device) {
     // A 3-frame chunk over a 9-frame cache of 12×20 tokens (partial time tiles), and over a
     // 7-frame cache of 10×22 (partial tiles on every axis, sizes like 3·2·2 = 12), d 128; and a
     // 13-frame cache of 12×24 whose 72 key tiles take the TMA kernel past its second batch of 32
-    // kept tiles (it reads their extents 32 at a time).
+    // kept tiles (it reads their extents 32 at a time). A 5-frame chunk of 6×8 has query tiles
+    // 4 and 1 frames deep, 4 and 2 rows high: 8, 4, 2 and 1 of their 8 slot groups hold queries.
     for (q_grid, k_grid, dt) in [
         ([3, 12, 20], [9, 12, 20], DType::F32),
         ([3, 12, 20], [9, 12, 20], DType::BF16),
         ([3, 10, 22], [7, 10, 22], DType::BF16),
         ([3, 12, 24], [13, 12, 24], DType::BF16),
+        ([5, 6, 8], [9, 6, 8], DType::BF16),
     ] {
         vsa_case(
             dev,

@@ -745,15 +745,22 @@ const VSA_TILE_BYTES: u32 = 64 * 256;
 /// stages, then 8 barriers each.
 const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8;
 
-/// Whether the VSA fine kernel runs on persistent blocks (a block per SM walking the pairs of
-/// query tiles, the next pair's loads under this one's end) for `items` pairs × heads:
-/// where there is at least a wave of them, unless `WORLDLINE_VSA_FINE=blocks` asks for a block
-/// per pair (`persist` asks for persistent blocks at any size).
-fn vsa_persistent(items: usize, sms: usize) -> bool {
+/// The VSA fine kernel for `items` pairs of query tiles × heads, and whether it runs on
+/// persistent blocks (a block per SM walking the pairs, the next pair's loads under this one's
+/// end): where there is at least a wave of pairs, unless `WORLDLINE_VSA_FINE=blocks` asks for a
+/// block per pair (`persist` asks for persistent blocks at any size). The default deals a query
+/// tile's rows so that the groups holding no query skip their softmax, and takes half key tiles
+/// in 32-key steps; `deal` takes the persistent kernel without the half steps, `rows` without
+/// either (the default before 2026-12-06).
+fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
+    const PERSIST: &str = "vsa_fine_tma_persist_bf16_d128";
     match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
-        Ok("blocks") => false,
-        Ok("persist") => true,
-        _ => items >= sms,
+        Ok("blocks") => ("vsa_fine_tma_bf16_d128", false),
+        Ok("persist") => (PERSIST, true),
+        Ok("rows") => ("vsa_fine_tma_persist_rows_bf16_d128", true),
+        Ok("deal") => ("vsa_fine_tma_persist_deal_bf16_d128", true),
+        _ if items >= sms => (PERSIST, true),
+        _ => ("vsa_fine_tma_bf16_d128", false),
     }
 }
 
@@ -801,11 +808,8 @@ pub(crate) fn vsa_fine_fast(
     let (tq, tk, tv) = (map(q_p, q_grid)?, map(k_p, k_grid)?, map(v_p, k_grid)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let pairs = nq.div_ceil(2);
-    let persistent = vsa_persistent(pairs * heads, dev.sms);
-    let (name, smem) = match persistent {
-        true => ("vsa_fine_tma_persist_bf16_d128", VSA_FINE_SMEM),
-        false => ("vsa_fine_tma_bf16_d128", VSA_FINE_SMEM),
-    };
+    let (name, persistent) = vsa_fine_kernel(pairs * heads, dev.sms);
+    let smem = VSA_FINE_SMEM;
     let func = dev.func("attention", name)?;
     dev.allow_dynamic_smem(&func, smem)?;
     let grid_dim = match persistent {
