@@ -741,12 +741,7 @@ template <int BC, bool MASK = true, int LAZY = 0>
 WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, float* sum, int kb, int row0, int cq,
                           int kv_len, int block_tokens, float scale2,
                           float log2_gain = 0.0f, int live = 3) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        if (!(live >> e & 1)) {  // a warp's eight rows that hold no query (VSA): left as they are
-            n_out[e] = m[e], corr[e] = 1.0f, sum[e] = 0.0f;
-            continue;
-        }
+    auto row = [&](int e) {
         if constexpr (MASK) {
             const int rq = row0 + e * 8;
             const int lim = block_tokens > 0 ? min(kv_len, (rq / block_tokens + 1) * block_tokens) : kv_len;
@@ -782,6 +777,17 @@ WL_DEVICE void fw_softmax(float* s, const float* m, float* n_out, float* corr, f
         }
         sum[e] = t;
         n_out[e] = n;
+    };
+    // Both rows in one block of code, so that their chains (max, shuffles, exponentials, sum)
+    // interleave: row by row, each behind a branch, measured 8 % slower in VSA (H200).
+    if (live == 3) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) row(e);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            if (live >> e & 1) row(e);
+            else n_out[e] = m[e], corr[e] = 1.0f, sum[e] = 0.0f;  // rows without a query (VSA)
     }
 }
 

@@ -103,7 +103,7 @@ WL_DEVICE void vt_softmax(float* sc, const float* m, float* nm, float* corr, flo
                     const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
 #pragma unroll
                     for (int e = 0; e < 2; ++e)
-                        if (live >> e & 1) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
+                        if (live == 3 || live >> e & 1) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
                 }
         }
     }
@@ -113,13 +113,15 @@ WL_DEVICE void vt_softmax(float* sc, const float* m, float* nm, float* corr, flo
 // `live` keep the zeros they start an item with.
 template <int NC>
 WL_DEVICE void vt_pack(unsigned int (*pa)[4], const float* sc, int live) {
+    auto rows = [&](int r0, int dr) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e)
-        if (live >> e & 1)
+        for (int kk = 0; kk < NC / 16; ++kk)
 #pragma unroll
-            for (int kk = 0; kk < NC / 16; ++kk)
-#pragma unroll
-                for (int r = e; r < 4; r += 2) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+            for (int r = r0; r < 4; r += dr) pa[kk][r] = wl_cvt_bf16x2(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+    };
+    if (live == 3) rows(0, 1);
+    else if (live == 1) rows(0, 2);
+    else if (live == 2) rows(1, 2);
 }
 
 // Which of a query tile's slots this thread's rows e = 0, 1 hold, and which of them hold a query.
