@@ -16,9 +16,11 @@
 // once, measured 20-25 % slower on the H200 even where the lists shared 45 % of their tiles.
 // Persistent blocks (PERSIST below) measured 1.8-2.6 % faster than a block per pair on an H100
 // (2026-12-06): the next pair's loads run under this pair's last steps and stores.
-// What bounds this kernel is issue: at the same instructions per cycle as the dense kernel it
-// executes 1.57 times the instructions per key, the fixed cost of a step spread over 64 keys
-// where the dense kernel's covers 128 (BENCHMARKS.md, 2026-12-05). Not the width of S: two
+// What bounds this kernel at full clock is its K/V traffic from L2. Query rows dealt so that
+// rows without a query skip their softmax (vt_deal) and half key tiles in 32-key steps
+// (vt_kind) took 22 % of its instructions away and made it 6 % faster at Nsight Compute's
+// 1.43 GHz (issue slots 31 % busy, L2 at 70 % of its throughput), but 0-1 % at full clock on
+// an H100 (2026-12-06, BENCHMARKS.md). Not the width of S either: two
 // warpgroups issuing only this kernel's products (8 × m64n64k16, 4 × m64n128k16 a step) kept
 // an H100's tensor cores busy every cycle. Two kept tiles a step (one
 // softmax pass per 128 keys), in six one-tile slots per consumer since two K and two V tiles do
@@ -405,6 +407,5 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, true)
 WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, true)
 WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_deal_bf16_d128, true, true, false)
 
 #endif

@@ -750,15 +750,14 @@ const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8
 /// end): where there is at least a wave of pairs, unless `WORLDLINE_VSA_FINE=blocks` asks for a
 /// block per pair (`persist` asks for persistent blocks at any size). The default deals a query
 /// tile's rows so that the groups holding no query skip their softmax, and takes half key tiles
-/// in 32-key steps; `deal` takes the persistent kernel without the half steps, `rows` without
-/// either (the default before 2026-12-06).
+/// in 32-key steps; `rows` takes the persistent kernel without either (the default before
+/// 2026-12-06, 10:00 UTC).
 fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
     const PERSIST: &str = "vsa_fine_tma_persist_bf16_d128";
     match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
         Ok("blocks") => ("vsa_fine_tma_bf16_d128", false),
         Ok("persist") => (PERSIST, true),
         Ok("rows") => ("vsa_fine_tma_persist_rows_bf16_d128", true),
-        Ok("deal") => ("vsa_fine_tma_persist_deal_bf16_d128", true),
         _ if items >= sms => (PERSIST, true),
         _ => ("vsa_fine_tma_bf16_d128", false),
     }
