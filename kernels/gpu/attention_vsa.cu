@@ -252,9 +252,10 @@ struct vt_extents {
 // + gridDim.x, …; each consumer frees its query tile's memory once it holds the tile in
 // registers, so the producer loads the next item's queries and first key tiles while the
 // consumers finish this one. Item it is pair it % ⌈nq/2⌉ of head it / ⌈nq/2⌉, the order of
-// the one-item grid (pairs along x, heads along y). DEAL: the query rows dealt as vt_deal says
-// (otherwise in slot order, every row live). HALF: half key tiles take 32-key steps (vt_kind).
-template <bool PERSIST, bool DEAL, bool HALF>
+// the one-item grid (pairs along x, heads along y). TRIM: the query rows dealt as vt_deal says
+// and half key tiles in 32-key steps (vt_kind); without it (the kernel before 2026-12-06, kept
+// for A/B) the rows in slot order, every one live, and every tile a 64-key step.
+template <bool PERSIST, bool TRIM>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
@@ -335,21 +336,21 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         for (int e = 0; e < 64; ++e) o[e] = 0.0f;
         float m[2] = {-WL_INF, -WL_INF}, l[2] = {0.0f, 0.0f};
         unsigned int pa[4][4];
-        if constexpr (DEAL)
+        if constexpr (TRIM)
 #pragma unroll
             for (int e = 0; e < 16; ++e) pa[e / 4][e % 4] = 0;
         vt_extents ex;
         ex.init(kg, kl, top_k, lane);
         vt_rows rows = {{(t / 32) * 16 + lane / 4, (t / 32) * 16 + lane / 4 + 8}, 3};
-        if constexpr (DEAL) rows = vt_deal(vt_extent(qg, i), wg, t / 32, lane);
+        if constexpr (TRIM) rows = vt_deal(vt_extent(qg, i), wg, t / 32, lane);
         wl_mbar_wait(qbar, qi & 1);
         unsigned int qa[8][4];
         fw_load_q_rows(qa, qs, TB / 2, rows.slot[0], rows.slot[1], cq);
         if constexpr (PERSIST) wl_mbar_arrive(qbar + 1);
         const int live = rows.live;
         wl_mbar_wait(full + g0 % VT_STAGES, (g0 / VT_STAGES) & 1);
-        // The previous tile's kind (vt_kind; always 0 without HALF).
-        int pk = HALF ? vt_kind(ex.at(0)) : 0;
+        // The previous tile's kind (vt_kind; always 0 without TRIM).
+        int pk = TRIM ? vt_kind(ex.at(0)) : 0;
         {
             const unsigned long long dk = vt_desc(wl_desc_plus(dk0, g0 % VT_STAGES * 2 * TB), pk);
             if (pk == 0) vt_first<64>(pa, m, l, qa, dk, ex.at(0), live, cq, scale2);
@@ -360,7 +361,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         for (int u = 1; u < top_k; ++u) {
             const int prev = s;
             if (++s == VT_STAGES) s = 0, phase ^= 1;
-            const int ext = ex.at(u), kind = HALF ? vt_kind(ext) : 0;
+            const int ext = ex.at(u), kind = TRIM ? vt_kind(ext) : 0;
             const unsigned long long dk = vt_desc(wl_desc_plus(dk0, s * 2 * TB), kind);
             const unsigned long long dv = vt_desc(wl_desc_plus(dv0, prev * 2 * TB), pk);
             const unsigned int kstep = pk == 2 ? 4096 : 2048;
@@ -396,16 +397,15 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 
 // q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; two query
 // tiles per block.
-#define WL_VSA_FINE_TMA(name, PERSIST, DEAL, HALF)                                                                     \
+#define WL_VSA_FINE_TMA(name, PERSIST, TRIM)                                                                           \
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
         name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
              const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse, const int* kept,   \
              vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                                    \
-        vsa_fine_tma<PERSIST, DEAL, HALF>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k,       \
-                                          scale);                                                                      \
+        vsa_fine_tma<PERSIST, TRIM>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);     \
     }
-WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, true)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, true)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false)
 
 #endif
