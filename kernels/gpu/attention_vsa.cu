@@ -64,8 +64,10 @@ WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g
 #define VT_HALF_T (2 | 4 << 3 | 4 << 6)
 #define VT_HALF_H (4 | 2 << 3 | 4 << 6)
 WL_DEVICE int vt_kind(int ext) { return ext == VT_HALF_T ? 1 : ext == VT_HALF_H ? 2 : 0; }
-// A K or V descriptor for a tile of kind `kind` (the 8-row groups' stride doubled for kind 2).
+// A K or V descriptor for a tile of kind `kind` (the 8-row groups' stride doubled for kind 2),
+// and the bytes between its P·V's 16-key steps.
 WL_DEVICE unsigned long long vt_desc(unsigned long long d, int kind) { return kind == 2 ? d + (64ull << 32) : d; }
+WL_DEVICE unsigned int vt_kstep(int kind) { return kind == 2 ? 4096 : 2048; }
 
 // S (64 × NC) = Q·Kᵀ for the query tile in registers (as fw_load_q leaves it) and the key tile
 // at dk.
@@ -364,7 +366,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
             const int ext = ex.at(u), kind = TRIM ? vt_kind(ext) : 0;
             const unsigned long long dk = vt_desc(wl_desc_plus(dk0, s * 2 * TB), kind);
             const unsigned long long dv = vt_desc(wl_desc_plus(dv0, prev * 2 * TB), pk);
-            const unsigned int kstep = pk == 2 ? 4096 : 2048;
+            const unsigned int kstep = vt_kstep(pk);
             unsigned long long* rel = empty + prev;
             wl_mbar_wait(full + s, phase);
             if (kind == 0) {
@@ -380,8 +382,8 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         const int last = s;
         const unsigned long long dv = vt_desc(wl_desc_plus(dv0, last * 2 * TB), pk);
         wl_wgmma_fence();
-        if (pk == 0) vt_pv<64>(o, pa, dv, 2048);
-        else vt_pv<32>(o, pa, dv, pk == 2 ? 4096 : 2048);
+        if (pk == 0) vt_pv<64>(o, pa, dv, vt_kstep(pk));
+        else vt_pv<32>(o, pa, dv, vt_kstep(pk));
         wl_wgmma_commit();
         wl_wgmma_wait_all();
         // The last stage is refilled only by a next item.

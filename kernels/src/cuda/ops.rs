@@ -808,9 +808,8 @@ pub(crate) fn vsa_fine_fast(
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let pairs = nq.div_ceil(2);
     let (name, persistent) = vsa_fine_kernel(pairs * heads, dev.sms);
-    let smem = VSA_FINE_SMEM;
     let func = dev.func("attention", name)?;
-    dev.allow_dynamic_smem(&func, smem)?;
+    dev.allow_dynamic_smem(&func, VSA_FINE_SMEM)?;
     let grid_dim = match persistent {
         true => ((pairs * heads).min(dev.sms.max(1)) as u32, 1, 1),
         false => (pairs as u32, heads as u32, 1),
@@ -818,7 +817,7 @@ pub(crate) fn vsa_fine_fast(
     let cfg = LaunchConfig {
         grid_dim,
         block_dim: (VSA_TMA_THREADS, 1, 1),
-        shared_mem_bytes: smem,
+        shared_mem_bytes: VSA_FINE_SMEM,
     };
     let gs = gate.map(storage).transpose()?;
     let (nq32, h32, k32) = (nq as i32, heads as i32, top_k as i32);
