@@ -17,7 +17,7 @@
 // Tokens whose loads a means thread issues before adding any of them.
 #define WL_VSA_MEAN_BATCH 8
 #define WL_VSA_COARSE_THREADS 256
-// Elements of d per staged slice of key-tile means in the score phase of the coarse kernel.
+// Elements of d per slice of a key tile's means that a coarse thread holds in registers.
 #define WL_VSA_EC 16
 
 WL_DEVICE void vsa_unpack(float* f, uint4 u, const float*) {
@@ -230,19 +230,17 @@ WL_DEVICE int vsa_warp_scan(int v) {
     return v;
 }
 
-// acc[r] += q[r, e0 + e] · k[e] for the `ec` staged elements, in element order, one fused
-// multiply-add each (one rounding; CUDA's and HIP's fmaf, Rust's mul_add): the CPU's
+// acc[r] += q[r, e0 + e] · k[e] for the 4·P elements held in registers, in element order, one
+// fused multiply-add each (one rounding; CUDA's and HIP's fmaf, Rust's mul_add): the CPU's
 // `coarse_dot`, whose sum starts at -0.0.
-template <int QG, bool FULL>
-WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const float* ks, int e0, int ec) {
-    for (int ee = 0; ee < (FULL ? WL_VSA_EC : ec); ee += 4) {
-        const float4 kv = *(const float4*)(ks + ee);
-        const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
+template <int QG, int P>
+WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const float4* k, int e0) {
+    for (int p = 0; p < P; ++p) {
+        const float kk[4] = {k[p].x, k[p].y, k[p].z, k[p].w};
         for (int r = 0; r < QG; ++r) {
-            const float4 qv = *(const float4*)(&qs[r][e0 + ee]);
+            const float4 qv = *(const float4*)(&qs[r][e0 + 4 * p]);
             const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
-            for (int u = 0; u < 4; ++u)
-                if (FULL || ee + u < ec) acc[r] = fmaf(qq[u], kk[u], acc[r]);
+            for (int u = 0; u < 4; ++u) acc[r] = fmaf(qq[u], kk[u], acc[r]);
         }
     }
 }
@@ -250,16 +248,19 @@ WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const 
 // One block per (group of QG query tiles, head h), which shares each key tile's means read from
 // memory across its QG query tiles:
 // 1. the coarse scores of its query tiles against every key tile, kept in shared memory as
-//    total-order keys (a thread per key tile, all QG rows, the tiles' means staged in shared
-//    memory a slice of d at a time, read from memory in whole 16-byte pieces);
+//    total-order keys (a thread per key tile, all QG rows; the tile's means go from memory
+//    straight into registers, a slice of d at a time);
 // 2. per query tile (a warp each), the `top_k` best key tiles, ties to the lower index: a bitwise
 //    search for the top_k-th largest key, then one pass in index order that writes the kept
 //    tiles, increasing, to `kept[i, h, :]` (the tiles above the threshold and the first ties);
 // 3. the same warp replaces the row's scores by their softmax weights;
 // 4. `coarse[i, h, :]` = the weights applied to the key-tile means, the key tiles split among
 //    groups of threads (four elements of d each) and the groups' sums added in shared memory.
-// Dynamic shared memory: QG rows of ⌈nk⌉₄ keys and the staging of phase 1; phase 4 reuses it all
-// for the groups' sums (vsa_attention sizes it).
+// Dynamic shared memory: QG rows of ⌈nk⌉₄ keys; phase 4 reuses it for the groups' sums
+// (vsa_attention sizes it). Phase 1 has no barrier: until 2026-12-06 it staged each slice
+// through shared memory between two barriers, and LingBot's 520 key tiles took three rounds of
+// 256 threads there, the last with 8 tiles but every slice's round trip (~100 µs a 40-head call
+// on an H100).
 template <int QG>
 WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, int nq,
                           int nk, int heads, int d, int top_k, float scale, int with_out) {
@@ -273,48 +274,37 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
     const int nks = (nk + 3) & ~3, dp = (d + 3) & ~3;
     unsigned int* keys = vsa_smem;
     const bool vec = (d & 3) == 0;
-    // Rows padded by four floats: a quarter-warp's 16-byte reads of eight rows hit distinct banks.
-    const int sp = WL_VSA_EC + 4;
-    float* stage = (float*)(vsa_smem + QG * nks);
 
     for (int r = 0; r < QG; ++r)
         for (int e = tid; e < dp; e += nt)
             qs[r][e] = r < rows && e < d ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
-    // Staging: each slice is nt key rows of WL_VSA_EC floats, WL_VSA_EC / 4 pieces of 16 bytes
-    // a row; a thread copies the pieces x = tid + nt·s, s < PIECES: rows tid / PIECES + s·nt /
-    // PIECES, all at the same offset, so one address and two strides serve them all.
-    constexpr int PIECES = WL_VSA_EC / 4;
-    const int rows_per = nt / PIECES, off = (tid % PIECES) * 4;
-    const wl_u64 src_step = (wl_u64)rows_per * heads * d;
-    for (int j0 = 0; j0 < nk; j0 += nt) {
-        const int j = j0 + tid, jj = j0 + tid / PIECES;
-        const float* src = kc + ((wl_u64)jj * heads + h) * d + off;
-        float* dst = stage + (tid / PIECES) * sp + off;
+    __syncthreads();
+    for (int j = tid; j < nk; j += nt) {
+        // Rows are whole float4s when d is (the buffer is a whole allocation, 16-byte aligned).
+        const float* row = kc + ((wl_u64)j * heads + h) * d;
         float acc[QG];
         for (int r = 0; r < QG; ++r) acc[r] = -0.0f;
-        for (int e0 = 0; e0 < d; e0 += WL_VSA_EC) {
-            const int ec = min(WL_VSA_EC, d - e0);
-            __syncthreads();
-            if (vec) {
-                for (int s = 0; s < PIECES; ++s)
-                    if (jj + s * rows_per < nk && off < ec)
-                        *(float4*)(dst + s * rows_per * sp) = *(const float4*)(src + s * src_step + e0);
-            } else {
-                for (int s = 0; s < PIECES; ++s)
-                    for (int w = 0; w < 4; ++w)
-                        if (jj + s * rows_per < nk && off + w < ec)
-                            dst[s * rows_per * sp + w] = src[s * src_step + e0 + w];
+        if (vec) {
+            // A slice's loads, then its products: the 32 warps an SM holds hide the loads'
+            // latency (loads held a slice ahead spilled at 64 registers, and ptxas sank them).
+            constexpr int P = WL_VSA_EC / 4;
+            int e0 = 0;
+            for (; e0 + WL_VSA_EC <= d; e0 += WL_VSA_EC) {
+                float4 k[P];
+                for (int p = 0; p < P; ++p) k[p] = *(const float4*)(row + e0 + 4 * p);
+                vsa_dot_slice<QG, P>(acc, qs, k, e0);
             }
-            __syncthreads();
-            if (j < nk) {
-                if (ec == WL_VSA_EC)
-                    vsa_dot_slice<QG, true>(acc, qs, stage + tid * sp, e0, ec);
-                else
-                    vsa_dot_slice<QG, false>(acc, qs, stage + tid * sp, e0, ec);
+            for (; e0 < d; e0 += 4) {
+                const float4 k = *(const float4*)(row + e0);
+                vsa_dot_slice<QG, 1>(acc, qs, &k, e0);
+            }
+        } else {
+            for (int e = 0; e < d; ++e) {
+                const float k = row[e];
+                for (int r = 0; r < QG; ++r) acc[r] = fmaf(qs[r][e], k, acc[r]);
             }
         }
-        if (j < nk)
-            for (int r = 0; r < QG; ++r) keys[r * nks + j] = vsa_key(__fmul_rn(acc[r], scale));
+        for (int r = 0; r < QG; ++r) keys[r * nks + j] = vsa_key(__fmul_rn(acc[r], scale));
     }
     __syncthreads();
 

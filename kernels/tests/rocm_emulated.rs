@@ -395,6 +395,15 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
             },
         );
     }
+    // More key tiles (288) than a coarse block has threads (256): some threads score two.
+    let (q, k, v) = (
+        input(19, &[96, 1, 8], DType::F32),
+        input(20, &[18432, 1, 8], DType::F32),
+        input(21, &[18432, 1, 8], DType::F32),
+    );
+    check("vsa 288 key tiles", dev, 1e-4, &[&q, &k, &v], |t| {
+        kernels::vsa::attention(&t[0], &t[1], &t[2], None, [3, 4, 8], [16, 12, 96], 29)
+    });
     // Every key tile scores the same (constant keys), so the selection is all ties: the lowest
     // tile indices win, and the values tell which were taken.
     let (q, v) = (

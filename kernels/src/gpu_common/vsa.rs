@@ -20,22 +20,19 @@ use crate::{DType, Result, Tensor};
 const FINE_WARPS: usize = 4;
 /// Threads of a means block (`WL_VSA_MEAN_THREADS`), each summing 16 bytes of columns.
 const MEAN_THREADS: usize = 128;
-/// Threads of a coarse block (`WL_VSA_COARSE_THREADS`) and the staged slice of d of its score
-/// phase (`WL_VSA_EC`).
+/// Threads of a coarse block (`WL_VSA_COARSE_THREADS`).
 const COARSE_THREADS: usize = 256;
-const COARSE_EC: usize = 16;
 /// Shared memory a coarse block may take without opting in on CUDA.
 const COARSE_SMEM_LIMIT: usize = 48 << 10;
 
 /// Query tiles per coarse block (a kernel per choice, `vsa_coarse_{qg}`) and its dynamic shared
-/// memory: the most tiles whose scores, over every key tile, fit beside the staging of the score
-/// phase (and the static `qg × 256` floats of query means), for the fewest reads of the key-tile
-/// means; a block of one tile still takes 6 912 key tiles.
+/// memory: the most tiles whose scores, over every key tile, fit (beside the static `qg × 256`
+/// floats of query means), for the fewest reads of the key-tile means; the coarse output's
+/// partial sums reuse that memory. A block of one tile still takes 12 032 key tiles.
 fn coarse_shape(nk: usize) -> Option<(usize, usize)> {
     let nks = nk.next_multiple_of(4);
     [8, 4, 2, 1].into_iter().find_map(|qg| {
-        let dynamic =
-            4 * (qg * nks + COARSE_THREADS * (COARSE_EC + 4)).max(COARSE_THREADS * qg * 4);
+        let dynamic = 4 * (qg * nks).max(COARSE_THREADS * qg * 4);
         (dynamic + qg * 256 * 4 <= COARSE_SMEM_LIMIT).then_some((qg, dynamic))
     })
 }
