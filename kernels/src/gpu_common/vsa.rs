@@ -306,10 +306,11 @@ pub fn vsa_attention(
     };
     let coarse_len = if with_out { nq * heads * d } else { 1 };
     let mut coarse = CudaStorage::alloc(&dev, DType::F32, coarse_len)?;
-    let mut kept = dev
-        .stream
-        .alloc_zeros::<i32>(nq * heads * top_k)
-        .map_err(|e| dev.err(e))?;
+    // SAFETY: the coarse kernel writes all top_k entries of every (query tile, head) row
+    // (vsa::attention_inner checks 1 ≤ top_k ≤ nk), so no launch reads an unwritten one; zeroing
+    // them first was a memset launch on each call.
+    let mut kept =
+        unsafe { dev.stream.alloc::<i32>(nq * heads * top_k) }.map_err(|e| dev.err(e))?;
     let scale = 1.0 / (d as f32).sqrt();
     let (nq32, nk32, h32, d32, k32) = (nq as i32, nk as i32, heads as i32, d as i32, top_k as i32);
     let with_out32 = i32::from(with_out);
