@@ -250,37 +250,22 @@ struct vt_extents {
     }
 };
 
-// Which half of the heads this block's SM takes first (sides 1-5: bit sides - 1 of its SM id;
-// 6: the lower or upper half of the SM ids). An experiment on the L2's two partitions: if each
-// caches what its own SMs read, blocks of one partition on half the heads keep half the K/V
-// working set there.
-WL_DEVICE int vt_side(int sides) {
-    unsigned int id, n;
-    asm("mov.u32 %0, %%smid;" : "=r"(id));
-    asm("mov.u32 %0, %%nsmid;" : "=r"(n));
-    return sides == 6 ? (2 * id >= n) : (id >> (sides - 1)) & 1;
-}
-
 // PERSIST: a block per SM walks the items (pairs of query tiles of a head) blockIdx.x,
 // + gridDim.x, …; each consumer frees its query tile's memory once it holds the tile in
 // registers, so the producer loads the next item's queries and first key tiles while the
 // consumers finish this one. Item it is pair it % ⌈nq/2⌉ of head it / ⌈nq/2⌉, the order of
-// the one-item grid (pairs along x, heads along y). With sides ≥ 0 the producer takes items from
-// queues (counters in `queue`, zero at launch) and hands each item's number to the consumers
-// through shared memory, -1 for the end. TRIM: the query rows dealt as vt_deal says
+// the one-item grid (pairs along x, heads along y). TRIM: the query rows dealt as vt_deal says
 // and half key tiles in 32-key steps (vt_kind); without it (the kernel before 2026-12-06, kept
 // for A/B) the rows in slot order, every one live, and every tile a 64-key step.
 template <bool PERSIST, bool TRIM>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
-                            vsa_grid kg, int nq, int heads, int top_k, float scale, int* queue, int sides) {
+                            vsa_grid kg, int nq, int heads, int top_k, float scale) {
     constexpr int TB = VT_TB;
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
     constexpr int NB = 2 * VT_STAGES + 2;        // barriers per consumer: full, empty, q, q free
     extern __shared__ __align__(1024) unsigned char vt_smem[];
     unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);
-    // The item the producer loads next, for the consumers (sides ≥ 0).
-    volatile int* slot = (volatile int*)(bars + 2 * NB);
     // The warpgroup index through a shuffle, as CUTLASS takes it: the compiler then knows it is
     // uniform and keeps the wgmma descriptors built from it in uniform registers, where each
     // product of a step otherwise paid register-to-uniform moves (~70 issue slots a step).
@@ -298,9 +283,17 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     __syncthreads();
     if (wg == 2) {
         WL_SETMAXNREG_DEC(40);
-        // The key tiles of query tiles `tile` of head h, the block's qi-th item: each ring's
+        // Pair p of head h, the block's qi-th item: its key tiles are each ring's
         // (qi · top_k)-th on.
-        auto load_kv = [&](const int* tile, int h, int qi) {
+        auto load = [&](int p, int h, int qi) {
+            int tile[2];
+            for (int c = 0; c < 2; ++c) {
+                tile[c] = min(p * 2 + c, nq - 1);
+                unsigned long long* qbar = bars + c * NB + 2 * VT_STAGES;
+                if (qi > 0) wl_mbar_wait(qbar + 1, (qi - 1) & 1);
+                wl_mbar_expect_tx(qbar, TB);
+                vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
+            }
             for (int u = 0; u < top_k; ++u) {
                 const int g = qi * top_k + u, s = g % VT_STAGES;
                 for (int c = 0; c < 2; ++c) {
@@ -315,54 +308,11 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                 }
             }
         };
-        // Item it (pair it % pairs of head it / pairs; -1: no more) as the block's qi-th, once
-        // both consumers hold their last query tiles; its number goes to them through `slot`.
-        auto load_item = [&](int it, int qi) {
-            for (int c = 0; c < 2; ++c)
-                if (qi > 0) wl_mbar_wait(bars + c * NB + 2 * VT_STAGES + 1, (qi - 1) & 1);
-            *slot = it;
-            if (it < 0) {
-                for (int c = 0; c < 2; ++c) wl_mbar_arrive(bars + c * NB + 2 * VT_STAGES);
-                return;
-            }
-            const int p = it % pairs, h = it / pairs;
-            int tile[2];
-            for (int c = 0; c < 2; ++c) {
-                tile[c] = min(p * 2 + c, nq - 1);
-                unsigned long long* qbar = bars + c * NB + 2 * VT_STAGES;
-                wl_mbar_expect_tx(qbar, TB);
-                vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
-            }
-            load_kv(tile, h, qi);
-        };
         if (t == 0) {
             if constexpr (PERSIST) {
-                if (sides < 0) {
-                    for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) load_item(it, qi);
-                } else {
-                    // Heads [0, heads/2) are side 0's items, the rest side 1's; a block takes
-                    // its own side's next item, then the other side's once its own are gone.
-                    const int split = sides == 0 ? items : heads / 2 * pairs;
-                    int side = sides == 0 ? 0 : vt_side(sides);
-                    int gone = 0;  // a bit per side whose queue ran out
-                    for (int qi = 0;; ++qi) {
-                        int it = -1;
-                        for (int tries = 0; tries < 2 && it < 0; ++tries, side ^= 1) {
-                            if (gone >> side & 1) continue;
-                            const int base = side == 0 ? 0 : split, n = side == 0 ? split : items - split;
-                            const int x = atomicAdd(queue + side, 1);
-                            if (x < n) {
-                                it = base + x;
-                                break;
-                            }
-                            gone |= 1 << side;
-                        }
-                        load_item(it, qi);
-                        if (it < 0) break;
-                    }
-                }
+                for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) load(it % pairs, it / pairs, qi);
             } else {
-                load_item(blockIdx.y * pairs + blockIdx.x, 0);
+                load(blockIdx.x, blockIdx.y, 0);
             }
         }
         return;
@@ -441,17 +391,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         if (mine) vt_store(out, o, l, coarse, gate, mix, qg, i, h, heads, rows.slot, cq);
     };
     if constexpr (PERSIST) {
-        if (sides < 0) {
-            for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) run(it % pairs, it / pairs, qi);
-        } else {
-            for (int qi = 0;; ++qi) {
-                // run waits on this phase again; it stays complete until this consumer frees Q.
-                wl_mbar_wait(qbar, qi & 1);
-                const int it = *slot;
-                if (it < 0) break;
-                run(it % pairs, it / pairs, qi);
-            }
-        }
+        for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) run(it % pairs, it / pairs, qi);
     } else {
         run(blockIdx.x, blockIdx.y, 0);
     }
@@ -463,9 +403,8 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
         name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
              const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse, const int* kept,   \
-             vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale, int* queue, int sides) {             \
-        vsa_fine_tma<PERSIST, TRIM>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale,      \
-                                    queue, sides);                                                                     \
+             vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                                    \
+        vsa_fine_tma<PERSIST, TRIM>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);     \
     }
 WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true)
 WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true)

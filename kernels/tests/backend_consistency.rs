@@ -1685,8 +1685,7 @@ fn channels_last_convolutions_match_the_cpu(dev: Device) {
 }
 backend_test!(channels_last_convolutions_match_the_cpu);
 
-/// `WORLDLINE_VSA_FINE` and `WORLDLINE_VSA_SIDES`, read at each VSA call: the tests that set
-/// them hold this lock.
+/// `WORLDLINE_VSA_FINE`, read at each VSA call: the tests that set it hold this lock.
 static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn vsa_attention_matches_the_cpu(dev: Device) {
@@ -1698,14 +1697,6 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
         std::env::set_var("WORLDLINE_VSA_FINE", fine);
         vsa_cases(dev);
     }
-    // Persistent blocks taking their items from queues: one, and two (by half of the heads, an
-    // SM taking its side's first; an odd head count splits them unevenly).
-    std::env::set_var("WORLDLINE_VSA_FINE", "persist");
-    for sides in ["0", "1", "6"] {
-        std::env::set_var("WORLDLINE_VSA_SIDES", sides);
-        vsa_cases(dev);
-    }
-    std::env::remove_var("WORLDLINE_VSA_SIDES");
     std::env::remove_var("WORLDLINE_VSA_FINE");
 }
 backend_test!(vsa_attention_matches_the_cpu);

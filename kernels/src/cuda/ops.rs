@@ -742,20 +742,8 @@ const VSA_TMA_THREADS: u32 = 384;
 const VSA_TILE_BYTES: u32 = 64 * 256;
 
 /// The fine kernel's dynamic shared memory: per consumer a query tile and three key/value
-/// stages, then 8 barriers each and the next item's number.
-const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8 + 16;
-
-/// How persistent fine blocks take their items (`WORLDLINE_VSA_SIDES`): -1 (the default) in a
-/// fixed order, block b items b, b + blocks, …; 0 from one queue; 1-6 from two queues, one per
-/// half of the heads, each block first from the one its SM id picks (vt_side in
-/// attention_vsa.cu), an experiment on the L2's two partitions.
-fn vsa_sides() -> i32 {
-    std::env::var("WORLDLINE_VSA_SIDES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|m| (-1..=6).contains(m))
-        .unwrap_or(-1)
-}
+/// stages, then 8 barriers each.
+const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8;
 
 /// The VSA fine kernel for `items` pairs of query tiles × heads, and whether it runs on
 /// persistent blocks (a block per SM walking the pairs, the next pair's loads under this one's
@@ -834,12 +822,6 @@ pub(crate) fn vsa_fine_fast(
     let gs = gate.map(storage).transpose()?;
     let (nq32, h32, k32) = (nq as i32, heads as i32, top_k as i32);
     let scale = 1.0f32 / (d as f32).sqrt();
-    let sides = if persistent { vsa_sides() } else { -1 };
-    // The two queues' counters, from zero each call (read only where sides ≥ 0).
-    let queue = match sides {
-        0.. => Some(dev.stream.alloc_zeros::<i32>(2).map_err(|e| dev.err(e))?),
-        _ => None,
-    };
     let mut b = dev.stream.launch_builder(&func);
     push_mut(&mut b, &mut out.data);
     b.arg(&tq).arg(&tk).arg(&tv);
@@ -852,8 +834,6 @@ pub(crate) fn vsa_fine_fast(
         .arg(&h32)
         .arg(&k32)
         .arg(&scale);
-    // Without queues the kernel never reads this pointer; the kept lists stand in.
-    b.arg(queue.as_ref().unwrap_or(kept)).arg(&sides);
     dev.timed("vsa fine", || {
         // SAFETY: the maps describe the live bf16 q, k, v ([tokens, heads, 128] in grid order),
         // held until the launch is enqueued; `coarse` holds nq × heads × 128 f32 and `kept`

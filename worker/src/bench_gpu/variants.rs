@@ -182,20 +182,11 @@ pub(super) fn vsa_ab(
     push: &mut impl FnMut(String, Duration, f64),
 ) -> Result<()> {
     let (heads, d) = (40, 128);
-    for (n, (q_grid, k_grid)) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])]
-        .into_iter()
-        .enumerate()
-    {
+    for (q_grid, k_grid) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])] {
         let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
         let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let ks = kernels::vsa::frame_sums(&k, 0, k_grid)?;
         let top_k = kernels::vsa::top_k(0.9, kernels::vsa::tiles(k_grid, kernels::vsa::TILE));
-        let mut call = || {
-            let sums = kernels::vsa::KeySums { k: &ks, v: None };
-            let only = kernels::vsa::Coarse::SelectOnly;
-            kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
-            Ok(())
-        };
         ab(
             dev,
             heavy,
@@ -205,24 +196,13 @@ pub(super) fn vsa_ab(
             ("WORLDLINE_VSA_FINE", "rows"),
             0.0,
             push,
-            &mut call,
+            || {
+                let sums = kernels::vsa::KeySums { k: &ks, v: None };
+                let only = kernels::vsa::Coarse::SelectOnly;
+                kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
+                Ok(())
+            },
         )?;
-        // The persistent blocks' item order (WORLDLINE_VSA_SIDES), at the 3-frame shape.
-        for sides in ["0", "1", "2", "3", "4", "5", "6"]
-            .into_iter()
-            .filter(|_| n == 0)
-        {
-            let what = format!("vsa 3-frame select-only, item order {sides}");
-            ab(
-                dev,
-                heavy,
-                &what,
-                ("WORLDLINE_VSA_SIDES", sides),
-                0.0,
-                push,
-                &mut call,
-            )?;
-        }
     }
     Ok(())
 }
