@@ -245,14 +245,62 @@ WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const 
     }
 }
 
+// The `top_k` largest of a row's nk keys, ties to the lower index, written in increasing index
+// order to dst by one warp: a bitwise search for the largest t with at least top_k keys ≥ t
+// (when exactly top_k keys reach a candidate, those are the selection: t just below it), then
+// one pass in index order that writes the keys above t and the first ties. A lane holds its
+// keys j ≡ lane (mod warp) in KR registers (KR = 0: read from shared memory at each bit; LingBot's
+// 520 key tiles take KR = 17): 32 loads a key fewer, and the counts of a bit no longer wait on
+// shared memory.
+template <int KR>
+WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, int lane) {
+    const int n = KR ? KR : (nk + WL_WARP_SIZE - 1) / WL_WARP_SIZE;
+    unsigned int kv[KR ? KR : 1];
+    // Past nk a key reads 0, which reaches no candidate (each is ≥ 1) and is above no threshold.
+    auto key = [&](int i) {
+        const int j = lane + i * WL_WARP_SIZE;
+        return KR ? kv[KR ? i : 0] : j < nk ? kr[j] : 0u;
+    };
+    if constexpr (KR > 0)
+        for (int i = 0; i < KR; ++i) kv[i] = lane + i * WL_WARP_SIZE < nk ? kr[lane + i * WL_WARP_SIZE] : 0u;
+    unsigned int t = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        const unsigned int cand = t | (1u << bit);
+        // Two sums, so the compares of a bit are not one chain of adds.
+        int c[2] = {0, 0};
+        for (int i = 0; i < n; ++i) c[i & 1] += key(i) >= cand;
+        const int cnt = vsa_warp_sum(c[0] + c[1]);
+        if (cnt == top_k) {
+            t = cand - 1;
+            break;
+        }
+        if (cnt > top_k) t = cand;
+    }
+    int above = 0;
+    for (int i = 0; i < n; ++i) above += key(i) > t;
+    // Keys above t are all kept; of those equal to t, the `ties` lowest indices.
+    const int ties = top_k - vsa_warp_sum(above);
+    int n_above = 0, n_eq = 0;
+    for (int i = 0; i < n && n_above + min(n_eq, ties) < top_k; ++i) {
+        const int j = lane + i * WL_WARP_SIZE;
+        const unsigned int kj = key(i);
+        const int flags = (kj > t ? 1 << 16 : 0) | (j < nk && kj == t ? 1 : 0);
+        const int incl = vsa_warp_scan(flags);
+        const int excl = incl - flags;
+        const int eq_before = n_eq + (excl & 0xffff);
+        if ((flags >> 16) || (flags && eq_before < ties)) dst[n_above + (excl >> 16) + min(eq_before, ties)] = j;
+        const int total = wl_shfl(incl, WL_WARP_SIZE - 1);
+        n_above += total >> 16;
+        n_eq += total & 0xffff;
+    }
+}
+
 // One block per (group of QG query tiles, head h), which shares each key tile's means read from
 // memory across its QG query tiles:
 // 1. the coarse scores of its query tiles against every key tile, kept in shared memory as
 //    total-order keys (a thread per key tile, all QG rows; the tile's means go from memory
 //    straight into registers, a slice of d at a time);
-// 2. per query tile (a warp each), the `top_k` best key tiles, ties to the lower index: a bitwise
-//    search for the top_k-th largest key, then one pass in index order that writes the kept
-//    tiles, increasing, to `kept[i, h, :]` (the tiles above the threshold and the first ties);
+// 2. per query tile (a warp each), the `top_k` best key tiles to `kept[i, h, :]` (vsa_select);
 // 3. the same warp replaces the row's scores by their softmax weights;
 // 4. `coarse[i, h, :]` = the weights applied to the key-tile means, the key tiles split among
 //    groups of threads (four elements of d each) and the groups' sums added in shared memory.
@@ -311,38 +359,13 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
     const int warp = tid / WL_WARP_SIZE, lane = tid % WL_WARP_SIZE, warps = nt / WL_WARP_SIZE;
     for (int r = warp; r < rows; r += warps) {
         unsigned int* kr = keys + r * nks;
-        // Largest t with at least top_k keys ≥ t, a bit at a time from the top; when exactly
-        // top_k keys reach a candidate, those are the selection (t just below it).
-        unsigned int t = 0;
-        for (int bit = 31; bit >= 0; --bit) {
-            const unsigned int cand = t | (1u << bit);
-            int cnt = 0;
-            for (int j = lane; j < nk; j += WL_WARP_SIZE) cnt += kr[j] >= cand;
-            cnt = vsa_warp_sum(cnt);
-            if (cnt == top_k) {
-                t = cand - 1;
-                break;
-            }
-            if (cnt > top_k) t = cand;
-        }
-        int above = 0;
-        for (int j = lane; j < nk; j += WL_WARP_SIZE) above += kr[j] > t;
-        // Keys above t are all kept; of those equal to t, the `ties` lowest indices.
-        const int ties = top_k - vsa_warp_sum(above);
         int* dst = kept + ((wl_u64)(i0 + r) * heads + h) * top_k;
-        int n_above = 0, n_eq = 0;
-        for (int base = 0; base < nk && n_above + min(n_eq, ties) < top_k; base += WL_WARP_SIZE) {
-            const int j = base + lane;
-            const unsigned int kj = j < nk ? kr[j] : 0u;
-            const int flags = (j < nk && kj > t ? 1 << 16 : 0) | (j < nk && kj == t ? 1 : 0);
-            const int incl = vsa_warp_scan(flags);
-            const int excl = incl - flags;
-            const int eq_before = n_eq + (excl & 0xffff);
-            if ((flags >> 16) || (flags && eq_before < ties)) dst[n_above + (excl >> 16) + min(eq_before, ties)] = j;
-            const int total = wl_shfl(incl, WL_WARP_SIZE - 1);
-            n_above += total >> 16;
-            n_eq += total & 0xffff;
-        }
+        if (nk <= 8 * WL_WARP_SIZE)
+            vsa_select<8>(dst, kr, nk, top_k, lane);
+        else if (nk <= 17 * WL_WARP_SIZE)
+            vsa_select<17>(dst, kr, nk, top_k, lane);
+        else
+            vsa_select<0>(dst, kr, nk, top_k, lane);
         if (!with_out) continue;
         float mx = -WL_INF;
         for (int j = lane; j < nk; j += WL_WARP_SIZE) mx = fmaxf(mx, vsa_score(kr[j]));

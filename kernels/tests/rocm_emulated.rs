@@ -395,15 +395,27 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
             },
         );
     }
-    // More key tiles (288) than a coarse block has threads (256): some threads score two.
-    let (q, k, v) = (
-        input(19, &[96, 1, 8], DType::F32),
-        input(20, &[18432, 1, 8], DType::F32),
-        input(21, &[18432, 1, 8], DType::F32),
-    );
-    check("vsa 288 key tiles", dev, 1e-4, &[&q, &k, &v], |t| {
-        kernels::vsa::attention(&t[0], &t[1], &t[2], None, [3, 4, 8], [16, 12, 96], 29)
-    });
+    // More key tiles than a coarse block has threads (256), so some threads score two or more,
+    // and rows of keys that a lane holds in 8 or 17 registers (up to 512 and 1088 tiles on 64
+    // lanes) or reads from shared memory (1152 tiles) in the top-k selection.
+    for (kg, seed) in [([16, 12, 96], 20), ([16, 36, 80], 22), ([16, 36, 128], 24)] {
+        let (lk, nk) = (
+            kg.iter().product(),
+            kernels::vsa::tiles(kg, kernels::vsa::TILE),
+        );
+        let (q, k, v) = (
+            input(19, &[96, 1, 8], DType::F32),
+            input(seed, &[lk, 1, 8], DType::F32),
+            input(seed + 1, &[lk, 1, 8], DType::F32),
+        );
+        check(
+            &format!("vsa {nk} key tiles"),
+            dev,
+            1e-4,
+            &[&q, &k, &v],
+            |t| kernels::vsa::attention(&t[0], &t[1], &t[2], None, [3, 4, 8], kg, nk / 10),
+        );
+    }
     // Every key tile scores the same (constant keys), so the selection is all ties: the lowest
     // tile indices win, and the values tell which were taken.
     let (q, v) = (
