@@ -67,6 +67,16 @@ WL_KERNEL void vsa_tiling(int* order, int* offsets, int* sizes, int gt, int gh, 
             for (int x = 0; x < b.lw; ++x) order[p++] = ((b.t0 + t) * gh + b.h0 + y) * gw + b.w0 + x;
 }
 
+// Where key tile j's mean of element e of head h lies in the coarse kernel's layout: for each
+// head and group of four elements, the float4s of every key tile in turn
+// ([heads, ⌈d/4⌉, nk, 4]), so that a warp scoring 32 consecutive key tiles reads 512
+// contiguous bytes per load, where rows of [nk, heads, d] are heads · d · 4 bytes apart (a line
+// a lane: L1 at 77 % of its throughput, the kernel waiting on those loads; Nsight Compute, H100,
+// 2026-12-06).
+WL_DEVICE wl_u64 vsa_kt(int j, int h, int e, int nk, int d) {
+    return (((wl_u64)h * ((d + 3) / 4) + e / 4) * nk + j) * 4 + e % 4;
+}
+
 // out[j, c] = mean over tile j's positions p of x[order[p], c], for this block's slice of the
 // `row` = heads · d columns. Every thread owns 16 bytes of columns and adds the tile's tokens in
 // order in f32, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole
@@ -76,7 +86,7 @@ WL_KERNEL void vsa_tiling(int* order, int* offsets, int* sizes, int gt, int gh, 
 // 16 a clock per SM on Hopper).
 template <typename T>
 WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, int first, int n, wl_u64 row,
-                              wl_u64 c0) {
+                              wl_u64 c0, int tnk = 0, int td = 0) {
     constexpr int V = 16 / sizeof(T);
     const wl_u64 c = c0 + (wl_u64)threadIdx.x * V;
     if (c >= row) return;
@@ -103,8 +113,14 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, i
             for (int u = 0; u < V; ++u) acc[u] += c + u < row ? wl_ld(src, u) : 0.0f;
         }
     }
-    float* dst = out + (wl_u64)j * row + c;
     const float fn = (float)n;
+    if (td > 0) {
+        // Key means in the coarse kernel's layout (vsa_kt), an element at a time.
+        for (int u = 0; u < V; ++u)
+            if (c + u < row) out[vsa_kt(j, (int)((c + u) / td), (int)((c + u) % td), tnk, td)] = acc[u] / fn;
+        return;
+    }
+    float* dst = out + (wl_u64)j * row + c;
     if (vec) {
         // 16-byte stores: c is a multiple of V ≥ 4 floats, and the buffer is 16-byte aligned.
         for (int u = 0; u < V; u += 4) {
@@ -126,7 +142,7 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, i
 template <typename T>
 WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const T* k, const T* v, const int* q_order,
                               const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
-                              const int* k_sizes, int nq, int nk, int row, int chunks) {
+                              const int* k_sizes, int nq, int nk, int row, int chunks, int d) {
     int job = blockIdx.x / chunks;
     const wl_u64 c0 = (wl_u64)(blockIdx.x % chunks) * WL_VSA_MEAN_THREADS * (16 / sizeof(T));
     if (job < nq) {
@@ -136,7 +152,10 @@ WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const
     job -= nq;
     const bool is_k = job < nk;
     if (!is_k) job -= nk;
-    vsa_mean_slice(is_k ? km : vm, is_k ? k : v, k_order, job, k_offsets[job], k_sizes[job], row, c0);
+    if (is_k)
+        vsa_mean_slice(km, k, k_order, job, k_offsets[job], k_sizes[job], row, c0, nk, d);
+    else
+        vsa_mean_slice(vm, v, k_order, job, k_offsets[job], k_sizes[job], row, c0);
 }
 
 // Sums of each frame's 1×4×4 slabs (edge slabs partial) of x from token row `first` on, frames
@@ -172,14 +191,16 @@ WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int 
 // 2026-12-06: SM 75 % busy, DRAM 41 %). Block b is column slice b % chunks of job b / chunks: k's
 // tiles, then v's.
 WL_KERNEL void vsa_means_from_sums(float* km, float* vm, const float* ks, const float* vs, int gt, int gh, int gw,
-                                   int nk, int row, int chunks, int per) {
+                                   int nk, int row, int chunks, int per, int d) {
     int job = blockIdx.x / chunks;
     const int c = ((blockIdx.x % chunks) * blockDim.x + threadIdx.x) * per;
     if (c >= row) return;
     const bool is_k = job < nk;
     if (!is_k) job -= nk;
     const float* src = is_k ? ks : vs;
-    float* dst = (is_k ? km : vm) + (wl_u64)job * row + c;
+    // k's means in the coarse kernel's layout (vsa_kt; a float4 is one head's when per is 4, as d
+    // is then a multiple of 4), v's as rows.
+    float* dst = is_k ? km + vsa_kt(job, c / d, c % d, nk, d) : vm + (wl_u64)job * row + c;
     const vsa_tile b = vsa_tile_of(job, gt, gh, gw);
     const int nh = (gh + 3) / 4, nw = (gw + 3) / 4;
     const float n = (float)(b.lt * b.lh * b.lw);
@@ -298,17 +319,17 @@ WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, i
 // One block per (group of QG query tiles, head h), which shares each key tile's means read from
 // memory across its QG query tiles:
 // 1. the coarse scores of its query tiles against every key tile, kept in shared memory as
-//    total-order keys (a thread per key tile, all QG rows; the tile's means go from memory
-//    straight into registers, a slice of d at a time);
+//    total-order keys (a thread per key tile, all QG rows; the tile's means, kc in vsa_kt's
+//    layout, go from memory straight into registers a slice of d at a time, a warp's loads
+//    512 contiguous bytes);
 // 2. per query tile (a warp each), the `top_k` best key tiles to `kept[i, h, :]` (vsa_select);
 // 3. the same warp replaces the row's scores by their softmax weights;
 // 4. `coarse[i, h, :]` = the weights applied to the key-tile means, the key tiles split among
 //    groups of threads (four elements of d each) and the groups' sums added in shared memory.
 // Dynamic shared memory: QG rows of ⌈nk⌉₄ keys; phase 4 reuses it for the groups' sums
-// (vsa_attention sizes it). Phase 1 has no barrier: until 2026-12-06 it staged each slice
-// through shared memory between two barriers, and LingBot's 520 key tiles took three rounds of
-// 256 threads there, the last with 8 tiles but every slice's round trip (~100 µs a 40-head call
-// on an H100).
+// (vsa_attention sizes it). Phase 1 has no barrier: until 2026-12-06 it staged each slice of
+// rows of [nk, heads, d] through shared memory between two barriers (~100 µs a 40-head LingBot
+// call on an H100, ~90 µs with the barriers gone but each lane's loads on a line of their own).
 template <int QG>
 WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, int nq,
                           int nk, int heads, int d, int top_k, float scale, int with_out) {
@@ -328,8 +349,8 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
             qs[r][e] = r < rows && e < d ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
     __syncthreads();
     for (int j = tid; j < nk; j += nt) {
-        // Rows are whole float4s when d is (the buffer is a whole allocation, 16-byte aligned).
-        const float* row = kc + ((wl_u64)j * heads + h) * d;
+        // Key tile j's four elements from e on (vsa_kt: whole float4s, 16-byte aligned).
+        auto at = [&](int e) { return kc + vsa_kt(j, h, e, nk, d); };
         float acc[QG];
         for (int r = 0; r < QG; ++r) acc[r] = -0.0f;
         if (vec) {
@@ -339,16 +360,16 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
             int e0 = 0;
             for (; e0 + WL_VSA_EC <= d; e0 += WL_VSA_EC) {
                 float4 k[P];
-                for (int p = 0; p < P; ++p) k[p] = *(const float4*)(row + e0 + 4 * p);
+                for (int p = 0; p < P; ++p) k[p] = *(const float4*)at(e0 + 4 * p);
                 vsa_dot_slice<QG, P>(acc, qs, k, e0);
             }
             for (; e0 < d; e0 += 4) {
-                const float4 k = *(const float4*)(row + e0);
+                const float4 k = *(const float4*)at(e0);
                 vsa_dot_slice<QG, 1>(acc, qs, &k, e0);
             }
         } else {
             for (int e = 0; e < d; ++e) {
-                const float k = row[e];
+                const float k = *at(e);
                 for (int r = 0; r < QG; ++r) acc[r] = fmaf(qs[r][e], k, acc[r]);
             }
         }
@@ -523,9 +544,9 @@ WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gat
     WL_KERNEL void vsa_tile_means_##tn(float* qm, float* km, float* vm, const T* q, const T* k, const T* v,     \
                                        const int* q_order, const int* q_offsets, const int* q_sizes,           \
                                        const int* k_order, const int* k_offsets, const int* k_sizes, int nq,   \
-                                       int nk, int row, int chunks) {                                          \
+                                       int nk, int row, int chunks, int d) {                                   \
         vsa_tile_means(qm, km, vm, q, k, v, q_order, q_offsets, q_sizes, k_order, k_offsets, k_sizes, nq, nk, row, \
-                       chunks);                                                                                \
+                       chunks, d);                                                                             \
     }                                                                                                         \
     WL_KERNEL void vsa_frame_sums_##tn(float* out, const T* x, wl_u64 first, int gh, int gw, wl_u64 row,        \
                                        int chunks) {                                                           \

@@ -37,6 +37,12 @@ fn coarse_shape(nk: usize) -> Option<(usize, usize)> {
     })
 }
 
+/// Floats of `nk` key tiles' means in the coarse kernel's layout (vsa.cu's `vsa_kt`: each head's
+/// d rounded up to whole float4s).
+fn key_means_len(nk: usize, row: usize, d: usize) -> usize {
+    nk * row / d.max(1) * d.next_multiple_of(4)
+}
+
 /// A grid's tiling on a device: `[order, offsets, sizes]`.
 type DeviceTiling = Arc<[CudaSlice<i32>; 3]>;
 
@@ -113,23 +119,24 @@ fn f32_data(s: &CudaStorage) -> Result<&CudaSlice<f32>> {
     }
 }
 
-/// Tile means `[tiles, heads, d]` (f32) of q on its tiling and of k and v on the key tiling, in
-/// grid order, one launch; without `with_v`, v's are not computed (a one-element buffer stands
-/// in).
+/// Tile means (f32) of q on its tiling and of k and v on the key tiling, in grid order, one
+/// launch: q's and v's `[tiles, heads, d]`, k's in the coarse kernel's layout (vsa.cu's
+/// `vsa_kt`); without `with_v`, v's are not computed (a one-element buffer stands in).
 fn tile_means(
     qkv: [&Tensor; 3],
     (nq, nk): (usize, usize),
     qi: &[CudaSlice<i32>; 3],
     ki: &[CudaSlice<i32>; 3],
-    row: usize,
     with_v: bool,
 ) -> Result<[CudaStorage; 3]> {
     let [q, k, v] = qkv;
+    let d = q.dim(2);
+    let row = q.dim(1) * d;
     let name = format!("vsa_tile_means_{}", suffix(q.dtype())?);
     let (qs, ks, vs) = (storage(q)?, storage(k)?, storage(v)?);
     let dev = &qs.dev;
     let mut qm = CudaStorage::alloc(dev, DType::F32, nq * row)?;
-    let mut km = CudaStorage::alloc(dev, DType::F32, (nk * row).max(1))?;
+    let mut km = CudaStorage::alloc(dev, DType::F32, key_means_len(nk, row, d).max(1))?;
     let mut vm = CudaStorage::alloc(dev, DType::F32, if with_v { nk * row } else { 1 })?;
     let chunks = row.div_ceil(MEAN_THREADS * 16 / q.dtype().size_in_bytes());
     // Jobs run q's tiles, then k's, then v's: leaving v's out is launching fewer blocks.
@@ -143,7 +150,8 @@ fn tile_means(
         block_dim: (MEAN_THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (nq32, nk32, row32, chunks32) = (nq as i32, nk as i32, row as i32, chunks as i32);
+    let (nq32, nk32, row32, chunks32, d32) =
+        (nq as i32, nk as i32, row as i32, chunks as i32, d as i32);
     launch!(
         kind = "vsa means";
         dev,
@@ -159,21 +167,23 @@ fn tile_means(
             push(b, &vs.data);
             b.arg(&qi[0]).arg(&qi[1]).arg(&qi[2]);
             b.arg(&ki[0]).arg(&ki[1]).arg(&ki[2]);
-            b.arg(&nq32).arg(&nk32).arg(&row32).arg(&chunks32);
+            b.arg(&nq32).arg(&nk32).arg(&row32).arg(&chunks32).arg(&d32);
         }
     );
     Ok([qm, km, vm])
 }
 
-/// Key (and value) tile means `[tiles, heads, d]` from a cache's frame sums (vsa.cu's
-/// `vsa_means_from_sums`), one launch; without `with_v`, a one-element buffer stands in for v's.
+/// Key tile means (in the coarse kernel's layout, `vsa_kt`) and value tile means
+/// (`[tiles, heads, d]`) from a cache's frame sums (vsa.cu's `vsa_means_from_sums`), one
+/// launch; without `with_v`, a one-element buffer stands in for v's.
 fn means_from_sums(
     dev: &std::sync::Arc<CudaBackend>,
     sums: KeySums,
     k_grid: [usize; 3],
-    row: usize,
+    (heads, d): (usize, usize),
     with_v: bool,
 ) -> Result<[CudaStorage; 2]> {
+    let row = heads * d;
     const THREADS: usize = 256;
     let nk = tiles(k_grid, TILE);
     let ks = storage(sums.k)?;
@@ -183,11 +193,11 @@ fn means_from_sums(
         (false, _) => ks,
     };
     let (ksd, vsd) = (f32_data(ks)?, f32_data(vs)?);
-    let mut km = CudaStorage::alloc(dev, DType::F32, nk * row)?;
+    let mut km = CudaStorage::alloc(dev, DType::F32, key_means_len(nk, row, d))?;
     let mut vm = CudaStorage::alloc(dev, DType::F32, if with_v { nk * row } else { 1 })?;
-    // A thread per float4 of a row where the row is whole float4s (the buffers are whole
+    // A thread per float4 of a row where a head's row is whole float4s (the buffers are whole
     // allocations, so 16-byte aligned), else per column.
-    let per = if row.is_multiple_of(4) { 4 } else { 1 };
+    let per = if d.is_multiple_of(4) { 4 } else { 1 };
     let chunks = row.div_ceil(THREADS * per);
     let blocks = nk * if with_v { 2 } else { 1 } * chunks;
     let cfg = LaunchConfig {
@@ -200,12 +210,14 @@ fn means_from_sums(
         shared_mem_bytes: 0,
     };
     let [gt, gh, gw] = k_grid.map(|x| x as i32);
-    let (nk32, row32, chunks32, per32) = (nk as i32, row as i32, chunks as i32, per as i32);
+    let (nk32, row32, chunks32, per32, d32) =
+        (nk as i32, row as i32, chunks as i32, per as i32, d as i32);
     launch!(kind = "vsa means"; dev, "vsa", "vsa_means_from_sums", cfg, |b| {
         push_mut(b, &mut km.data);
         push_mut(b, &mut vm.data);
         b.arg(ksd).arg(vsd);
         b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&chunks32).arg(&per32);
+        b.arg(&d32);
     });
     Ok([km, vm])
 }
@@ -296,11 +308,11 @@ pub fn vsa_attention(
     let with_out = !matches!(coarse_mix, Coarse::SelectOnly);
     let (qi, ki) = (device_tiling(&dev, q_grid)?, device_tiling(&dev, k_grid)?);
     let [qc, kc, vc] = match sums {
-        None => tile_means([q, &k, &v], (nq, nk), &qi, &ki, heads * d, with_out)?,
+        None => tile_means([q, &k, &v], (nq, nk), &qi, &ki, with_out)?,
         Some(sums) => {
             // Only the queries' means read the tokens; the keys' come from the cache's sums.
-            let [qc, _, _] = tile_means([q, q, q], (nq, 0), &qi, &qi, heads * d, false)?;
-            let [kc, vc] = means_from_sums(&dev, sums, k_grid, heads * d, with_out)?;
+            let [qc, _, _] = tile_means([q, q, q], (nq, 0), &qi, &qi, false)?;
+            let [kc, vc] = means_from_sums(&dev, sums, k_grid, (heads, d), with_out)?;
             [qc, kc, vc]
         }
     };
