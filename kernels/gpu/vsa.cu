@@ -190,10 +190,10 @@ WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int 
 // a thread, the tile's index arithmetic outweighed its four loads (Nsight Compute on an H100,
 // 2026-12-06: SM 75 % busy, DRAM 41 %). Block b is column slice b % chunks of job b / chunks: k's
 // tiles, then v's.
-WL_KERNEL void vsa_means_from_sums(float* km, float* vm, const float* ks, const float* vs, int gt, int gh, int gw,
-                                   int nk, int row, int chunks, int per, int d) {
-    int job = blockIdx.x / chunks;
-    const int c = ((blockIdx.x % chunks) * blockDim.x + threadIdx.x) * per;
+WL_DEVICE void vsa_sums_means(float* km, float* vm, const float* ks, const float* vs, int gt, int gh, int gw, int nk,
+                              int row, int chunks, int per, int d, int blk) {
+    int job = blk / chunks;
+    const int c = ((blk % chunks) * blockDim.x + threadIdx.x) * per;
     if (c >= row) return;
     const bool is_k = job < nk;
     if (!is_k) job -= nk;
@@ -222,6 +222,25 @@ WL_KERNEL void vsa_means_from_sums(float* km, float* vm, const float* ks, const 
     float acc = 0.0f;
     for (int f = 0; f < b.lt; ++f) acc += slab[f * step];
     *dst = acc / n;
+}
+
+// The means a call over a cache with key sums needs, in one launch: blocks [0, nq · q_chunks)
+// the query tiles' (as vsa_tile_means' q jobs), the rest the key (and value) tile means from the
+// frame sums (vsa_sums_means, `s_chunks` blocks a tile). The two are independent, and as two
+// launches each left the GPU waiting on its loads (22 and 26 µs under Nsight Compute on an H100,
+// 2026-12-06).
+template <typename T>
+WL_DEVICE void vsa_means_cached(float* qm, const T* q, const int* q_order, const int* q_offsets, const int* q_sizes,
+                                int nq, int q_chunks, float* km, float* vm, const float* ks, const float* vs, int gt,
+                                int gh, int gw, int nk, int row, int s_chunks, int per, int d) {
+    const int qb = nq * q_chunks;
+    if ((int)blockIdx.x < qb) {
+        const int job = blockIdx.x / q_chunks;
+        const wl_u64 c0 = (wl_u64)(blockIdx.x % q_chunks) * WL_VSA_MEAN_THREADS * (16 / sizeof(T));
+        vsa_mean_slice(qm, q, q_order, job, q_offsets[job], q_sizes[job], (wl_u64)row, c0);
+        return;
+    }
+    vsa_sums_means(km, vm, ks, vs, gt, gh, gw, nk, row, s_chunks, per, d, blockIdx.x - qb);
 }
 
 // Scores as unsigned keys whose order is Rust's `f32::total_cmp` (the CPU's sort): flip every bit
@@ -282,9 +301,13 @@ WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, i
     const int n = KR ? KR : (nk + WL_WARP_SIZE - 1) / WL_WARP_SIZE;
     unsigned int kv[KR ? KR : 1];
     // Past nk a key reads 0, which reaches no candidate (each is ≥ 1) and is above no threshold.
-    auto key = [&](int i) {
-        const int j = lane + i * WL_WARP_SIZE;
-        return KR ? kv[KR ? i : 0] : j < nk ? kr[j] : 0u;
+    auto key = [&](int i) -> unsigned int {
+        if constexpr (KR > 0) {
+            return kv[i];
+        } else {
+            const int j = lane + i * WL_WARP_SIZE;
+            return j < nk ? kr[j] : 0u;
+        }
     };
     if constexpr (KR > 0)
         for (int i = 0; i < KR; ++i) kv[i] = lane + i * WL_WARP_SIZE < nk ? kr[lane + i * WL_WARP_SIZE] : 0u;
@@ -553,6 +576,13 @@ WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gat
                                        int nk, int row, int chunks, int d) {                                   \
         vsa_tile_means(qm, km, vm, q, k, v, q_order, q_offsets, q_sizes, k_order, k_offsets, k_sizes, nq, nk, row, \
                        chunks, d);                                                                             \
+    }                                                                                                         \
+    WL_KERNEL void vsa_means_from_sums_##tn(float* qm, const T* q, const int* q_order, const int* q_offsets,      \
+                                            const int* q_sizes, int nq, int q_chunks, float* km, float* vm,       \
+                                            const float* ks, const float* vs, int gt, int gh, int gw, int nk,     \
+                                            int row, int s_chunks, int per, int d) {                              \
+        vsa_means_cached(qm, q, q_order, q_offsets, q_sizes, nq, q_chunks, km, vm, ks, vs, gt, gh, gw, nk, row,  \
+                         s_chunks, per, d);                                                                    \
     }                                                                                                         \
     WL_KERNEL void vsa_frame_sums_##tn(float* out, const T* x, wl_u64 first, int gh, int gw, wl_u64 row,        \
                                        int chunks) {                                                           \

@@ -748,7 +748,7 @@ fn vsa_means_from_frame_sums_match_the_cpu_on_the_emulated_gpu() {
         };
         kernels::vsa::attention_cached(&t[0], &t[1], &t[2], sums, mix, qg, kg, 5)
     };
-    let means = launches("vsa_means_from_sums");
+    let means = means_launches();
     for coarse in ["gated", "select-only"] {
         check(
             &format!("vsa d 128 top-5 {coarse}, means from frame sums"),
@@ -758,7 +758,7 @@ fn vsa_means_from_frame_sums_match_the_cpu_on_the_emulated_gpu() {
             |t| cached(coarse, t),
         );
     }
-    assert_eq!(launches("vsa_means_from_sums"), means + 2);
+    assert_eq!(means_launches(), means + 2);
 }
 
 /// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as
@@ -808,4 +808,10 @@ fn fp8_attention_runs_on_fnuz_matrix_cores() {
         return;
     };
     fp8_attention_matches(dev);
+}
+
+/// Launches of the means kernel over a cache's sums (`vsa_means_from_sums_*`, one per query
+/// dtype).
+fn means_launches() -> u64 {
+    launches("vsa_means_from_sums_bf16") + launches("vsa_means_from_sums_f32")
 }

@@ -167,13 +167,19 @@ fn a_block_with_sparse_attention_matches_the_cpu_on_the_emulated_gpu() {
     }
     // As the engine's caches run it: the key-tile means from the cache's slab sums, which the
     // block's attention must take (the launch count says it did).
-    let before = harness::launches("vsa_means_from_sums");
+    let before = means_launches();
     let got = block_1_3b_sparse_summed(dev, grid, 0.5);
     assert!(
-        harness::launches("vsa_means_from_sums") > before,
+        means_launches() > before,
         "the means did not come from the cache's sums"
     );
     let e = rel_l2(&got, &block_1_3b_sparse_summed(Device::Cpu, grid, 0.5));
     println!("lingbot-1.3b block, sparsity 0.5, key sums, on the emulated {ARCH}: rel L2 {e:.2e}");
     assert!(e < 2e-2, "key sums: {e:.3e} ≥ 2e-2");
+}
+
+/// Launches of the means kernel over a cache's sums (`vsa_means_from_sums_*`, one per query
+/// dtype).
+fn means_launches() -> u64 {
+    harness::launches("vsa_means_from_sums_bf16") + harness::launches("vsa_means_from_sums_f32")
 }

@@ -173,18 +173,22 @@ fn tile_means(
     Ok([qm, km, vm])
 }
 
-/// Key tile means (in the coarse kernel's layout, `vsa_kt`) and value tile means
-/// (`[tiles, heads, d]`) from a cache's frame sums (vsa.cu's `vsa_means_from_sums`), one
-/// launch; without `with_v`, a one-element buffer stands in for v's.
-fn means_from_sums(
-    dev: &std::sync::Arc<CudaBackend>,
+/// The query tiles' means (`[tiles, heads, d]`), and the key tile means (in the coarse kernel's
+/// layout, `vsa_kt`) and value tile means (`[tiles, heads, d]`) from a cache's frame sums, in one
+/// launch (vsa.cu's `vsa_means_from_sums_*`); without `with_v`, a one-element buffer stands in
+/// for v's.
+fn cached_means(
+    q: &Tensor,
+    qi: &[CudaSlice<i32>; 3],
+    nq: usize,
     sums: KeySums,
     k_grid: [usize; 3],
-    (heads, d): (usize, usize),
     with_v: bool,
-) -> Result<[CudaStorage; 2]> {
+) -> Result<[CudaStorage; 3]> {
+    let (heads, d) = (q.dim(1), q.dim(2));
     let row = heads * d;
-    const THREADS: usize = 256;
+    let qs = storage(q)?;
+    let dev = &qs.dev;
     let nk = tiles(k_grid, TILE);
     let ks = storage(sums.k)?;
     let vs = match (with_v, sums.v) {
@@ -193,33 +197,39 @@ fn means_from_sums(
         (false, _) => ks,
     };
     let (ksd, vsd) = (f32_data(ks)?, f32_data(vs)?);
+    let mut qm = CudaStorage::alloc(dev, DType::F32, nq * row)?;
     let mut km = CudaStorage::alloc(dev, DType::F32, key_means_len(nk, row, d))?;
     let mut vm = CudaStorage::alloc(dev, DType::F32, if with_v { nk * row } else { 1 })?;
-    // A thread per float4 of a row where a head's row is whole float4s (the buffers are whole
-    // allocations, so 16-byte aligned), else per column.
+    // The queries: a thread per 16 bytes of a tile's columns. The sums: a thread per float4 of a
+    // row where a head's row is whole float4s (the buffers are whole allocations, so 16-byte
+    // aligned), else per column.
+    let q_chunks = row.div_ceil(MEAN_THREADS * 16 / q.dtype().size_in_bytes());
     let per = if d.is_multiple_of(4) { 4 } else { 1 };
-    let chunks = row.div_ceil(THREADS * per);
-    let blocks = nk * if with_v { 2 } else { 1 } * chunks;
+    let s_chunks = row.div_ceil(MEAN_THREADS * per);
+    let blocks = nq * q_chunks + nk * if with_v { 2 } else { 1 } * s_chunks;
     let cfg = LaunchConfig {
         grid_dim: (
             u32::try_from(blocks).map_err(|_| dev.err(format!("vsa: {blocks} means blocks")))?,
             1,
             1,
         ),
-        block_dim: (THREADS as u32, 1, 1),
+        block_dim: (MEAN_THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     let [gt, gh, gw] = k_grid.map(|x| x as i32);
-    let (nk32, row32, chunks32, per32, d32) =
-        (nk as i32, row as i32, chunks as i32, per as i32, d as i32);
-    launch!(kind = "vsa means"; dev, "vsa", "vsa_means_from_sums", cfg, |b| {
+    let (nq32, qc32, nk32, row32) = (nq as i32, q_chunks as i32, nk as i32, row as i32);
+    let (sc32, per32, d32) = (s_chunks as i32, per as i32, d as i32);
+    let name = format!("vsa_means_from_sums_{}", suffix(q.dtype())?);
+    launch!(kind = "vsa means"; dev, "vsa", name, cfg, |b| {
+        push_mut(b, &mut qm.data);
+        push(b, &qs.data);
+        b.arg(&qi[0]).arg(&qi[1]).arg(&qi[2]).arg(&nq32).arg(&qc32);
         push_mut(b, &mut km.data);
         push_mut(b, &mut vm.data);
         b.arg(ksd).arg(vsd);
-        b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&chunks32).arg(&per32);
-        b.arg(&d32);
+        b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&sc32).arg(&per32).arg(&d32);
     });
-    Ok([km, vm])
+    Ok([qm, km, vm])
 }
 
 /// [`crate::vsa::frame_sums`] on the device (vsa.cu's `vsa_frame_sums`).
@@ -309,12 +319,8 @@ pub fn vsa_attention(
     let (qi, ki) = (device_tiling(&dev, q_grid)?, device_tiling(&dev, k_grid)?);
     let [qc, kc, vc] = match sums {
         None => tile_means([q, &k, &v], (nq, nk), &qi, &ki, with_out)?,
-        Some(sums) => {
-            // Only the queries' means read the tokens; the keys' come from the cache's sums.
-            let [qc, _, _] = tile_means([q, q, q], (nq, 0), &qi, &qi, false)?;
-            let [kc, vc] = means_from_sums(&dev, sums, k_grid, (heads, d), with_out)?;
-            [qc, kc, vc]
-        }
+        // Only the queries' means read the tokens; the keys' come from the cache's sums.
+        Some(sums) => cached_means(q, &qi, nq, sums, k_grid, with_out)?,
     };
     let coarse_len = if with_out { nq * heads * d } else { 1 };
     let mut coarse = CudaStorage::alloc(&dev, DType::F32, coarse_len)?;
