@@ -186,10 +186,10 @@ WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int 
 
 // Key-tile means from frame sums (vsa_frame_sums' rows): tile j's mean adds the slab sums of its
 // frames in frame order from 0, then divides by its token count, as vsa.rs's means_from_sums. A
-// thread per `per` columns (4, one float4, where a row is whole float4s; else 1): at one column
-// a thread, the tile's index arithmetic outweighed its four loads (Nsight Compute on an H100,
-// 2026-12-06: SM 75 % busy, DRAM 41 %). Block b is column slice b % chunks of job b / chunks: k's
-// tiles, then v's.
+// thread per `per` columns (4, one float4, where a head's row is whole float4s; else 1): at one
+// column a thread, the tile's index arithmetic outweighed its four loads (Nsight Compute on an
+// H100, 2026-12-06: SM 75 % busy, DRAM 41 %). Block blk is column slice blk % chunks of job
+// blk / chunks: k's tiles, then v's.
 WL_DEVICE void vsa_sums_means(float* km, float* vm, const float* ks, const float* vs, int gt, int gh, int gw, int nk,
                               int row, int chunks, int per, int d, int blk) {
     int job = blk / chunks;
