@@ -47,10 +47,17 @@ WL_DEVICE int vt_extent(const vsa_grid& g, int j) {
     return min(4, g.t - o[0]) | min(4, g.h - o[1]) << 3 | min(4, g.w - o[2]) << 6;
 }
 
-// Both halves (64 dims each) of token tile `j` of `map`, head h, into `dst`, counted on `bar`.
-WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g, int j, int h, void* bar) {
+// Both halves (64 dims each) of token tile `j` of `map`, head h, into `dst`, counted on `bar`;
+// with `hint`, under the L2 eviction policy `policy`.
+WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g, int j, int h, void* bar,
+                       bool hint = false, unsigned long long policy = 0) {
     int o[3];
     vt_origin(g, j, o);
+    if (hint) {
+        wl_tma_load_5d_hint(dst, map, 0, h, o[2], o[1], o[0], bar, policy);
+        wl_tma_load_5d_hint(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar, policy);
+        return;
+    }
     wl_tma_load_5d(dst, map, 0, h, o[2], o[1], o[0], bar);
     wl_tma_load_5d(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar);
 }
@@ -260,7 +267,7 @@ struct vt_extents {
 template <bool PERSIST, bool TRIM>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
-                            vsa_grid kg, int nq, int heads, int top_k, float scale) {
+                            vsa_grid kg, int nq, int heads, int top_k, float scale, int l2) {
     constexpr int TB = VT_TB;
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
     constexpr int NB = 2 * VT_STAGES + 2;        // barriers per consumer: full, empty, q, q free
@@ -283,6 +290,10 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     __syncthreads();
     if (wg == 2) {
         WL_SETMAXNREG_DEC(40);
+        // l2 = 1: the K/V tiles kept in L2 past the query tiles, which are read once (an
+        // experiment: a head's K/V is read by ~10 query tiles each, from L2 79 % of the time).
+        const bool hint = l2 == 1;
+        const unsigned long long keep = hint ? wl_l2_policy(true) : 0, once = hint ? wl_l2_policy(false) : 0;
         // Pair p of head h, the block's qi-th item: its key tiles are each ring's
         // (qi · top_k)-th on.
         auto load = [&](int p, int h, int qi) {
@@ -292,7 +303,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                 unsigned long long* qbar = bars + c * NB + 2 * VT_STAGES;
                 if (qi > 0) wl_mbar_wait(qbar + 1, (qi - 1) & 1);
                 wl_mbar_expect_tx(qbar, TB);
-                vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
+                vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar, hint, once);
             }
             for (int u = 0; u < top_k; ++u) {
                 const int g = qi * top_k + u, s = g % VT_STAGES;
@@ -303,8 +314,8 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
                     const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
                     wl_mbar_expect_tx(full + s, 2 * TB);
-                    vt_load(ks, tk, kg, j, h, full + s);
-                    vt_load(ks + TB, tv, kg, j, h, full + s);
+                    vt_load(ks, tk, kg, j, h, full + s, hint, keep);
+                    vt_load(ks + TB, tv, kg, j, h, full + s, hint, keep);
                 }
             }
         };
@@ -403,8 +414,8 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
         name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
              const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse, const int* kept,   \
-             vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                                    \
-        vsa_fine_tma<PERSIST, TRIM>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);     \
+             vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale, int l2) {                            \
+        vsa_fine_tma<PERSIST, TRIM>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale, l2); \
     }
 WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true)
 WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true)

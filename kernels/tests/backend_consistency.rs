@@ -1685,7 +1685,8 @@ fn channels_last_convolutions_match_the_cpu(dev: Device) {
 }
 backend_test!(channels_last_convolutions_match_the_cpu);
 
-/// `WORLDLINE_VSA_FINE`, read at each VSA call: the tests that set it hold this lock.
+/// `WORLDLINE_VSA_FINE` and `WORLDLINE_VSA_L2`, read at each VSA call: the tests that set them
+/// hold this lock.
 static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn vsa_attention_matches_the_cpu(dev: Device) {
@@ -1698,6 +1699,10 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
         vsa_cases(dev);
     }
     std::env::remove_var("WORLDLINE_VSA_FINE");
+    // The fine kernel's loads with L2 eviction hints (WORLDLINE_VSA_L2=hint).
+    std::env::set_var("WORLDLINE_VSA_L2", "hint");
+    vsa_cases(dev);
+    std::env::remove_var("WORLDLINE_VSA_L2");
 }
 backend_test!(vsa_attention_matches_the_cpu);
 

@@ -834,6 +834,9 @@ pub(crate) fn vsa_fine_fast(
         .arg(&h32)
         .arg(&k32)
         .arg(&scale);
+    // `WORLDLINE_VSA_L2=hint`: K/V loads kept in L2 past the query tiles' (an experiment).
+    let l2 = i32::from(std::env::var("WORLDLINE_VSA_L2").as_deref() == Ok("hint"));
+    b.arg(&l2);
     dev.timed("vsa fine", || {
         // SAFETY: the maps describe the live bf16 q, k, v ([tokens, heads, 128] in grid order),
         // held until the launch is enqueued; `coarse` holds nq × heads × 128 f32 and `kept`

@@ -182,11 +182,20 @@ pub(super) fn vsa_ab(
     push: &mut impl FnMut(String, Duration, f64),
 ) -> Result<()> {
     let (heads, d) = (40, 128);
-    for (q_grid, k_grid) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])] {
+    for (n, (q_grid, k_grid)) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])]
+        .into_iter()
+        .enumerate()
+    {
         let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
         let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let ks = kernels::vsa::frame_sums(&k, 0, k_grid)?;
         let top_k = kernels::vsa::top_k(0.9, kernels::vsa::tiles(k_grid, kernels::vsa::TILE));
+        let mut call = || {
+            let sums = kernels::vsa::KeySums { k: &ks, v: None };
+            let only = kernels::vsa::Coarse::SelectOnly;
+            kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
+            Ok(())
+        };
         ab(
             dev,
             heavy,
@@ -196,13 +205,21 @@ pub(super) fn vsa_ab(
             ("WORLDLINE_VSA_FINE", "rows"),
             0.0,
             push,
-            || {
-                let sums = kernels::vsa::KeySums { k: &ks, v: None };
-                let only = kernels::vsa::Coarse::SelectOnly;
-                kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
-                Ok(())
-            },
+            &mut call,
         )?;
+        if n == 0 {
+            // The fine kernel's K/V loads kept in L2 past its query tiles' (an experiment).
+            let what = "vsa 3-frame select-only from key sums, L2 eviction hints";
+            ab(
+                dev,
+                heavy,
+                what,
+                ("WORLDLINE_VSA_L2", "hint"),
+                0.0,
+                push,
+                &mut call,
+            )?;
+        }
     }
     Ok(())
 }
