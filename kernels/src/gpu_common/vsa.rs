@@ -396,3 +396,24 @@ pub fn vsa_attention(
     );
     Ok(wrap(out, q.shape()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{coarse_shape, key_means_len};
+
+    #[test]
+    fn a_coarse_block_fits_the_default_shared_memory() {
+        // LingBot's 520 key tiles: eight query tiles a block; the coarse output's partial sums
+        // (256 threads × 8 tiles × 4 floats) are the larger use of the dynamic memory.
+        assert_eq!(coarse_shape(520), Some((8, 32 << 10)));
+        // One query tile's scores of 12 032 key tiles and its 256 floats of means fill 48 KiB.
+        assert_eq!(coarse_shape(12_032), Some((1, 48_128)));
+        assert_eq!(coarse_shape(12_033), None);
+    }
+
+    #[test]
+    fn key_means_round_each_head_up_to_whole_float4s() {
+        assert_eq!(key_means_len(520, 40 * 128, 128), 520 * 40 * 128);
+        assert_eq!(key_means_len(10, 2 * 6, 6), 10 * 2 * 8);
+    }
+}
