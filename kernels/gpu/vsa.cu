@@ -137,6 +137,15 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, i
     }
 }
 
+// Tile job's means over column slice `slice` of the row (WL_VSA_MEAN_THREADS × 16 bytes a
+// slice), from its tiling's offsets and sizes.
+template <typename T>
+WL_DEVICE void vsa_mean_job(float* out, const T* x, const int* order, const int* offsets, const int* sizes, int job,
+                            int slice, wl_u64 row, int tnk = 0, int td = 0) {
+    const wl_u64 c0 = (wl_u64)slice * WL_VSA_MEAN_THREADS * (16 / sizeof(T));
+    vsa_mean_slice(out, x, order, job, offsets[job], sizes[job], row, c0, tnk, td);
+}
+
 // The means of q (its tiling) and of k and v (the key tiling) in one launch: block b is column
 // slice b % chunks of tile job b / chunks, the q tiles first, then k's, then v's.
 template <typename T>
@@ -144,18 +153,16 @@ WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const
                               const int* q_offsets, const int* q_sizes, const int* k_order, const int* k_offsets,
                               const int* k_sizes, int nq, int nk, int row, int chunks, int d) {
     int job = blockIdx.x / chunks;
-    const wl_u64 c0 = (wl_u64)(blockIdx.x % chunks) * WL_VSA_MEAN_THREADS * (16 / sizeof(T));
+    const int slice = blockIdx.x % chunks;
     if (job < nq) {
-        vsa_mean_slice(qm, q, q_order, job, q_offsets[job], q_sizes[job], row, c0);
+        vsa_mean_job(qm, q, q_order, q_offsets, q_sizes, job, slice, row);
         return;
     }
     job -= nq;
-    const bool is_k = job < nk;
-    if (!is_k) job -= nk;
-    if (is_k)
-        vsa_mean_slice(km, k, k_order, job, k_offsets[job], k_sizes[job], row, c0, nk, d);
+    if (job < nk)
+        vsa_mean_job(km, k, k_order, k_offsets, k_sizes, job, slice, row, nk, d);
     else
-        vsa_mean_slice(vm, v, k_order, job, k_offsets[job], k_sizes[job], row, c0);
+        vsa_mean_job(vm, v, k_order, k_offsets, k_sizes, job - nk, slice, row);
 }
 
 // Sums of each frame's 1×4×4 slabs (edge slabs partial) of x from token row `first` on, frames
@@ -235,9 +242,7 @@ WL_DEVICE void vsa_means_cached(float* qm, const T* q, const int* q_order, const
                                 int gh, int gw, int nk, int row, int s_chunks, int per, int d) {
     const int qb = nq * q_chunks;
     if ((int)blockIdx.x < qb) {
-        const int job = blockIdx.x / q_chunks;
-        const wl_u64 c0 = (wl_u64)(blockIdx.x % q_chunks) * WL_VSA_MEAN_THREADS * (16 / sizeof(T));
-        vsa_mean_slice(qm, q, q_order, job, q_offsets[job], q_sizes[job], (wl_u64)row, c0);
+        vsa_mean_job(qm, q, q_order, q_offsets, q_sizes, blockIdx.x / q_chunks, blockIdx.x % q_chunks, (wl_u64)row);
         return;
     }
     vsa_sums_means(km, vm, ks, vs, gt, gh, gw, nk, row, s_chunks, per, d, blockIdx.x - qb);
