@@ -269,15 +269,6 @@ WL_DEVICE int vsa_warp_sum(int v) {
     return v;
 #endif
 }
-// Inclusive prefix sum over the lanes of a warp.
-WL_DEVICE int vsa_warp_scan(int v) {
-    const int lane = threadIdx.x % WL_WARP_SIZE;
-    for (int o = 1; o < WL_WARP_SIZE; o <<= 1) {
-        const int y = wl_shfl(v, lane >= o ? lane - o : lane);
-        if (lane >= o) v += y;
-    }
-    return v;
-}
 
 // acc[r] += q[r, e0 + e] · k[e] for the 4·P elements held in registers, in element order, one
 // fused multiply-add each (one rounding; CUDA's and HIP's fmaf, Rust's mul_add): the CPU's
@@ -333,18 +324,19 @@ WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, i
     for (int i = 0; i < n; ++i) above += key(i) > t;
     // Keys above t are all kept; of those equal to t, the `ties` lowest indices.
     const int ties = top_k - vsa_warp_sum(above);
+    // Each key's place among the written ones from two ballots (the lanes below it that write
+    // keys above t, that hold ties), not a warp scan of five dependent shuffles a step.
+    const wl_lanes below = wl_lanes_below(lane);
     int n_above = 0, n_eq = 0;
     for (int i = 0; i < n && n_above + min(n_eq, ties) < top_k; ++i) {
         const int j = lane + i * WL_WARP_SIZE;
         const unsigned int kj = key(i);
-        const int flags = (kj > t ? 1 << 16 : 0) | (j < nk && kj == t ? 1 : 0);
-        const int incl = vsa_warp_scan(flags);
-        const int excl = incl - flags;
-        const int eq_before = n_eq + (excl & 0xffff);
-        if ((flags >> 16) || (flags && eq_before < ties)) dst[n_above + (excl >> 16) + min(eq_before, ties)] = j;
-        const int total = wl_shfl(incl, WL_WARP_SIZE - 1);
-        n_above += total >> 16;
-        n_eq += total & 0xffff;
+        const bool up = kj > t, eq = j < nk && kj == t;
+        const wl_lanes ups = wl_ballot(up), eqs = wl_ballot(eq);
+        const int eq_before = n_eq + wl_popc_lanes(eqs & below);
+        if (up || (eq && eq_before < ties)) dst[n_above + wl_popc_lanes(ups & below) + min(eq_before, ties)] = j;
+        n_above += wl_popc_lanes(ups);
+        n_eq += wl_popc_lanes(eqs);
     }
 }
 

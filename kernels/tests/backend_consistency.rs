@@ -1685,24 +1685,21 @@ fn channels_last_convolutions_match_the_cpu(dev: Device) {
 }
 backend_test!(channels_last_convolutions_match_the_cpu);
 
-/// `WORLDLINE_VSA_FINE` and `WORLDLINE_VSA_L2`, read at each VSA call: the tests that set them
-/// hold this lock.
+/// `WORLDLINE_VSA_FINE`, read at each VSA call: the tests that set it hold this lock.
 static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn vsa_attention_matches_the_cpu(dev: Device) {
     let _env = VSA_ENV.lock().unwrap_or_else(|e| e.into_inner());
     // CUDA's fine kernel on a block per pair of query tiles, and on persistent blocks (at any
     // size here; the default where there is a wave of pairs), both with the query rows dealt
-    // out and half key tiles in 32-key steps; and the persistent kernel without either.
-    for fine in ["blocks", "persist", "rows"] {
+    // out and half key tiles in 32-key steps; the persistent kernel without either; and the
+    // persistent kernel over single query tiles whose kept lists the consumers halve (odd lists
+    // here too, and at one kept tile the pair kernel in its place).
+    for fine in ["blocks", "persist", "rows", "split"] {
         std::env::set_var("WORLDLINE_VSA_FINE", fine);
         vsa_cases(dev);
     }
     std::env::remove_var("WORLDLINE_VSA_FINE");
-    // The fine kernel's loads with L2 eviction hints (WORLDLINE_VSA_L2=hint).
-    std::env::set_var("WORLDLINE_VSA_L2", "hint");
-    vsa_cases(dev);
-    std::env::remove_var("WORLDLINE_VSA_L2");
 }
 backend_test!(vsa_attention_matches_the_cpu);
 

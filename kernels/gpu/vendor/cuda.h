@@ -17,6 +17,12 @@ WL_DEVICE bool wl_any(bool p) { return __any_sync(0xffffffffu, p); }
 typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 WL_DEVICE int wl_shfl(int v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
+// A bit per lane of a warp: wl_ballot's bit l is lane l's p, the same in every lane;
+// wl_lanes_below(l) has the bits of the lanes under l.
+typedef unsigned int wl_lanes;
+WL_DEVICE wl_lanes wl_ballot(bool p) { return __ballot_sync(0xffffffffu, p); }
+WL_DEVICE wl_lanes wl_lanes_below(int lane) { return (1u << lane) - 1; }
+WL_DEVICE int wl_popc_lanes(wl_lanes x) { return __popc(x); }
 
 // Two floats to e4m3fn codes in one instruction (sm_89+): round to nearest even, saturating at
 // ±448, `lo` in the low byte; the codes of common.cuh's wl_to_e4m3 for every finite value and
@@ -170,24 +176,6 @@ WL_DEVICE void wl_tma_load_5d(void* dst, const wl_tmap* map, int c0, int c1, int
         "%6}], [%7];\n" ::"r"(wl_smem_addr(dst)),
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(wl_smem_addr(bar))
         : "memory");
-}
-// The same with an L2 eviction policy for what it reads (from wl_l2_policy).
-WL_DEVICE void wl_tma_load_5d_hint(void* dst, const wl_tmap* map, int c0, int c1, int c2, int c3, int c4, void* bar,
-                                   unsigned long long policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, "
-        "{%2, %3, %4, %5, %6}], [%7], %8;\n" ::"r"(wl_smem_addr(dst)),
-        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(wl_smem_addr(bar)), "l"(policy)
-        : "memory");
-}
-// L2 eviction policies for a load's whole footprint: kept past others (last) or let go first.
-WL_DEVICE unsigned long long wl_l2_policy(bool last) {
-    unsigned long long p;
-    if (last)
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-    else
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-    return p;
 }
 // Descriptor of a K-major operand as TMA writes it with 128-byte swizzling: rows of 128 bytes,
 // 8-row groups 1024 bytes apart (the tile 1024-byte aligned). A 16-element step along K inside a

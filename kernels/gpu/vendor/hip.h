@@ -19,6 +19,11 @@ WL_DEVICE bool wl_any(bool p) { return __any(p); }
 typedef unsigned long long wl_u64;
 WL_DEVICE float wl_shfl(float v, int src_lane) { return __shfl(v, src_lane); }
 WL_DEVICE int wl_shfl(int v, int src_lane) { return __shfl(v, src_lane); }
+// A bit per lane of a wave (vendor/cuda.h says what each does).
+typedef wl_u64 wl_lanes;
+WL_DEVICE wl_lanes wl_ballot(bool p) { return __ballot(p); }
+WL_DEVICE wl_lanes wl_lanes_below(int lane) { return (wl_u64(1) << lane) - 1; }
+WL_DEVICE int wl_popc_lanes(wl_lanes x) { return __popcll(x); }
 
 // ---- tile level: CDNA's matrix cores. v_mfma_f32_16x16x16_bf16 (the "_1k" encoding: four bf16
 // of K per lane) exists from gfx90a on (MI200, MI300, MI350); gfx908 has only the older bf16

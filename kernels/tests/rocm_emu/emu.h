@@ -64,6 +64,16 @@ inline int __any(int p) {
     return 0;
 }
 
+// Bit l: lane l's p (every lane must call it).
+inline unsigned long long __ballot(int p) {
+    int all[64];
+    wl_emu_ctx->gather(wl_emu_ctx->team, threadIdx.x, &p, all, (int)sizeof(int));
+    unsigned long long m = 0;
+    for (int i = 0; i < 64; ++i) m |= (unsigned long long)(all[i] != 0) << i;
+    return m;
+}
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+
 inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);

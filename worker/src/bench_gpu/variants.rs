@@ -174,52 +174,36 @@ pub(super) fn cross_ab(
 
 /// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
 /// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
-/// kernel's default against its form before 2026-12-06 (`rows`: every query row live, every key
-/// tile a 64-key step).
+/// kernel's default (a block per SM walking pairs of query tiles) against `split` (walking
+/// single query tiles, each consumer half a tile's kept list: half as many query tiles at a
+/// time, so less K/V to hold in L2).
 pub(super) fn vsa_ab(
     dev: Device,
     heavy: usize,
     push: &mut impl FnMut(String, Duration, f64),
 ) -> Result<()> {
     let (heads, d) = (40, 128);
-    for (n, (q_grid, k_grid)) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])]
-        .into_iter()
-        .enumerate()
-    {
+    for (q_grid, k_grid) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])] {
         let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
         let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let ks = kernels::vsa::frame_sums(&k, 0, k_grid)?;
         let top_k = kernels::vsa::top_k(0.9, kernels::vsa::tiles(k_grid, kernels::vsa::TILE));
-        let mut call = || {
-            let sums = kernels::vsa::KeySums { k: &ks, v: None };
-            let only = kernels::vsa::Coarse::SelectOnly;
-            kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
-            Ok(())
-        };
         ab(
             dev,
             heavy,
             &format!(
                 "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
             ),
-            ("WORLDLINE_VSA_FINE", "rows"),
+            ("WORLDLINE_VSA_FINE", "split"),
             0.0,
             push,
-            &mut call,
+            || {
+                let sums = kernels::vsa::KeySums { k: &ks, v: None };
+                let only = kernels::vsa::Coarse::SelectOnly;
+                kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
+                Ok(())
+            },
         )?;
-        if n == 0 {
-            // The fine kernel's K/V loads kept in L2 past its query tiles' (an experiment).
-            let what = "vsa 3-frame select-only from key sums, L2 eviction hints";
-            ab(
-                dev,
-                heavy,
-                what,
-                ("WORLDLINE_VSA_L2", "hint"),
-                0.0,
-                push,
-                &mut call,
-            )?;
-        }
     }
     Ok(())
 }
