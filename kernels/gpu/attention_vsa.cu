@@ -204,98 +204,31 @@ WL_DEVICE void vt_first(unsigned int (*pa)[4], float* m, float* l, const unsigne
     for (int e = 0; e < 2; ++e) m[e] = nm[e], l[e] = sum[e];
     vt_pack<NC>(pa, sc, live);
 }
-// out = O · inv + the coarse term (wl_vsa_coarse) for this thread's rows (tile slots `slot`) of
-// query tile i, those inside the query grid, over dims 8·j0 .. 8·j1 (inv[e]: 1 / row e's sum).
-WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* inv, const float* coarse, const wl_bf16* gate,
-                        int mix, const vsa_grid& qg, int i, int h, int heads, const int* slot, int cq, int j0 = 0,
-                        int j1 = 16) {
+// out = O / l + the coarse term (wl_vsa_coarse) for this thread's rows (tile slots `slot`) of
+// query tile i, those inside the query grid.
+WL_DEVICE void vt_store(wl_bf16* out, const float* o, const float* l, const float* coarse, const wl_bf16* gate,
+                        int mix, const vsa_grid& qg, int i, int h, int heads, const int* slot, int cq) {
     int qo[3];
     vt_origin(qg, i, qo);
     const float* cv = coarse + ((wl_u64)i * heads + h) * 128;
     const wl_u64 row = (wl_u64)heads * 128;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
+        const float inv = 1.0f / fw_row_sum(l[e]);
         const int r = slot[e];
         const int tt = qo[0] + (r >> 4), yy = qo[1] + ((r >> 2) & 3), xx = qo[2] + (r & 3);
         if (tt < qg.t && yy < qg.h && xx < qg.w) {
             const wl_u64 base = (((wl_u64)tt * qg.h + yy) * qg.w + xx) * row + (wl_u64)h * 128;
 #pragma unroll
             for (int jj = 0; jj < 16; ++jj) {
-                if (jj < j0 || jj >= j1) continue;
                 const int dim = jj * 8 + cq;
                 const float c0 = wl_vsa_coarse(mix, gate, base + dim, cv + dim);
                 const float c1 = wl_vsa_coarse(mix, gate, base + dim + 1, cv + dim + 1);
                 *(unsigned int*)(out + base + dim) =
-                    wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv[e] + c0, o[4 * jj + 2 * e + 1] * inv[e] + c1);
+                    wl_cvt_bf16x2(o[4 * jj + 2 * e] * inv + c0, o[4 * jj + 2 * e + 1] * inv + c1);
             }
         }
     }
-}
-
-// SPLIT's end of an item: the two consumers hold partial states (o, m, l) of the same query tile
-// over the two halves of its kept list; they meet in shared memory and consumer c writes dims
-// 64c .. 64c + 63 of the output. `x` (16 KiB, the second consumer's query buffer, unused under
-// SPLIT) carries 64 rows × 64 dims of f32 one way and then the other: consumer 1's dims 0-63 to
-// consumer 0, then consumer 0's dims 64-127 to consumer 1; `ml` [2 consumers][64 rows] the rows'
-// (max, sum). Consumers deal rows to threads differently (vt_deal), so both go by tile slot. A
-// row's 8-dim groups sit at group ^ (slot % 8): a warp's eight rows then write distinct banks.
-// Named barriers: 1 (consumer 1's half written), 2 (consumer 0's), 3 and 4 (each consumer's
-// threads done with x before it writes x again).
-WL_DEVICE float* vt_x(float* x, int r, int dd) { return x + r * 64 + (dd ^ ((r & 7) << 3)); }
-template <int WG>
-WL_DEVICE void vt_split_finish(wl_bf16* out, float* o, const float* m, const float* l, float* x, float* ml,
-                               const float* coarse, const wl_bf16* gate, int mix, const vsa_grid& qg, int i, int h,
-                               int heads, const int* slot, int cq) {
-    float tl[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        tl[e] = fw_row_sum(l[e]);
-        if (cq == 0) *(float2*)(ml + (WG * 64 + slot[e]) * 2) = make_float2(m[e], tl[e]);
-    }
-    // This consumer's half (groups jj of 8 dims) and the other's: constants, so that o stays in
-    // registers.
-    constexpr int mine = WG * 8, theirs = (1 - WG) * 8;
-    auto send = [&] {
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj)
-                *(float2*)vt_x(x, slot[e], jj * 8 + cq) =
-                    make_float2(o[4 * (theirs + jj) + 2 * e], o[4 * (theirs + jj) + 2 * e + 1]);
-    };
-    // o (own half) = a·o + b·o', the other consumer's, with a and b each side's weight under the
-    // row's larger max; inv = 1 / the row's combined sum.
-    float inv[2];
-    auto merge = [&] {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const float2 t = *(const float2*)(ml + ((1 - WG) * 64 + slot[e]) * 2);
-            const float mx = fmaxf(m[e], t.x);
-            const float a = m[e] == -WL_INF ? 0.0f : exp2f(m[e] - mx);
-            const float b = t.x == -WL_INF ? 0.0f : exp2f(t.x - mx);
-            inv[e] = 1.0f / (a * tl[e] + b * t.y);
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-                const float2 v = *(const float2*)vt_x(x, slot[e], jj * 8 + cq);
-                o[4 * (mine + jj) + 2 * e] = a * o[4 * (mine + jj) + 2 * e] + b * v.x;
-                o[4 * (mine + jj) + 2 * e + 1] = a * o[4 * (mine + jj) + 2 * e + 1] + b * v.y;
-            }
-        }
-    };
-    if constexpr (WG == 1) {
-        wl_named_sync(3, 128);  // this consumer's reads of the last item's x are done
-        send();
-        wl_named_arrive(1, 256);
-        wl_named_sync(2, 256);
-        merge();
-    } else {
-        wl_named_sync(1, 256);
-        merge();
-        wl_named_sync(4, 128);
-        send();
-        wl_named_arrive(2, 256);
-    }
-    vt_store(out, o, inv, coarse, gate, mix, qg, i, h, heads, slot, cq, mine, mine + 8);
 }
 
 // The kept key tiles' extents 32 at a time: lane l holds entry base + l's, so a step takes its
@@ -324,66 +257,51 @@ struct vt_extents {
 // the one-item grid (pairs along x, heads along y). TRIM: the query rows dealt as vt_deal says
 // and half key tiles in 32-key steps (vt_kind); without it (the kernel before 2026-12-06, kept
 // for A/B) the rows in slot order, every one live, and every tile a 64-key step.
-// SPLIT (with PERSIST; top_k ≥ 2): an item is one query tile, it % nq of head it / nq, its kept
-// list halved between the consumers (the first ⌈top_k/2⌉ entries to consumer 0), which meet at
-// its end (vt_split_finish). The query tile is loaded once, into consumer 0's buffer. Why: the
-// blocks then work on 132 query tiles at a time, not 264, whose K/V (~1.3 heads of LingBot's
-// 14.4 MB each, not ~2.5) stays in L2 better: the pair kernel's K/V loads miss L2 22 % of the
-// time on an H100 while reading each head's K/V once would miss ~11 %.
-template <bool PERSIST, bool TRIM, bool SPLIT = false>
+template <bool PERSIST, bool TRIM>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
-    static_assert(!SPLIT || PERSIST, "SPLIT is a persistent kernel");
     constexpr int TB = VT_TB;
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
     constexpr int NB = 2 * VT_STAGES + 2;        // barriers per consumer: full, empty, q, q free
     extern __shared__ __align__(1024) unsigned char vt_smem[];
     unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);
-    // SPLIT's rows' (max, sum), two items' worth (by item parity) after the barriers.
-    float* mls = (float*)(bars + 2 * NB);
     // The warpgroup index through a shuffle, as CUTLASS takes it: the compiler then knows it is
     // uniform and keeps the wgmma descriptors built from it in uniform registers, where each
     // product of a step otherwise paid register-to-uniform moves (~70 issue slots a step).
     const int wg = wl_shfl((int)(threadIdx.x / 128), 0), t = threadIdx.x % 128, lane = t % 32;
-    const int pairs = (nq + 1) / 2, items = SPLIT ? nq * heads : pairs * heads;
-    // SPLIT: consumer c takes entries [c·k0, c·k0 + kn[c]) of a tile's kept list.
-    const int k0 = SPLIT ? (top_k + 1) / 2 : 0;
-    const int kn[2] = {SPLIT ? k0 : top_k, SPLIT ? top_k - k0 : top_k};
+    const int pairs = (nq + 1) / 2, items = pairs * heads;
     if (threadIdx.x == 0) {
         for (int c = 0; c < 2; ++c) {
             unsigned long long* b = bars + c * NB;
             for (int s = 0; s < VT_STAGES; ++s) wl_mbar_init(b + s, 1), wl_mbar_init(b + VT_STAGES + s, 1);
             wl_mbar_init(b + 2 * VT_STAGES, 1);
-            // Under SPLIT consumer 0's query buffer is both consumers'.
-            wl_mbar_init(b + 2 * VT_STAGES + 1, SPLIT && c == 0 ? 256 : 128);
+            wl_mbar_init(b + 2 * VT_STAGES + 1, 128);
         }
         wl_mbar_init_fence();
     }
     __syncthreads();
     if (wg == 2) {
         WL_SETMAXNREG_DEC(40);
-        // Item (p, h) (a pair, or under SPLIT a query tile), the block's qi-th: its key tiles
-        // are ring c's (qi · kn[c])-th on.
+        // Pair p of head h, the block's qi-th item: its key tiles are each ring's
+        // (qi · top_k)-th on.
         auto load = [&](int p, int h, int qi) {
             int tile[2];
             for (int c = 0; c < 2; ++c) {
-                tile[c] = SPLIT ? p : min(p * 2 + c, nq - 1);
-                if (SPLIT && c == 1) break;
+                tile[c] = min(p * 2 + c, nq - 1);
                 unsigned long long* qbar = bars + c * NB + 2 * VT_STAGES;
                 if (qi > 0) wl_mbar_wait(qbar + 1, (qi - 1) & 1);
                 wl_mbar_expect_tx(qbar, TB);
                 vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
             }
-            for (int u = 0; u < kn[0]; ++u) {
+            for (int u = 0; u < top_k; ++u) {
+                const int g = qi * top_k + u, s = g % VT_STAGES;
                 for (int c = 0; c < 2; ++c) {
-                    if (u >= kn[c]) continue;
-                    const int g = qi * kn[c] + u, s = g % VT_STAGES;
                     unsigned long long* full = bars + c * NB;
                     unsigned long long* empty = full + VT_STAGES;
                     if (g >= VT_STAGES) wl_mbar_wait(empty + s, (g / VT_STAGES - 1) & 1);
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
-                    const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + c * k0 + u];
+                    const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
                     wl_mbar_expect_tx(full + s, 2 * TB);
                     vt_load(ks, tk, kg, j, h, full + s);
                     vt_load(ks + TB, tv, kg, j, h, full + s);
@@ -391,9 +309,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
             }
         };
         if (t == 0) {
-            if constexpr (SPLIT) {
-                for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) load(it % nq, it / nq, qi);
-            } else if constexpr (PERSIST) {
+            if constexpr (PERSIST) {
                 for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) load(it % pairs, it / pairs, qi);
             } else {
                 load(blockIdx.x, blockIdx.y, 0);
@@ -402,23 +318,21 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         return;
     }
     WL_SETMAXNREG_INC(232);
-    // Under SPLIT both consumers read consumer 0's query buffer and wait on its barriers.
-    unsigned char* qs = vt_smem + (SPLIT ? 0 : wg) * CB;
-    unsigned char* stages = vt_smem + wg * CB + TB;
+    unsigned char* qs = vt_smem + wg * CB;
+    unsigned char* stages = qs + TB;
     unsigned long long* full = bars + wg * NB;
     unsigned long long* empty = full + VT_STAGES;
-    unsigned long long* qbar = bars + (SPLIT ? 0 : wg) * NB + 2 * VT_STAGES;
+    unsigned long long* qbar = full + 2 * VT_STAGES;
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
-    const int n = kn[wg];  // kept tiles an item takes
     // Descriptors of stage 0's K and V (the others are offsets).
     const unsigned long long dk0 = wl_wgmma_desc_sw128(stages);
     const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
     auto run = [&](int p, int h, int qi) {
-        const int i = SPLIT ? p : min(p * 2 + wg, nq - 1);
-        const bool mine = SPLIT || p * 2 + wg < nq;  // the odd block's second consumer only keeps time
-        const int* kl = kept + ((wl_u64)i * heads + h) * top_k + wg * k0;
-        const int g0 = qi * n;  // this item's first tile in the ring
+        const int i = min(p * 2 + wg, nq - 1);
+        const bool mine = p * 2 + wg < nq;  // the odd block's second consumer only keeps time
+        const int* kl = kept + ((wl_u64)i * heads + h) * top_k;
+        const int g0 = qi * top_k;  // this item's first tile in the ring
         float o[64];
 #pragma unroll
         for (int e = 0; e < 64; ++e) o[e] = 0.0f;
@@ -428,7 +342,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 #pragma unroll
             for (int e = 0; e < 16; ++e) pa[e / 4][e % 4] = 0;
         vt_extents ex;
-        ex.init(kg, kl, n, lane);
+        ex.init(kg, kl, top_k, lane);
         vt_rows rows = {{(t / 32) * 16 + lane / 4, (t / 32) * 16 + lane / 4 + 8}, 3};
         if constexpr (TRIM) rows = vt_deal(vt_extent(qg, i), wg, t / 32, lane);
         wl_mbar_wait(qbar, qi & 1);
@@ -446,7 +360,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         }
         // Tile u's stage and its barrier's phase, carried from step to step (no divisions).
         int s = g0 % VT_STAGES, phase = (g0 / VT_STAGES) & 1;
-        for (int u = 1; u < n; ++u) {
+        for (int u = 1; u < top_k; ++u) {
             const int prev = s;
             if (++s == VT_STAGES) s = 0, phase ^= 1;
             const int ext = ex.at(u), kind = TRIM ? vt_kind(ext) : 0;
@@ -463,7 +377,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                 else vt_step<32, 32>(o, pa, m, l, qa, dk, dv, kstep, ext, live, cq, scale2, rel, t == 0);
             }
             pk = kind;
-            ex.after(kg, kl, n, lane, u);
+            ex.after(kg, kl, top_k, lane, u);
         }
         const int last = s;
         const unsigned long long dv = vt_desc(wl_desc_plus(dv0, last * 2 * TB), pk);
@@ -474,19 +388,9 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         wl_wgmma_wait_all();
         // The last stage is refilled only by a next item.
         if (PERSIST && t == 0) wl_mbar_arrive(empty + last);
-        if constexpr (SPLIT) {
-            float* x = (float*)(vt_smem + CB);
-            float* ml = mls + (qi & 1) * 256;
-            if (wg == 0) vt_split_finish<0>(out, o, m, l, x, ml, coarse, gate, mix, qg, i, h, heads, rows.slot, cq);
-            else vt_split_finish<1>(out, o, m, l, x, ml, coarse, gate, mix, qg, i, h, heads, rows.slot, cq);
-        } else if (mine) {
-            const float inv[2] = {1.0f / fw_row_sum(l[0]), 1.0f / fw_row_sum(l[1])};
-            vt_store(out, o, inv, coarse, gate, mix, qg, i, h, heads, rows.slot, cq);
-        }
+        if (mine) vt_store(out, o, l, coarse, gate, mix, qg, i, h, heads, rows.slot, cq);
     };
-    if constexpr (SPLIT) {
-        for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) run(it % nq, it / nq, qi);
-    } else if constexpr (PERSIST) {
+    if constexpr (PERSIST) {
         for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) run(it % pairs, it / pairs, qi);
     } else {
         run(blockIdx.x, blockIdx.y, 0);
@@ -495,16 +399,15 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 
 // q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; two query
 // tiles per block.
-#define WL_VSA_FINE_TMA(name, PERSIST, TRIM, SPLIT)                                                                           \
+#define WL_VSA_FINE_TMA(name, PERSIST, TRIM)                                                                           \
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
         name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
              const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse, const int* kept,   \
              vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                                    \
-        vsa_fine_tma<PERSIST, TRIM, SPLIT>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);     \
+        vsa_fine_tma<PERSIST, TRIM>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);     \
     }
-WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_split_bf16_d128, true, true, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false)
 
 #endif

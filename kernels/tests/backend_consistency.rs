@@ -1692,10 +1692,8 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
     let _env = VSA_ENV.lock().unwrap_or_else(|e| e.into_inner());
     // CUDA's fine kernel on a block per pair of query tiles, and on persistent blocks (at any
     // size here; the default where there is a wave of pairs), both with the query rows dealt
-    // out and half key tiles in 32-key steps; the persistent kernel without either; and the
-    // persistent kernel over single query tiles whose kept lists the consumers halve (odd lists
-    // here too, and at one kept tile the pair kernel in its place).
-    for fine in ["blocks", "persist", "rows", "split"] {
+    // out and half key tiles in 32-key steps; and the persistent kernel without either.
+    for fine in ["blocks", "persist", "rows"] {
         std::env::set_var("WORLDLINE_VSA_FINE", fine);
         vsa_cases(dev);
     }

@@ -742,43 +742,24 @@ const VSA_TMA_THREADS: u32 = 384;
 const VSA_TILE_BYTES: u32 = 64 * 256;
 
 /// The fine kernel's dynamic shared memory: per consumer a query tile and three key/value
-/// stages, then 8 barriers each, then (for the split kernel) two items' rows' (max, sum) of
-/// both consumers.
-const VSA_FINE_SMEM: u32 =
-    2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8 + 2 * 2 * 64 * 8;
+/// stages, then 8 barriers each.
+const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8;
 
-/// How the fine kernel's grid is laid out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FineGrid {
-    /// A block per pair of query tiles of a head.
-    Pairs,
-    /// A block per SM walking the pairs.
-    PersistentPairs,
-    /// A block per SM walking the query tiles, the consumers halving each tile's kept list.
-    PersistentTiles,
-}
-
-/// The VSA fine kernel for `pairs` pairs of query tiles × heads and `top_k` kept key tiles, and
-/// its grid: persistent blocks (a block per SM walking the pairs, the next pair's loads under
-/// this one's end) where there is at least a wave of pairs, unless `WORLDLINE_VSA_FINE=blocks`
-/// asks for a block per pair (`persist` asks for persistent blocks at any size). The default
-/// deals a query tile's rows so that the groups holding no query skip their softmax, and takes
-/// half key tiles in 32-key steps; `rows` takes the persistent kernel without either (the
-/// default before 2026-12-06, 10:00 UTC). `split` takes the persistent kernel over single query
-/// tiles, each consumer half of a tile's kept list (an experiment: fewer query tiles at a time,
-/// so their K/V stays in L2 better); it needs two kept tiles.
-fn vsa_fine_kernel(pairs: usize, top_k: usize, sms: usize) -> (&'static str, FineGrid) {
+/// The VSA fine kernel for `items` pairs of query tiles × heads, and whether it runs on
+/// persistent blocks (a block per SM walking the pairs, the next pair's loads under this one's
+/// end): where there is at least a wave of pairs, unless `WORLDLINE_VSA_FINE=blocks` asks for a
+/// block per pair (`persist` asks for persistent blocks at any size). The default deals a query
+/// tile's rows so that the groups holding no query skip their softmax, and takes half key tiles
+/// in 32-key steps; `rows` takes the persistent kernel without either (the default before
+/// 2026-12-06, 10:00 UTC).
+fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
     const PERSIST: &str = "vsa_fine_tma_persist_bf16_d128";
     match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
-        Ok("blocks") => ("vsa_fine_tma_bf16_d128", FineGrid::Pairs),
-        Ok("persist") => (PERSIST, FineGrid::PersistentPairs),
-        Ok("rows") => (
-            "vsa_fine_tma_persist_rows_bf16_d128",
-            FineGrid::PersistentPairs,
-        ),
-        Ok("split") if top_k >= 2 => ("vsa_fine_tma_split_bf16_d128", FineGrid::PersistentTiles),
-        _ if pairs >= sms => (PERSIST, FineGrid::PersistentPairs),
-        _ => ("vsa_fine_tma_bf16_d128", FineGrid::Pairs),
+        Ok("blocks") => ("vsa_fine_tma_bf16_d128", false),
+        Ok("persist") => (PERSIST, true),
+        Ok("rows") => ("vsa_fine_tma_persist_rows_bf16_d128", true),
+        _ if items >= sms => (PERSIST, true),
+        _ => ("vsa_fine_tma_bf16_d128", false),
     }
 }
 
@@ -826,14 +807,12 @@ pub(crate) fn vsa_fine_fast(
     let (tq, tk, tv) = (map(q_p, q_grid)?, map(k_p, k_grid)?, map(v_p, k_grid)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let pairs = nq.div_ceil(2);
-    let (name, grid) = vsa_fine_kernel(pairs * heads, top_k, dev.sms);
+    let (name, persistent) = vsa_fine_kernel(pairs * heads, dev.sms);
     let func = dev.func("attention", name)?;
     dev.allow_dynamic_smem(&func, VSA_FINE_SMEM)?;
-    let sms = dev.sms.max(1);
-    let grid_dim = match grid {
-        FineGrid::Pairs => (pairs as u32, heads as u32, 1),
-        FineGrid::PersistentPairs => ((pairs * heads).min(sms) as u32, 1, 1),
-        FineGrid::PersistentTiles => ((nq * heads).min(sms) as u32, 1, 1),
+    let grid_dim = match persistent {
+        true => ((pairs * heads).min(dev.sms.max(1)) as u32, 1, 1),
+        false => (pairs as u32, heads as u32, 1),
     };
     let cfg = LaunchConfig {
         grid_dim,
