@@ -426,6 +426,18 @@ fn more_ops_match_the_cpu_on_the_emulated_gpu() {
     check("vsa ties", dev, 1e-4, &[&q, &k, &v], |t| {
         kernels::vsa::attention(&t[0], &t[1], &t[2], None, qg, kg, 5)
     });
+    // All ties over 288 key tiles with 150 kept: the pass that writes the selection places ties
+    // over three rounds of a wave's 64 lanes, counting those of the rounds before.
+    let kg = [16, 12, 96];
+    let lk: usize = kg.iter().product();
+    let (q, v) = (
+        input(25, &[96, 1, 8], DType::F32),
+        input(26, &[lk, 1, 8], DType::F32),
+    );
+    let k = Tensor::from_vec(vec![0.5; lk * 8], &[lk, 1, 8]).expect("keys");
+    check("vsa ties over rounds", dev, 1e-4, &[&q, &k, &v], |t| {
+        kernels::vsa::attention(&t[0], &t[1], &t[2], None, [3, 4, 8], kg, 150)
+    });
 }
 
 /// The passes that add the bias a linear's GEMM left out (`WORLDLINE_DEFER_BIAS`): the FFN's
