@@ -67,8 +67,11 @@ part() { # name, seconds, command...
   fi
   [ "$limit" -le "$left" ] || limit=$left
   local t0=$SECONDS
+  # When each part ran, to line up with a power or clock trace taken beside the suite.
+  echo "$(date -u +%T.%N | cut -c1-12) start $name" >>"$out/parts.txt"
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
+  echo "$(date -u +%T.%N | cut -c1-12) end $name rc $rc" >>"$out/parts.txt"
   # The test result line (with how many checks skipped for want of a device), else the last line.
   local said skipped
   said=$(grep -E '^test result' "$out/$name.log" | tail -1)

@@ -46,7 +46,10 @@ def sustained(fn, seconds=2.0):
         if n % 8 == 0:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) * 1e3 / n, n
+    secs = time.perf_counter() - t
+    # The window on the wall clock, to line up with a power trace taken beside the bench.
+    print(f"sustained window: unix {time.time() - secs:.3f} to {time.time():.3f}")
+    return secs * 1e3 / n, n
 
 
 # Rounds of the attention and block rows, long ops on a card whose speed drifts by 5–10 % over

@@ -177,7 +177,17 @@ fn sustained(dev: Device, mut f: impl FnMut() -> Result<()>) -> Result<(Duration
         }
     }
     sync(dev)?;
-    Ok((t.elapsed() / n, n))
+    // The window on the wall clock, to line up with a power trace taken beside the bench.
+    let end = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let secs = t.elapsed();
+    println!(
+        "sustained window: unix {:.3} to {end:.3}",
+        end - secs.as_secs_f64()
+    );
+    Ok((secs / n, n))
 }
 
 /// "best B, median M, worst W ms; host queued its launches in H ms (median)" over `rounds`.
