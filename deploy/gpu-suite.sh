@@ -12,7 +12,7 @@
 # tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
-# tests and `bench vsa`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
+# tests and `bench vsa`; vsa-bench: `bench vsa` alone; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
 # and without it; sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
@@ -186,6 +186,10 @@ PY
     vsa)
       part test-backend_consistency-vsa 200 "$dir/backend_consistency" vsa --test-threads=1 --nocapture
       part test-vsa 100 "$dir/vsa" --test-threads=1 --nocapture
+      part bench-vsa 300 "$dir/worker" bench vsa --device cuda --repeat 3 --json "$out/vsa.json"
+      ;;
+    vsa-bench)
+      # `bench vsa` alone: the VSA rows of a build whose kernels the tests already passed.
       part bench-vsa 300 "$dir/worker" bench vsa --device cuda --repeat 3 --json "$out/vsa.json"
       ;;
     profile-vsa)
