@@ -99,6 +99,15 @@ run() {
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   local parts=("$@")
   [ ${#parts[@]} -gt 0 ] || parts=(tests kernels codecs sp)
+  # Power, clock and throttle reasons every 100 ms beside the whole run: the benches print each
+  # sustained window on the wall clock, and worker/bench/power.py joins the two (watts, MHz and
+  # joules a call). `power.draw` is a moving average over about a second.
+  local trace=
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,index,power.draw,clocks.sm,temperature.gpu,clocks_throttle_reasons.active \
+      --format=csv,noheader -lms 100 >"$out/power.csv" 2>&1 &
+    trace=$!
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv >"$out/gpus.csv" 2>&1
   for p in "${parts[@]}"; do
     case $p in
@@ -239,9 +248,13 @@ PY
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm, vsa-bench)" >&2 ;;
     esac
   done
+  if [ -n "$trace" ]; then
+    kill "$trace" 2>/dev/null
+    python3 worker/bench/power.py "$out/power.csv" "$out"/*.log >"$out/power.txt" 2>&1
+  fi
   if compgen -G "$out/test-*.log" >/dev/null; then
     (cd "$out" && tar czf test-logs.tgz test-*.log && rm -f test-*.log)
   fi

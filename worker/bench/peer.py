@@ -48,7 +48,8 @@ def sustained(fn, seconds=2.0):
     torch.cuda.synchronize()
     secs = time.perf_counter() - t
     # The window on the wall clock, to line up with a power trace taken beside the bench.
-    print(f"sustained window: unix {time.time() - secs:.3f} to {time.time():.3f}")
+    end = time.time()
+    print(f"sustained window: unix {end - secs:.3f} to {end:.3f}, {n} calls, {secs * 1e3 / n:.4f} ms a call")
     return secs * 1e3 / n, n
 
 

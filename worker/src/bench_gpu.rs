@@ -184,8 +184,9 @@ fn sustained(dev: Device, mut f: impl FnMut() -> Result<()>) -> Result<(Duration
         .as_secs_f64();
     let secs = t.elapsed();
     println!(
-        "sustained window: unix {:.3} to {end:.3}",
-        end - secs.as_secs_f64()
+        "sustained window: unix {:.3} to {end:.3}, {n} calls, {:.4} ms a call",
+        end - secs.as_secs_f64(),
+        secs.as_secs_f64() * 1e3 / f64::from(n)
     );
     Ok((secs / n, n))
 }
