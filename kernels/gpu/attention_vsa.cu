@@ -68,6 +68,16 @@ WL_DEVICE int vt_kind(int ext) { return ext == VT_HALF_T ? 1 : ext == VT_HALF_H 
 // and the bytes between its P·V's 16-key steps.
 WL_DEVICE unsigned long long vt_desc(unsigned long long d, int kind) { return kind == 2 ? d + (64ull << 32) : d; }
 WL_DEVICE unsigned int vt_kstep(int kind) { return kind == 2 ? 4096 : 2048; }
+// EXACT: a half key tile comes in a box of its own size (32 tokens: 4 × 4 × 2 frames, or 2 rows
+// of h), not a whole box whose outer half lies outside the grid. Nsight Compute counted those
+// outer halves in full (H100, 2026-12-06: the fine kernel's 7.16 GB from L2 are what whole boxes
+// would take, where its kept tiles hold 5.3 GB of K/V), and the return path from L2 is what
+// bounds this kernel. Either half box holds its 32 tokens in slots 0-31, so both take kind 1's
+// step.
+WL_DEVICE int vt_step_kind(int ext, bool trim, bool exact) {
+    const int kind = trim ? vt_kind(ext) : 0;
+    return exact && kind == 2 ? 1 : kind;
+}
 
 // S (64 × NC) = Q·Kᵀ for the query tile in registers (as fw_load_q leaves it) and the key tile
 // at dk.
@@ -257,10 +267,12 @@ struct vt_extents {
 // the one-item grid (pairs along x, heads along y). TRIM: the query rows dealt as vt_deal says
 // and half key tiles in 32-key steps (vt_kind); without it (the kernel before 2026-12-06, kept
 // for A/B) the rows in slot order, every one live, and every tile a 64-key step.
-template <bool PERSIST, bool TRIM>
+template <bool PERSIST, bool TRIM, bool EXACT>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
+                            const wl_tmap* tk_t, const wl_tmap* tv_t, const wl_tmap* tk_h, const wl_tmap* tv_h,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
+    static_assert(TRIM || !EXACT, "exact boxes need the half-tile steps");
     constexpr int TB = VT_TB;
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
     constexpr int NB = 2 * VT_STAGES + 2;        // barriers per consumer: full, empty, q, q free
@@ -302,9 +314,12 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                     if (g >= VT_STAGES) wl_mbar_wait(empty + s, (g / VT_STAGES - 1) & 1);
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
                     const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
-                    wl_mbar_expect_tx(full + s, 2 * TB);
-                    vt_load(ks, tk, kg, j, h, full + s);
-                    vt_load(ks + TB, tv, kg, j, h, full + s);
+                    const int kind = EXACT ? vt_kind(vt_extent(kg, j)) : 0;
+                    const wl_tmap* mk = kind == 1 ? tk_t : kind == 2 ? tk_h : tk;
+                    const wl_tmap* mv = kind == 1 ? tv_t : kind == 2 ? tv_h : tv;
+                    wl_mbar_expect_tx(full + s, kind ? TB : 2 * TB);
+                    vt_load(ks, mk, kg, j, h, full + s);
+                    vt_load(ks + TB, mv, kg, j, h, full + s);
                 }
             }
         };
@@ -352,7 +367,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         const int live = rows.live;
         wl_mbar_wait(full + g0 % VT_STAGES, (g0 / VT_STAGES) & 1);
         // The previous tile's kind (vt_kind; always 0 without TRIM).
-        int pk = TRIM ? vt_kind(ex.at(0)) : 0;
+        int pk = vt_step_kind(ex.at(0), TRIM, EXACT);
         {
             const unsigned long long dk = vt_desc(wl_desc_plus(dk0, g0 % VT_STAGES * 2 * TB), pk);
             if (pk == 0) vt_first<64>(pa, m, l, qa, dk, ex.at(0), live, cq, scale2);
@@ -363,7 +378,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         for (int u = 1; u < top_k; ++u) {
             const int prev = s;
             if (++s == VT_STAGES) s = 0, phase ^= 1;
-            const int ext = ex.at(u), kind = TRIM ? vt_kind(ext) : 0;
+            const int ext = ex.at(u), kind = vt_step_kind(ext, TRIM, EXACT);
             const unsigned long long dk = vt_desc(wl_desc_plus(dk0, s * 2 * TB), kind);
             const unsigned long long dv = vt_desc(wl_desc_plus(dv0, prev * 2 * TB), pk);
             const unsigned int kstep = vt_kstep(pk);
@@ -397,17 +412,22 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     }
 }
 
-// q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; two query
-// tiles per block.
-#define WL_VSA_FINE_TMA(name, PERSIST, TRIM)                                                                           \
+// q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; k and v
+// also in boxes of 4 × 4 × 2 (tk_t, tv_t) and 4 × 2 × 4 (tk_h, tv_h) tokens, which only the EXACT
+// kernel reads; two query tiles per block.
+#define WL_VSA_FINE_TMA(name, PERSIST, TRIM, EXACT)                                                                    \
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
         name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
-             const __grid_constant__ wl_tmap tv, const wl_bf16* gate, int mix, const float* coarse, const int* kept,   \
-             vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                                    \
-        vsa_fine_tma<PERSIST, TRIM>(out, &tq, &tk, &tv, gate, mix, coarse, kept, qg, kg, nq, heads, top_k, scale);     \
+             const __grid_constant__ wl_tmap tv, const __grid_constant__ wl_tmap tk_t,                                 \
+             const __grid_constant__ wl_tmap tv_t, const __grid_constant__ wl_tmap tk_h,                               \
+             const __grid_constant__ wl_tmap tv_h, const wl_bf16* gate, int mix, const float* coarse,                  \
+             const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                   \
+        vsa_fine_tma<PERSIST, TRIM, EXACT>(out, &tq, &tk, &tv, &tk_t, &tv_t, &tk_h, &tv_h, gate, mix, coarse, kept,   \
+                                           qg, kg, nq, heads, top_k, scale);                                           \
     }
-WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_exact_bf16_d128, true, true, true)
 
 #endif

@@ -751,13 +751,15 @@ const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8
 /// block per pair (`persist` asks for persistent blocks at any size). The default deals a query
 /// tile's rows so that the groups holding no query skip their softmax, and takes half key tiles
 /// in 32-key steps; `rows` takes the persistent kernel without either (the default before
-/// 2026-12-06, 10:00 UTC).
+/// 2026-12-06, 10:00 UTC); `exact` the persistent kernel that loads half key tiles in boxes of
+/// their own size (attention_vsa.cu's EXACT; not yet run on a GPU).
 fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
     const PERSIST: &str = "vsa_fine_tma_persist_bf16_d128";
     match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
         Ok("blocks") => ("vsa_fine_tma_bf16_d128", false),
         Ok("persist") => (PERSIST, true),
         Ok("rows") => ("vsa_fine_tma_persist_rows_bf16_d128", true),
+        Ok("exact") => ("vsa_fine_tma_persist_exact_bf16_d128", true),
         _ if items >= sms => (PERSIST, true),
         _ => ("vsa_fine_tma_bf16_d128", false),
     }
@@ -792,19 +794,27 @@ pub(crate) fn vsa_fine_fast(
     let (ks, vs) = (storage(k)?, storage(v)?);
     let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("vsa: not bf16"));
     let ((q_p, _g1), (k_p, _g2), (v_p, _g3)) = (addr(&s.data)?, addr(&ks.data)?, addr(&vs.data)?);
-    // Tokens as [t, h, w, heads, 128], innermost first, in boxes of 64 dims × 1 head × 4³.
-    let map = |a, g: [usize; 3]| {
+    // Tokens as [t, h, w, heads, 128], innermost first, in boxes of 64 dims × 1 head × the
+    // tokens `b` ([w, h, t]): a whole tile, and k's and v's half tiles for the exact kernel.
+    let map = |a, g: [usize; 3], b: [u32; 3]| {
         let row = (heads * d * 2) as u64;
         let [t, h, w] = g.map(|x| x as u64);
         super::tma::bf16(
             a,
             [d as u64, heads as u64, w, h, t],
             &[256, row, row * w, row * w * h],
-            [64, 1, 4, 4, 4],
+            [64, 1, b[0], b[1], b[2]],
         )
         .map_err(|e| dev.err(e))
     };
-    let (tq, tk, tv) = (map(q_p, q_grid)?, map(k_p, k_grid)?, map(v_p, k_grid)?);
+    let (whole, half_t, half_h) = ([4, 4, 4], [4, 4, 2], [4, 2, 4]);
+    let (tq, tk, tv) = (
+        map(q_p, q_grid, whole)?,
+        map(k_p, k_grid, whole)?,
+        map(v_p, k_grid, whole)?,
+    );
+    let (tk_t, tv_t) = (map(k_p, k_grid, half_t)?, map(v_p, k_grid, half_t)?);
+    let (tk_h, tv_h) = (map(k_p, k_grid, half_h)?, map(v_p, k_grid, half_h)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let pairs = nq.div_ceil(2);
     let (name, persistent) = vsa_fine_kernel(pairs * heads, dev.sms);
@@ -825,6 +835,7 @@ pub(crate) fn vsa_fine_fast(
     let mut b = dev.stream.launch_builder(&func);
     push_mut(&mut b, &mut out.data);
     b.arg(&tq).arg(&tk).arg(&tv);
+    b.arg(&tk_t).arg(&tv_t).arg(&tk_h).arg(&tv_h);
     // Without a gate the kernel never reads this pointer; q stands in.
     push(&mut b, &gs.unwrap_or(s).data);
     b.arg(&mix).arg(coarse).arg(kept);

@@ -174,8 +174,8 @@ pub(super) fn cross_ab(
 
 /// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
 /// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
-/// kernel's default against its form before 2026-12-06 (`rows`: every query row live, every key
-/// tile a 64-key step).
+/// kernel's default against `exact` (half key tiles loaded in boxes of their own size, not whole
+/// boxes whose outer half lies outside the grid).
 pub(super) fn vsa_ab(
     dev: Device,
     heavy: usize,
@@ -193,7 +193,7 @@ pub(super) fn vsa_ab(
             &format!(
                 "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
             ),
-            ("WORLDLINE_VSA_FINE", "rows"),
+            ("WORLDLINE_VSA_FINE", "exact"),
             0.0,
             push,
             || {
