@@ -68,15 +68,19 @@ WL_DEVICE int vt_kind(int ext) { return ext == VT_HALF_T ? 1 : ext == VT_HALF_H 
 // and the bytes between its P·V's 16-key steps.
 WL_DEVICE unsigned long long vt_desc(unsigned long long d, int kind) { return kind == 2 ? d + (64ull << 32) : d; }
 WL_DEVICE unsigned int vt_kstep(int kind) { return kind == 2 ? 4096 : 2048; }
-// EXACT: a half key tile comes in a box of its own size (32 tokens: 4 × 4 × 2 frames, or 2 rows
-// of h), not a whole box whose outer half lies outside the grid. Nsight Compute counted those
-// outer halves in full (H100, 2026-12-06: the fine kernel's 7.16 GB from L2 are what whole boxes
-// would take, where its kept tiles hold 5.3 GB of K/V), and the return path from L2 is what
-// bounds this kernel. Either half box holds its 32 tokens in slots 0-31, so both take kind 1's
-// step.
+// EXACT: a key tile of at most two frames, or of two rows of h, comes in a box of 32 tokens
+// (4 × 4 × 2 frames, or 4 × 2 × 4), not a whole box whose other half lies outside the grid.
+// Nsight Compute counted those outer halves in full (H100, 2026-12-06: the fine kernel's 7.16 GB
+// from L2 are what whole boxes would take, where its kept tiles hold 5.3 GB of K/V), and the
+// return path from L2 is what bounds this kernel. Either box holds its tokens in slots 0-31
+// (the frame box in the whole box's slot order), so both take a 32-key step; the frame box's
+// tiles other than frame halves (quarter tiles, one-frame tiles, partial w) are masked there.
+// Box 0: whole, 1: frames, 2: rows.
+WL_DEVICE int vt_box(int ext) { return ext == VT_HALF_H ? 2 : (ext & 7) <= 2 ? 1 : 0; }
+// A tile's step: 0 over 64 keys, 1 over 32 in slots 0-31, 2 over 32 in the even 8-slot groups.
 WL_DEVICE int vt_step_kind(int ext, bool trim, bool exact) {
-    const int kind = trim ? vt_kind(ext) : 0;
-    return exact && kind == 2 ? 1 : kind;
+    if (exact) return vt_box(ext) ? 1 : 0;
+    return trim ? vt_kind(ext) : 0;
 }
 
 // S (64 × NC) = Q·Kᵀ for the query tile in registers (as fw_load_q leaves it) and the key tile
@@ -102,24 +106,22 @@ WL_DEVICE void vt_pv(float* o, const unsigned int (*pa)[4], unsigned long long d
 // softmax against 64-key products), so whole tiles, most of them, skip the masking: the branch
 // is uniform over the warpgroup and touches no register a wgmma in flight writes.
 // Rows e whose bit in `live` is clear hold no query and are left alone (vt_deal). Half tiles
-// (NC = 32) need no masking.
+// (NC = 32) need no masking; the other tiles of EXACT's frame box do, in the same slot order.
 template <int NC>
 WL_DEVICE void vt_softmax(float* sc, const float* m, float* nm, float* corr, float* sum, int ext, int live, int cq,
                           float scale2) {
-    if constexpr (NC == 64) {
-        if (ext != VT_WHOLE) {
-            const int lt = ext & 7, lh = (ext >> 3) & 7, lw = ext >> 6;
+    if (NC == 64 ? ext != VT_WHOLE : ext != VT_HALF_T && ext != VT_HALF_H) {
+        const int lt = ext & 7, lh = (ext >> 3) & 7, lw = ext >> 6;
 #pragma unroll
-            for (int jj = 0; jj < 8; ++jj)
+        for (int jj = 0; jj < NC / 8; ++jj)
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int slot = jj * 8 + cq + c;
-                    const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
+            for (int c = 0; c < 2; ++c) {
+                const int slot = jj * 8 + cq + c;
+                const bool in = (slot >> 4) < lt && ((slot >> 2) & 3) < lh && (slot & 3) < lw;
 #pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (live == 3 || live >> e & 1) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
-                }
-        }
+                for (int e = 0; e < 2; ++e)
+                    if (live == 3 || live >> e & 1) sc[4 * jj + 2 * e + c] = in ? sc[4 * jj + 2 * e + c] : -WL_INF;
+            }
     }
     fw_softmax<NC, false, FW_LAZY>(sc, m, nm, corr, sum, 0, 0, cq, NC, 0, scale2, 0.0f, live);
 }
@@ -314,10 +316,10 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                     if (g >= VT_STAGES) wl_mbar_wait(empty + s, (g / VT_STAGES - 1) & 1);
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
                     const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
-                    const int kind = EXACT ? vt_kind(vt_extent(kg, j)) : 0;
-                    const wl_tmap* mk = kind == 1 ? tk_t : kind == 2 ? tk_h : tk;
-                    const wl_tmap* mv = kind == 1 ? tv_t : kind == 2 ? tv_h : tv;
-                    wl_mbar_expect_tx(full + s, kind ? TB : 2 * TB);
+                    const int box = EXACT ? vt_box(vt_extent(kg, j)) : 0;
+                    const wl_tmap* mk = box == 1 ? tk_t : box == 2 ? tk_h : tk;
+                    const wl_tmap* mv = box == 1 ? tv_t : box == 2 ? tv_h : tv;
+                    wl_mbar_expect_tx(full + s, box ? TB : 2 * TB);
                     vt_load(ks, mk, kg, j, h, full + s);
                     vt_load(ks + TB, mv, kg, j, h, full + s);
                 }

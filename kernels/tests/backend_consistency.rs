@@ -1710,7 +1710,8 @@ fn vsa_cases(dev: Device) {
     // kept tiles (it reads their extents 32 at a time). A 5-frame chunk of 6×8 has query tiles
     // 4 and 1 frames deep, 4 and 2 rows high: 8, 4, 2 and 1 of their 8 slot groups hold queries.
     // The TMA kernel's half key tiles: 2 rows high in the 7-frame cache of 10×22, 2 frames deep
-    // in the 6-frame cache of 8×8 (at sparsity 0 every tile is kept).
+    // in the 6-frame cache of 8×8 (at sparsity 0 every tile is kept); in the 6-frame cache of 6×8,
+    // quarter tiles (2 frames × 2 rows), which the exact kernel takes in its frame box, masked.
     for (q_grid, k_grid, dt) in [
         ([3, 12, 20], [9, 12, 20], DType::F32),
         ([3, 12, 20], [9, 12, 20], DType::BF16),
@@ -1718,6 +1719,7 @@ fn vsa_cases(dev: Device) {
         ([3, 12, 24], [13, 12, 24], DType::BF16),
         ([5, 6, 8], [9, 6, 8], DType::BF16),
         ([3, 8, 8], [6, 8, 8], DType::BF16),
+        ([3, 6, 8], [6, 6, 8], DType::BF16),
     ] {
         vsa_case(
             dev,
