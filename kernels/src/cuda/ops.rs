@@ -751,8 +751,8 @@ const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8
 /// block per pair (`persist` asks for persistent blocks at any size). The default deals a query
 /// tile's rows so that the groups holding no query skip their softmax, and takes half key tiles
 /// in 32-key steps; `rows` takes the persistent kernel without either (the default before
-/// 2026-12-06, 10:00 UTC); `exact` the persistent kernel that loads half key tiles in boxes of
-/// their own size (attention_vsa.cu's EXACT; not yet run on a GPU).
+/// 2026-12-06, 10:00 UTC); `exact` the persistent kernel that loads key tiles of at most two
+/// frames, or of two rows, in boxes of 32 tokens (attention_vsa.cu's EXACT; not yet run on a GPU).
 fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
     const PERSIST: &str = "vsa_fine_tma_persist_bf16_d128";
     match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
@@ -795,7 +795,8 @@ pub(crate) fn vsa_fine_fast(
     let addr = |d| gemm_operand(d, st).ok_or_else(|| dev.err("vsa: not bf16"));
     let ((q_p, _g1), (k_p, _g2), (v_p, _g3)) = (addr(&s.data)?, addr(&ks.data)?, addr(&vs.data)?);
     // Tokens as [t, h, w, heads, 128], innermost first, in boxes of 64 dims × 1 head × the
-    // tokens `b` ([w, h, t]): a whole tile, and k's and v's half tiles for the exact kernel.
+    // tokens `b` ([w, h, t]): a whole tile, and for the exact kernel k's and v's boxes of two
+    // frames and of two rows.
     let map = |a, g: [usize; 3], b: [u32; 3]| {
         let row = (heads * d * 2) as u64;
         let [t, h, w] = g.map(|x| x as u64);
