@@ -347,9 +347,6 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     let heavy = repeat.max(PEER_REPEAT);
     let mut rows = Vec::new();
     let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
-    if matches!(dev, Device::Cuda(_)) {
-        super::variants::vsa_ab(dev, heavy, &mut push)?;
-    }
     for heads in [40, 12] {
         let (lq, lk, d) = (4680, 28080, 128);
         let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
@@ -363,6 +360,13 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
             flops::attention(lq, lk, heads * d),
         );
         vsa_rows(dev, heavy, [&q, &k, &v], t, &mut push)?;
+    }
+    // The fine kernel's A/B comes last and its failure costs only its rows: its variant may not
+    // have run on a GPU before, and a fault on the device ends every launch after it.
+    if matches!(dev, Device::Cuda(_)) {
+        if let Err(e) = super::variants::vsa_ab(dev, heavy, &mut push) {
+            println!("vsa fine kernel A/B failed, its rows left out: {e:#}");
+        }
     }
     write_rows(json, &rows)
 }
