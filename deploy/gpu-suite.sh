@@ -195,10 +195,9 @@ PY
     vsa)
       part test-backend_consistency-vsa 200 "$dir/backend_consistency" vsa --test-threads=1 --nocapture
       part test-vsa 100 "$dir/vsa" --test-threads=1 --nocapture
-      part bench-vsa 300 "$dir/worker" bench vsa --device cuda --repeat 3 --json "$out/vsa.json"
-      ;;
+      ;&
     vsa-bench)
-      # `bench vsa` alone: the VSA rows of a build whose kernels the tests already passed.
+      # `bench vsa` (alone: the VSA rows of a build whose kernels the tests already passed).
       part bench-vsa 300 "$dir/worker" bench vsa --device cuda --repeat 3 --json "$out/vsa.json"
       ;;
     profile-vsa)

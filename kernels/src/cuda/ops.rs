@@ -745,6 +745,9 @@ const VSA_TILE_BYTES: u32 = 64 * 256;
 /// stages, then 8 barriers each.
 const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8;
 
+/// The fine kernel that loads the window's edge tiles in boxes of 32 tokens (`exact`).
+const EXACT_KERNEL: &str = "vsa_fine_tma_persist_exact_bf16_d128";
+
 /// The VSA fine kernel for `items` pairs of query tiles × heads, and whether it runs on
 /// persistent blocks (a block per SM walking the pairs, the next pair's loads under this one's
 /// end): where there is at least a wave of pairs, unless `WORLDLINE_VSA_FINE=blocks` asks for a
@@ -759,7 +762,7 @@ fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
         Ok("blocks") => ("vsa_fine_tma_bf16_d128", false),
         Ok("persist") => (PERSIST, true),
         Ok("rows") => ("vsa_fine_tma_persist_rows_bf16_d128", true),
-        Ok("exact") => ("vsa_fine_tma_persist_exact_bf16_d128", true),
+        Ok("exact") => (EXACT_KERNEL, true),
         _ if items >= sms => (PERSIST, true),
         _ => ("vsa_fine_tma_bf16_d128", false),
     }
@@ -814,11 +817,19 @@ pub(crate) fn vsa_fine_fast(
         map(k_p, k_grid, whole)?,
         map(v_p, k_grid, whole)?,
     );
-    let (tk_t, tv_t) = (map(k_p, k_grid, half_t)?, map(v_p, k_grid, half_t)?);
-    let (tk_h, tv_h) = (map(k_p, k_grid, half_h)?, map(v_p, k_grid, half_h)?);
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let pairs = nq.div_ceil(2);
     let (name, persistent) = vsa_fine_kernel(pairs * heads, dev.sms);
+    // Only the exact kernel reads the smaller boxes; the others take the whole maps in their
+    // places, so a call encodes no map it does not use.
+    let ((tk_t, tv_t), (tk_h, tv_h)) = if name == EXACT_KERNEL {
+        (
+            (map(k_p, k_grid, half_t)?, map(v_p, k_grid, half_t)?),
+            (map(k_p, k_grid, half_h)?, map(v_p, k_grid, half_h)?),
+        )
+    } else {
+        ((tk, tv), (tk, tv))
+    };
     let func = dev.func("attention", name)?;
     dev.allow_dynamic_smem(&func, VSA_FINE_SMEM)?;
     let grid_dim = match persistent {

@@ -174,8 +174,8 @@ pub(super) fn cross_ab(
 
 /// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
 /// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
-/// kernel's default against `exact` (half key tiles loaded in boxes of their own size, not whole
-/// boxes whose outer half lies outside the grid).
+/// kernel's default against `exact` (the window's edge tiles loaded in boxes of 32 tokens, not
+/// whole boxes whose other half lies outside the grid).
 pub(super) fn vsa_ab(
     dev: Device,
     heavy: usize,
