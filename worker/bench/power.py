@@ -52,7 +52,7 @@ def read_trace(path):
 
 
 def windows(path):
-    """[(start, end, calls or None, ms a call or None, the next line that is not a window)]."""
+    """[(start, end, ms a call or None, the next line that is not a window)]."""
     with open(path, errors="replace") as f:
         lines = f.read().splitlines()
     out = []
@@ -61,9 +61,8 @@ def windows(path):
         if not m:
             continue
         after = next((x for x in lines[i + 1:] if not WINDOW.search(x) and x.strip()), "")
-        calls = int(m.group(3)) if m.group(3) else None
         ms = float(m.group(4)) if m.group(4) else None
-        out.append((float(m.group(1)), float(m.group(2)), calls, ms, after))
+        out.append((float(m.group(1)), float(m.group(2)), ms, after))
     return out
 
 
@@ -75,7 +74,7 @@ def main(argv):
         sys.exit(f"{argv[1]}: no samples")
     print(f"{'log':<18} {'window (UTC)':<13} {'W':>5} {'MHz':>5} {'reasons':>8} {'ms a call':>10} {'J a call':>9}  next line")
     for path in argv[2:]:
-        for start, end, _calls, ms, after in windows(path):
+        for start, end, ms, after in windows(path):
             tail = [s for s in trace if end - TAIL_S <= s[0] <= end]
             name = path.rsplit("/", 1)[-1][:18]
             when = datetime.datetime.fromtimestamp(start, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:12]
