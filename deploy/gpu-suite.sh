@@ -12,7 +12,7 @@
 # tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
-# tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `exact`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
+# tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `persist`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
 # and without it; sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
@@ -224,14 +224,16 @@ PY
       ;;
     bytes-vsa)
       # The bytes the SMs read from L2 in the first fine kernel of `bench vsa`, with the default
-      # kernel and with `exact` (its edge tiles in boxes of their own size), at full clock.
+      # kernel (the window's edge tiles in boxes of their own size) and with `persist` (every
+      # tile in a whole box), at full clock. Each takes ~160 s on an H200: ncu reports when the
+      # whole bench has run.
       local ncu
       ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
         local bytes=(--clock-control none -k 'regex:vsa_fine_tma' -c 1 --metrics
           'l1tex__m_xbar2l1tex_read_bytes.sum,lts__lts2xbar_cycles_active.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,gpu__time_duration.sum')
-        part ncu-bytes-default 200 "$ncu" "${bytes[@]}" "$dir/worker" bench vsa --device cuda --repeat 1
-        part ncu-bytes-exact 200 env WORLDLINE_VSA_FINE=exact "$ncu" "${bytes[@]}" \
+        part ncu-bytes-default 300 "$ncu" "${bytes[@]}" "$dir/worker" bench vsa --device cuda --repeat 1
+        part ncu-bytes-persist 300 env WORLDLINE_VSA_FINE=persist "$ncu" "${bytes[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
       else
         summary+=("bytes-vsa: skipped, no ncu here")

@@ -174,8 +174,8 @@ pub(super) fn cross_ab(
 
 /// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
 /// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
-/// kernel's default against `exact` (the window's edge tiles loaded in boxes of 32 tokens, not
-/// whole boxes whose other half lies outside the grid).
+/// kernel's default (the window's edge tiles loaded in boxes of 32 tokens) against `persist`
+/// (every tile in a whole box, its out-of-grid half included: the default until 2026-12-06).
 pub(super) fn vsa_ab(
     dev: Device,
     heavy: usize,
@@ -193,7 +193,7 @@ pub(super) fn vsa_ab(
             &format!(
                 "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
             ),
-            ("WORLDLINE_VSA_FINE", "exact"),
+            ("WORLDLINE_VSA_FINE", "persist"),
             0.0,
             push,
             || {
