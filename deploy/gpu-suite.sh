@@ -202,21 +202,23 @@ PY
       ;;
     profile-vsa)
       # The tile means, the coarse kernel and the fine kernel of the first VSA call (ncu holds the
-      # SM clock lower, so its durations read longer than the bench's).
+      # SM clock lower, so its durations read longer than the bench's). Every ncu run here ends
+      # the bench once its kernels are profiled (`--kill yes`; without it ncu reports only after
+      # the whole bench, ~160 s on an H200), so its rc is the kill's, not a failure.
       local ncu
       ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
         local sections=(--section SpeedOfLight --section SchedulerStats --section WarpStateStats
           --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis)
-        part ncu-vsa 300 "$ncu" -k 'regex:vsa_coarse|vsa_tile_means|vsa_fine_tma' -c 3 "${sections[@]}" \
+        part ncu-vsa 300 "$ncu" --kill yes -k 'regex:vsa_coarse|vsa_tile_means|vsa_fine_tma' -c 3 "${sections[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
         # Why a fine step waits, beside the dense kernel's: each stall reason per issued
         # instruction and the tensor path's bf16 ops against its peak (sm__pipe_tensor_op_gmma_cycles_active
         # answered n/a on 2026-12-05), for the first call of each.
         local stalls=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__ops_path_tensor_src_bf16_dst_fp32.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__cycles_elapsed.max')
-        part ncu-stalls-dense 200 "$ncu" -k 'regex:flash_tma' -c 1 "${stalls[@]}" \
+        part ncu-stalls-dense 200 "$ncu" --kill yes -k 'regex:flash_tma' -c 1 "${stalls[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
-        part ncu-stalls-vsa 200 "$ncu" -k 'regex:vsa_fine_tma' -c 1 "${stalls[@]}" \
+        part ncu-stalls-vsa 200 "$ncu" --kill yes -k 'regex:vsa_fine_tma' -c 1 "${stalls[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
       else
         summary+=("profile-vsa: skipped, no ncu here")
@@ -225,15 +227,15 @@ PY
     bytes-vsa)
       # The bytes the SMs read from L2 in the first fine kernel of `bench vsa`, with the default
       # kernel (the window's edge tiles in boxes of their own size) and with `persist` (every
-      # tile in a whole box), at full clock. Each takes ~160 s on an H200: ncu reports when the
-      # whole bench has run.
+      # tile in a whole box), at full clock; each ends the bench once it is profiled (see
+      # profile-vsa).
       local ncu
       ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
-        local bytes=(--clock-control none -k 'regex:vsa_fine_tma' -c 1 --metrics
+        local bytes=(--kill yes --clock-control none -k 'regex:vsa_fine_tma' -c 1 --metrics
           'l1tex__m_xbar2l1tex_read_bytes.sum,lts__lts2xbar_cycles_active.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,gpu__time_duration.sum')
-        part ncu-bytes-default 300 "$ncu" "${bytes[@]}" "$dir/worker" bench vsa --device cuda --repeat 1
-        part ncu-bytes-persist 300 env WORLDLINE_VSA_FINE=persist "$ncu" "${bytes[@]}" \
+        part ncu-bytes-default 200 "$ncu" "${bytes[@]}" "$dir/worker" bench vsa --device cuda --repeat 1
+        part ncu-bytes-persist 200 env WORLDLINE_VSA_FINE=persist "$ncu" "${bytes[@]}" \
           "$dir/worker" bench vsa --device cuda --repeat 1
       else
         summary+=("bytes-vsa: skipped, no ncu here")
