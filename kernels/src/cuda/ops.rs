@@ -755,10 +755,10 @@ const EXACT_KERNEL: &str = "vsa_fine_tma_persist_exact_bf16_d128";
 /// no query skip their softmax, and takes half key tiles in 32-key steps. The default persistent
 /// kernel (attention_vsa.cu's EXACT) loads key tiles of at most two frames, or of two rows, in
 /// boxes of 32 tokens: at LingBot's 3-frame chunks the SMs read ~24 % fewer bytes from L2 and
-/// the call is 5–8 % faster (H200, 2026-12-06 20:07 UTC). `persist` asks for the persistent kernel with
-/// whole boxes (the default before then), at any size; `rows` for it without the dealt rows and
-/// half steps either (the default before 2026-12-06, 10:00 UTC); `exact` for the default's
-/// kernel at any size.
+/// the call is 5–8 % faster (H200, 2026-12-06 20:07 UTC). `persist` asks for the persistent
+/// kernel with whole boxes (the default before then), at any size; `rows` for it without the
+/// dealt rows and half steps either (the default before 2026-12-06, 10:00 UTC); `exact` for the
+/// default's kernel at any size.
 fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
     match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
         Ok("blocks") => ("vsa_fine_tma_bf16_d128", false),
