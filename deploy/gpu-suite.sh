@@ -13,7 +13,7 @@
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
 # tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `persist`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
-# and without it; sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
+# and without it (sparse-tests / sparse-chunks: one half); sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
 # blocks: the kernels table's DiT block rows and their PyTorch peers alone (the fp8 block with and
@@ -241,10 +241,14 @@ PY
         summary+=("bytes-vsa: skipped, no ncu here")
       fi
       ;;
-    sparse)
-      # `--attention vsa` in the model: its GPU tests against the CPU, then whole 14B chunks with
-      # it and without it, fp8 linears both (the sparse/dense ratio a stream sees).
+    sparse | sparse-tests)
+      # `--attention vsa` in the model: its GPU tests against the CPU (sparse-tests: those
+      # alone), then whole 14B chunks with it and without it, fp8 linears both (the sparse/dense
+      # ratio a stream sees).
       part test-gpu-sparse 300 "$dir/gpu" sparse --test-threads=1 --nocapture
+      [ "$p" = sparse ] || continue
+      ;&
+    sparse-chunks)
       for a in vsa bf16; do
         part "chunks-14b-fp8-$a" 200 "$dir/worker" bench sp --model lingbot-14b --device cuda --cards 1 \
           --dtype fp8 --attention "$a" --chunks 3 --json "$out/chunks-14b-fp8-$a.json"
@@ -266,7 +270,7 @@ PY
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm, vsa-bench, bytes-vsa)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm, vsa-bench, bytes-vsa, sparse-tests, sparse-chunks)" >&2 ;;
     esac
   done
   if [ -n "$trace" ]; then
