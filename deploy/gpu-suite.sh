@@ -12,7 +12,7 @@
 # tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
-# tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `persist`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
+# tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `persist`; source-vsa: its warp samples per instruction, default and `packed`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
 # and without it (sparse-tests / sparse-chunks: one half); sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
@@ -224,6 +224,26 @@ PY
         summary+=("profile-vsa: skipped, no ncu here")
       fi
       ;;
+    source-vsa)
+      # Where the fine kernel's warps wait, instruction by instruction: Nsight Compute's warp
+      # sampling (SourceCounters) over the first fine kernel of `bench vsa`, the default kernel
+      # (`exact`) and `packed`, then the instructions with the most samples from its source page
+      # (kept as gzipped CSV; the report itself is dropped).
+      local ncu
+      ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+      if [ -n "$ncu" ]; then
+        local f
+        for f in exact packed; do
+          part "ncu-source-$f" 200 env WORLDLINE_VSA_FINE=$f "$ncu" --kill yes -k 'regex:vsa_fine_tma' -c 1 \
+            --section SourceCounters --section WarpStateStats -f -o "$out/source-$f" \
+            "$dir/worker" bench vsa --device cuda --repeat 1
+          part "source-top-$f" 60 bash -c '"$1" --import "$2.ncu-rep" --page source --csv --print-source sass >"$2.csv" &&
+            python3 deploy/ncu-source-top.py "$2.csv" 25; gzip -f "$2.csv"; rm -f "$2.ncu-rep"' _ "$ncu" "$out/source-$f"
+        done
+      else
+        summary+=("source-vsa: skipped, no ncu here")
+      fi
+      ;;
     bytes-vsa)
       # The bytes the SMs read from L2 in the first fine kernel of `bench vsa`, with the default
       # kernel (the window's edge tiles in boxes of their own size) and with `persist` (every
@@ -270,7 +290,7 @@ PY
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm, vsa-bench, bytes-vsa, sparse-tests, sparse-chunks)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm, vsa-bench, bytes-vsa, source-vsa, sparse-tests, sparse-chunks)" >&2 ;;
     esac
   done
   if [ -n "$trace" ]; then
