@@ -432,7 +432,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         if constexpr (PERSIST) wl_mbar_arrive(qbar + 1);
         const int live = rows.live;
         if constexpr (PACK) {
-            // Tile u in unit at, the previous one in unit pp; kinds as in the loop below, but
+            // Tile u in unit p, the previous one in unit pp; kinds as in the loop below, but
             // each over its own units, and V's descriptor by the previous tile's box.
             int pk = vt_step_kind(ex.at(0), TRIM, EXACT), pp = ring.take(pk ? 1 : 2);
             wl_mbar_wait(full + pp, fpar >> pp & 1);
@@ -440,12 +440,12 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
             if (pk == 0) vt_first<64>(pa, m, l, qa, wl_desc_plus(dk0, pp * TB), ex.at(0), live, cq, scale2);
             else vt_first<32, TB / 4>(pa, m, l, qa, wl_desc_plus(dk0, pp * TB), ex.at(0), live, cq, scale2);
             for (int u = 1; u < top_k; ++u) {
-                const int ext = ex.at(u), kind = vt_step_kind(ext, TRIM, EXACT), at = ring.take(kind ? 1 : 2);
-                const unsigned long long dk = wl_desc_plus(dk0, at * TB);
+                const int ext = ex.at(u), kind = vt_step_kind(ext, TRIM, EXACT), p = ring.take(kind ? 1 : 2);
+                const unsigned long long dk = wl_desc_plus(dk0, p * TB);
                 const unsigned long long dv = wl_desc_plus(pk ? dvh0 : dv0, pp * TB);
                 unsigned long long* rel = empty + pp;
-                wl_mbar_wait(full + at, fpar >> at & 1);
-                fpar ^= 1u << at;
+                wl_mbar_wait(full + p, fpar >> p & 1);
+                fpar ^= 1u << p;
                 if (kind == 0) {
                     if (pk == 0) vt_step<64, 64>(o, pa, m, l, qa, dk, dv, 2048, ext, live, cq, scale2, rel, t == 0);
                     else vt_step<64, 32>(o, pa, m, l, qa, dk, dv, 2048, ext, live, cq, scale2, rel, t == 0);
@@ -456,7 +456,7 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                 }
                 // A whole tile's second unit (vt_step's P·V on it is done).
                 if (pk == 0 && t == 0) wl_mbar_arrive(rel + 1);
-                pk = kind, pp = at;
+                pk = kind, pp = p;
                 ex.after(kg, kl, top_k, lane, u);
             }
             const unsigned long long dv = wl_desc_plus(pk ? dvh0 : dv0, pp * TB);
