@@ -47,14 +47,12 @@ WL_DEVICE int vt_extent(const vsa_grid& g, int j) {
     return min(4, g.t - o[0]) | min(4, g.h - o[1]) << 3 | min(4, g.w - o[2]) << 6;
 }
 
-// Both halves (64 dims each) of token tile `j` of `map`, head h, into `dst`, `dh` bytes apart,
-// counted on `bar`.
-WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g, int j, int h, void* bar,
-                       unsigned int dh = VT_TB / 2) {
+// Both halves (64 dims each) of token tile `j` of `map`, head h, into `dst`, counted on `bar`.
+WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g, int j, int h, void* bar) {
     int o[3];
     vt_origin(g, j, o);
     wl_tma_load_5d(dst, map, 0, h, o[2], o[1], o[0], bar);
-    wl_tma_load_5d(dst + dh, map, 64, h, o[2], o[1], o[0], bar);
+    wl_tma_load_5d(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar);
 }
 
 // Half key tiles. A kept key tile whose slots in the grid are exactly half its 64 (the window's
@@ -85,34 +83,13 @@ WL_DEVICE int vt_step_kind(int ext, bool trim, bool exact) {
     return trim ? vt_kind(ext) : 0;
 }
 
-// PACK: a consumer's three 32 KiB stages as six 16 KiB units. A tile in a whole box takes two
-// (K, then V, as a stage holds them), a tile in a box of 32 tokens one (K's 64-dim halves in
-// its first 8 KiB, V's in the other), so the ring keeps ~96 KiB in flight whatever the mix of
-// boxes, where the stages hold half as much for each tile in a 32-token box. Why: under Nsight
-// Compute (H100, 2026-12-07) the exact kernel's warps stalled on long scoreboard 2.44 cycles
-// per issued instruction (the whole-box kernel of 2026-12-05: 0.69) with the L2 only 64 % busy.
-// If those stalls are the consumers' waits on tile barriers (not checked at the source line),
-// tiles are asked for too late, and more of them in flight would help. Not yet run on a GPU:
-// `WORLDLINE_VSA_FINE=packed` asks for it.
-#define VT_UNITS (2 * VT_STAGES)
-struct vt_ring {
-    int next;  // the next tile's first unit
-    // The first unit of the next tile, of n units; a two-unit tile does not wrap (unit 5 then
-    // stays empty), so its K and V sit as in a stage.
-    WL_DEVICE int take(int n) {
-        const int p = next + n > VT_UNITS ? 0 : next;
-        next = p + n == VT_UNITS ? 0 : p + n;
-        return p;
-    }
-};
-
 // S (64 × NC) = Q·Kᵀ for the query tile in registers (as fw_load_q leaves it) and the key tile
-// at dk, its two 64-dim halves DH bytes apart.
-template <int NC, int DH = VT_TB / 2>
+// at dk.
+template <int NC>
 WL_DEVICE void vt_scores(float* sc, const unsigned int (*qa)[4], unsigned long long dk) {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-        const unsigned long long d = wl_desc_plus(dk, kk / 4 * DH + (kk % 4) * 32);
+        const unsigned long long d = wl_desc_plus(dk, kk / 4 * (VT_TB / 2) + (kk % 4) * 32);
         if constexpr (NC == 64) wl_wgmma_64x64x16_rs(sc, qa[kk], d, kk);
         else wl_wgmma_64x32x16_rs(sc, qa[kk], d, kk);
     }
@@ -205,14 +182,14 @@ WL_DEVICE vt_rows vt_deal(int ext, int wg, int w, int lane) {
 // One kept key tile's step (NC of its keys, NP of the previous tile's): S = Q·Kᵀ (K at dk) and
 // the pending P·V (V at dv, its 16-key steps kstep bytes apart) issued together, the softmax
 // while P·V runs, then the pending stage's barrier `release` arrived at (where `arrive`) and P
-// packed for the next step. DH: as vt_scores.
-template <int NC, int NP, int DH = VT_TB / 2>
+// packed for the next step.
+template <int NC, int NP>
 WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, const unsigned int (*qa)[4],
                        unsigned long long dk, unsigned long long dv, unsigned int kstep, int ext, int live, int cq,
                        float scale2, unsigned long long* release, bool arrive) {
     float sc[NC / 2];
     wl_wgmma_fence();
-    vt_scores<NC, DH>(sc, qa, dk);
+    vt_scores<NC>(sc, qa, dk);
     wl_wgmma_commit();
     vt_pv<NP>(o, pa, dv, kstep);
     wl_wgmma_commit();
@@ -225,12 +202,12 @@ WL_DEVICE void vt_step(float* o, unsigned int (*pa)[4], float* m, float* l, cons
     vt_pack<NC>(pa, sc, live);
 }
 // The first step of an item: S and its softmax, no P·V pending.
-template <int NC, int DH = VT_TB / 2>
+template <int NC>
 WL_DEVICE void vt_first(unsigned int (*pa)[4], float* m, float* l, const unsigned int (*qa)[4], unsigned long long dk,
                         int ext, int live, int cq, float scale2) {
     float sc[NC / 2];
     wl_wgmma_fence();
-    vt_scores<NC, DH>(sc, qa, dk);
+    vt_scores<NC>(sc, qa, dk);
     wl_wgmma_commit();
     wl_wgmma_wait_all();
     float nm[2], corr[2], sum[2];
@@ -292,17 +269,15 @@ struct vt_extents {
 // the one-item grid (pairs along x, heads along y). TRIM: the query rows dealt as vt_deal says
 // and half key tiles in 32-key steps (vt_kind); without it (the kernel before 2026-12-06, kept
 // for A/B) the rows in slot order, every one live, and every tile a 64-key step.
-template <bool PERSIST, bool TRIM, bool EXACT, bool PACK>
+template <bool PERSIST, bool TRIM, bool EXACT>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_tmap* tk_t, const wl_tmap* tv_t, const wl_tmap* tk_h, const wl_tmap* tv_h,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
                             vsa_grid kg, int nq, int heads, int top_k, float scale) {
     static_assert(TRIM || !EXACT, "exact boxes need the half-tile steps");
-    static_assert(!PACK || (EXACT && PERSIST), "the packed ring is the persistent exact kernel's");
     constexpr int TB = VT_TB;
-    constexpr int CB = TB + VT_STAGES * 2 * TB;        // one consumer's Q and stages
-    constexpr int UNITS = PACK ? VT_UNITS : VT_STAGES;  // the ring's slots, each with its barriers
-    constexpr int NB = 2 * UNITS + 2;                   // barriers per consumer: full, empty, q, q free
+    constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
+    constexpr int NB = 2 * VT_STAGES + 2;        // barriers per consumer: full, empty, q, q free
     extern __shared__ __align__(1024) unsigned char vt_smem[];
     unsigned long long* bars = (unsigned long long*)(vt_smem + 2 * CB);
     // The warpgroup index through a shuffle, as CUTLASS takes it: the compiler then knows it is
@@ -313,65 +288,31 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     if (threadIdx.x == 0) {
         for (int c = 0; c < 2; ++c) {
             unsigned long long* b = bars + c * NB;
-            for (int s = 0; s < UNITS; ++s) wl_mbar_init(b + s, 1), wl_mbar_init(b + UNITS + s, 1);
-            wl_mbar_init(b + 2 * UNITS, 1);
-            wl_mbar_init(b + 2 * UNITS + 1, 128);
+            for (int s = 0; s < VT_STAGES; ++s) wl_mbar_init(b + s, 1), wl_mbar_init(b + VT_STAGES + s, 1);
+            wl_mbar_init(b + 2 * VT_STAGES, 1);
+            wl_mbar_init(b + 2 * VT_STAGES + 1, 128);
         }
         wl_mbar_init_fence();
     }
     __syncthreads();
     if (wg == 2) {
         WL_SETMAXNREG_DEC(40);
-        // PACK: each consumer's ring, and per unit whether it was filled before and the parity
-        // of its next release, carried from item to item.
-        vt_ring ring[2] = {{0}, {0}};
-        unsigned int seen[2] = {0, 0}, epar[2] = {0, 0};
         // Pair p of head h, the block's qi-th item: its key tiles are each ring's
         // (qi · top_k)-th on.
         auto load = [&](int p, int h, int qi) {
             int tile[2];
             for (int c = 0; c < 2; ++c) {
                 tile[c] = min(p * 2 + c, nq - 1);
-                unsigned long long* qbar = bars + c * NB + 2 * UNITS;
+                unsigned long long* qbar = bars + c * NB + 2 * VT_STAGES;
                 if (qi > 0) wl_mbar_wait(qbar + 1, (qi - 1) & 1);
                 wl_mbar_expect_tx(qbar, TB);
                 vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
-            }
-            if constexpr (PACK) {
-                for (int u = 0; u < top_k; ++u)
-                    for (int c = 0; c < 2; ++c) {
-                        unsigned long long* full = bars + c * NB;
-                        unsigned long long* empty = full + UNITS;
-                        // The index first: its load runs while this waits for room.
-                        const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
-                        const int box = vt_box(vt_extent(kg, j)), n = box ? 1 : 2;
-                        const int at = ring[c].take(n);
-                        for (int q = at; q < at + n; ++q) {
-                            if (seen[c] >> q & 1) {
-                                wl_mbar_wait(empty + q, epar[c] >> q & 1);
-                                epar[c] ^= 1u << q;
-                            }
-                            seen[c] |= 1u << q;
-                        }
-                        unsigned char* ks = vt_smem + c * CB + TB + at * TB;
-                        wl_mbar_expect_tx(full + at, n * TB);
-                        if (box) {
-                            const wl_tmap* mk = box == 1 ? tk_t : tk_h;
-                            const wl_tmap* mv = box == 1 ? tv_t : tv_h;
-                            vt_load(ks, mk, kg, j, h, full + at, TB / 4);
-                            vt_load(ks + TB / 2, mv, kg, j, h, full + at, TB / 4);
-                        } else {
-                            vt_load(ks, tk, kg, j, h, full + at);
-                            vt_load(ks + TB, tv, kg, j, h, full + at);
-                        }
-                    }
-                return;
             }
             for (int u = 0; u < top_k; ++u) {
                 const int g = qi * top_k + u, s = g % VT_STAGES;
                 for (int c = 0; c < 2; ++c) {
                     unsigned long long* full = bars + c * NB;
-                    unsigned long long* empty = full + UNITS;
+                    unsigned long long* empty = full + VT_STAGES;
                     if (g >= VT_STAGES) wl_mbar_wait(empty + s, (g / VT_STAGES - 1) & 1);
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
                     const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
@@ -397,18 +338,13 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     unsigned char* qs = vt_smem + wg * CB;
     unsigned char* stages = qs + TB;
     unsigned long long* full = bars + wg * NB;
-    unsigned long long* empty = full + UNITS;
-    unsigned long long* qbar = full + 2 * UNITS;
+    unsigned long long* empty = full + VT_STAGES;
+    unsigned long long* qbar = full + 2 * VT_STAGES;
     const int cq = (lane % 4) * 2;
     const float scale2 = scale * 1.4426950408889634f;
     // Descriptors of stage 0's K and V (the others are offsets).
     const unsigned long long dk0 = wl_wgmma_desc_sw128(stages);
     const unsigned long long dv0 = wl_wgmma_desc_sw128_mn(stages + TB, TB / 2);
-    // PACK: V of a 32-token tile in unit 0 (its halves 4 KiB apart), and this consumer's ring
-    // with each unit's full-barrier parity, as the producer walks it.
-    const unsigned long long dvh0 = PACK ? wl_wgmma_desc_sw128_mn(stages + TB / 2, TB / 4) : 0;
-    vt_ring ring = {0};
-    unsigned int fpar = 0;
     auto run = [&](int p, int h, int qi) {
         const int i = min(p * 2 + wg, nq - 1);
         const bool mine = p * 2 + wg < nq;  // the odd block's second consumer only keeps time
@@ -431,47 +367,6 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         fw_load_q_rows(qa, qs, TB / 2, rows.slot[0], rows.slot[1], cq);
         if constexpr (PERSIST) wl_mbar_arrive(qbar + 1);
         const int live = rows.live;
-        if constexpr (PACK) {
-            // Tile u in unit p, the previous one in unit pp; kinds as in the loop below, but
-            // each over its own units, and V's descriptor by the previous tile's box.
-            int pk = vt_step_kind(ex.at(0), TRIM, EXACT), pp = ring.take(pk ? 1 : 2);
-            wl_mbar_wait(full + pp, fpar >> pp & 1);
-            fpar ^= 1u << pp;
-            if (pk == 0) vt_first<64>(pa, m, l, qa, wl_desc_plus(dk0, pp * TB), ex.at(0), live, cq, scale2);
-            else vt_first<32, TB / 4>(pa, m, l, qa, wl_desc_plus(dk0, pp * TB), ex.at(0), live, cq, scale2);
-            for (int u = 1; u < top_k; ++u) {
-                const int ext = ex.at(u), kind = vt_step_kind(ext, TRIM, EXACT), p = ring.take(kind ? 1 : 2);
-                const unsigned long long dk = wl_desc_plus(dk0, p * TB);
-                const unsigned long long dv = wl_desc_plus(pk ? dvh0 : dv0, pp * TB);
-                unsigned long long* rel = empty + pp;
-                wl_mbar_wait(full + p, fpar >> p & 1);
-                fpar ^= 1u << p;
-                if (kind == 0) {
-                    if (pk == 0) vt_step<64, 64>(o, pa, m, l, qa, dk, dv, 2048, ext, live, cq, scale2, rel, t == 0);
-                    else vt_step<64, 32>(o, pa, m, l, qa, dk, dv, 2048, ext, live, cq, scale2, rel, t == 0);
-                } else {
-                    if (pk == 0)
-                        vt_step<32, 64, TB / 4>(o, pa, m, l, qa, dk, dv, 2048, ext, live, cq, scale2, rel, t == 0);
-                    else vt_step<32, 32, TB / 4>(o, pa, m, l, qa, dk, dv, 2048, ext, live, cq, scale2, rel, t == 0);
-                }
-                // A whole tile's second unit (vt_step's P·V on it is done).
-                if (pk == 0 && t == 0) wl_mbar_arrive(rel + 1);
-                pk = kind, pp = p;
-                ex.after(kg, kl, top_k, lane, u);
-            }
-            const unsigned long long dv = wl_desc_plus(pk ? dvh0 : dv0, pp * TB);
-            wl_wgmma_fence();
-            if (pk == 0) vt_pv<64>(o, pa, dv, 2048);
-            else vt_pv<32>(o, pa, dv, 2048);
-            wl_wgmma_commit();
-            wl_wgmma_wait_all();
-            if (t == 0) {
-                wl_mbar_arrive(empty + pp);
-                if (pk == 0) wl_mbar_arrive(empty + pp + 1);
-            }
-            if (mine) vt_store(out, o, l, coarse, gate, mix, qg, i, h, heads, rows.slot, cq);
-            return;
-        }
         wl_mbar_wait(full + g0 % VT_STAGES, (g0 / VT_STAGES) & 1);
         // The previous tile's kind (vt_kind; always 0 without TRIM).
         int pk = vt_step_kind(ex.at(0), TRIM, EXACT);
@@ -522,20 +417,19 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 // q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; k and v
 // also in boxes of 4 × 4 × 2 (tk_t, tv_t) and 4 × 2 × 4 (tk_h, tv_h) tokens, which only the EXACT
 // kernel reads; two query tiles per block.
-#define WL_VSA_FINE_TMA(name, PERSIST, TRIM, EXACT, PACK)                                                              \
+#define WL_VSA_FINE_TMA(name, PERSIST, TRIM, EXACT)                                                                    \
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
         name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
              const __grid_constant__ wl_tmap tv, const __grid_constant__ wl_tmap tk_t,                                 \
              const __grid_constant__ wl_tmap tv_t, const __grid_constant__ wl_tmap tk_h,                               \
              const __grid_constant__ wl_tmap tv_h, const wl_bf16* gate, int mix, const float* coarse,                  \
              const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                   \
-        vsa_fine_tma<PERSIST, TRIM, EXACT, PACK>(out, &tq, &tk, &tv, &tk_t, &tv_t, &tk_h, &tv_h, gate, mix, coarse,    \
-                                                 kept, qg, kg, nq, heads, top_k, scale);                               \
+        vsa_fine_tma<PERSIST, TRIM, EXACT>(out, &tq, &tk, &tv, &tk_t, &tv_t, &tk_h, &tv_h, gate, mix, coarse, kept,   \
+                                           qg, kg, nq, heads, top_k, scale);                                           \
     }
-WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_exact_bf16_d128, true, true, true, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_packed_bf16_d128, true, true, true, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_exact_bf16_d128, true, true, true)
 
 #endif

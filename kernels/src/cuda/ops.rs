@@ -742,8 +742,8 @@ const VSA_TMA_THREADS: u32 = 384;
 const VSA_TILE_BYTES: u32 = 64 * 256;
 
 /// The fine kernel's dynamic shared memory: per consumer a query tile and three key/value
-/// stages, then its barriers: 8, or 14 for the packed ring's six units.
-const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 14 * 8;
+/// stages, then 8 barriers each.
+const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8;
 
 /// The persistent fine kernel that loads the window's edge tiles in boxes of 32 tokens.
 const EXACT_KERNEL: &str = "vsa_fine_tma_persist_exact_bf16_d128";
@@ -758,16 +758,13 @@ const EXACT_KERNEL: &str = "vsa_fine_tma_persist_exact_bf16_d128";
 /// the call is 5–8 % faster (H200, 2026-12-06 20:07 UTC). `persist` asks for the persistent
 /// kernel with whole boxes (the default before then), at any size; `rows` for it without the
 /// dealt rows and half steps either (the default before 2026-12-06, 10:00 UTC); `exact` for the
-/// default's kernel at any size; `packed` for the default's kernel with its stages as a ring of
-/// half-size units, so that a 32-token box takes half a stage (attention_vsa.cu's PACK; checked
-/// against the CPU by the GPU tests, not yet run on a GPU).
+/// default's kernel at any size.
 fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
     match std::env::var("WORLDLINE_VSA_FINE").as_deref() {
         Ok("blocks") => ("vsa_fine_tma_bf16_d128", false),
         Ok("persist") => ("vsa_fine_tma_persist_bf16_d128", true),
         Ok("rows") => ("vsa_fine_tma_persist_rows_bf16_d128", true),
         Ok("exact") => (EXACT_KERNEL, true),
-        Ok("packed") => ("vsa_fine_tma_persist_packed_bf16_d128", true),
         _ if items >= sms => (EXACT_KERNEL, true),
         _ => ("vsa_fine_tma_bf16_d128", false),
     }

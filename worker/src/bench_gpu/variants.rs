@@ -175,8 +175,7 @@ pub(super) fn cross_ab(
 /// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
 /// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
 /// kernel's default (the window's edge tiles loaded in boxes of 32 tokens) against `persist`
-/// (every tile in a whole box, its out-of-grid half included: the default until 2026-12-06) and
-/// against `packed` (the default's boxes in a ring of half-stage units).
+/// (every tile in a whole box, its out-of-grid half included: the default until 2026-12-06).
 pub(super) fn vsa_ab(
     dev: Device,
     heavy: usize,
@@ -188,24 +187,22 @@ pub(super) fn vsa_ab(
         let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let ks = kernels::vsa::frame_sums(&k, 0, k_grid)?;
         let top_k = kernels::vsa::top_k(0.9, kernels::vsa::tiles(k_grid, kernels::vsa::TILE));
-        for tag in ["persist", "packed"] {
-            ab(
-                dev,
-                heavy,
-                &format!(
-                    "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
-                ),
-                ("WORLDLINE_VSA_FINE", tag),
-                0.0,
-                push,
-                || {
-                    let sums = kernels::vsa::KeySums { k: &ks, v: None };
-                    let only = kernels::vsa::Coarse::SelectOnly;
-                    kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
-                    Ok(())
-                },
-            )?;
-        }
+        ab(
+            dev,
+            heavy,
+            &format!(
+                "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
+            ),
+            ("WORLDLINE_VSA_FINE", "persist"),
+            0.0,
+            push,
+            || {
+                let sums = kernels::vsa::KeySums { k: &ks, v: None };
+                let only = kernels::vsa::Coarse::SelectOnly;
+                kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
+                Ok(())
+            },
+        )?;
     }
     Ok(())
 }
