@@ -12,7 +12,7 @@
 # tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
-# tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `persist`; source-vsa: its warp samples per instruction, default and `packed`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
+# tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `persist`; source-vsa: its warp samples per instruction, default and `persist`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
 # and without it (sparse-tests / sparse-chunks: one half); sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
@@ -227,13 +227,13 @@ PY
     source-vsa)
       # Where the fine kernel's warps wait, instruction by instruction: Nsight Compute's warp
       # sampling (SourceCounters) over the first fine kernel of `bench vsa`, the default kernel
-      # (`exact`) and `packed`, then the instructions with the most samples from its source page
-      # (kept as gzipped CSV; the report itself is dropped).
+      # (`exact`) and `persist` (whole boxes), then the instructions with the most samples from
+      # its source page (kept as gzipped CSV; the report itself is dropped).
       local ncu
       ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
         local f
-        for f in exact packed; do
+        for f in exact persist; do
           part "ncu-source-$f" 200 env WORLDLINE_VSA_FINE=$f "$ncu" --kill yes -k 'regex:vsa_fine_tma' -c 1 \
             --section SourceCounters --section WarpStateStats -f -o "$out/source-$f" \
             "$dir/worker" bench vsa --device cuda --repeat 1
