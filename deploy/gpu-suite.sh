@@ -97,6 +97,9 @@ run() {
   fi
   local gpus
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  # Nsight Compute, for the profiling parts (empty where the machine has none).
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
   local parts=("$@")
   [ ${#parts[@]} -gt 0 ] || parts=(tests kernels codecs sp)
   # Power, clock and throttle reasons every 100 ms beside the whole run: the benches print each
@@ -205,8 +208,6 @@ PY
       # SM clock lower, so its durations read longer than the bench's). Every ncu run here ends
       # the bench once its kernels are profiled (`--kill yes`; without it ncu reports only after
       # the whole bench, ~160 s on an H200), so its rc is the kill's, not a failure.
-      local ncu
-      ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
         local sections=(--section SpeedOfLight --section SchedulerStats --section WarpStateStats
           --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis)
@@ -229,8 +230,6 @@ PY
       # sampling (SourceCounters) over the first fine kernel of `bench vsa`, the default kernel
       # (`exact`) and `persist` (whole boxes), then the instructions with the most samples from
       # its source page (kept as gzipped CSV; the report itself is dropped).
-      local ncu
-      ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
         local f
         for f in exact persist; do
@@ -249,8 +248,6 @@ PY
       # kernel (the window's edge tiles in boxes of their own size) and with `persist` (every
       # tile in a whole box), at full clock; each ends the bench once it is profiled (see
       # profile-vsa).
-      local ncu
-      ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
       if [ -n "$ncu" ]; then
         local bytes=(--kill yes --clock-control none -k 'regex:vsa_fine_tma' -c 1 --metrics
           'l1tex__m_xbar2l1tex_read_bytes.sum,lts__lts2xbar_cycles_active.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,gpu__time_duration.sum')
