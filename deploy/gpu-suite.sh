@@ -229,10 +229,11 @@ PY
       # Where the fine kernel's warps wait, instruction by instruction: Nsight Compute's warp
       # sampling (SourceCounters) over the first fine kernel of `bench vsa`, the default kernel
       # (`exact`) and `persist` (whole boxes), then the instructions with the most samples from
-      # its source page (kept as gzipped CSV; the report itself is dropped).
+      # its source page (kept as gzipped CSV; the report itself is dropped). VSA_SOURCE_KERNELS
+      # names other fine kernels (values of WORLDLINE_VSA_FINE) to sample instead.
       if [ -n "$ncu" ]; then
         local f
-        for f in exact persist; do
+        for f in ${VSA_SOURCE_KERNELS:-exact persist}; do
           part "ncu-source-$f" 200 env WORLDLINE_VSA_FINE=$f "$ncu" --kill yes -k 'regex:vsa_fine_tma' -c 1 \
             --section SourceCounters --section WarpStateStats -f -o "$out/source-$f" \
             "$dir/worker" bench vsa --device cuda --repeat 1

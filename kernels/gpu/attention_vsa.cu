@@ -14,6 +14,9 @@
 // faster than reading Q there at each product). Each consumer has a ring of its own: a kernel
 // that walked the union of the block's two kept lists through one ring, loading a tile both keep
 // once, measured 20-25 % slower on the H200 even where the lists shared 45 % of their tiles.
+// Nor did more tiles in flight help: each consumer's three stages as six 16 KiB units (a 32-key
+// tile in one) measured 14-22 % slower on an H100, its consumers waiting longer on the tiles
+// (2026-12-07, BENCHMARKS.md; branch vsa-packed).
 // Persistent blocks (PERSIST below) measured 1.8-2.6 % faster than a block per pair on an H100
 // (2026-12-06): the next pair's loads run under this pair's last steps and stores.
 // What bounds this kernel at full clock is its K/V traffic from L2. Query rows dealt so that
