@@ -155,9 +155,8 @@ impl KvCache {
         match &mut self.key_sums {
             Some(ks) if n > 0 => {
                 let grid = [n / tpf, ks.hw[0], ks.hw[1]];
-                let sums = crate::vsa::frame_sums(&self.k, at, grid)?;
                 let slabs = crate::vsa::slabs_per_frame(ks.hw);
-                ops::write_rows(&mut ks.sums, at / tpf * slabs, &sums)
+                crate::vsa::frame_sums_into(&mut ks.sums, at / tpf * slabs, &self.k, at, grid)
             }
             _ => Ok(()),
         }

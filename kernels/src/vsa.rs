@@ -232,6 +232,54 @@ pub fn frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tensor> 
     }
 }
 
+/// [`frame_sums`] stored straight into rows `row ..` of `sums` (f32 `[rows, heads, d]`, on `x`'s
+/// device), as a KV cache keeps them: on a GPU one launch, with no sums apart to copy over.
+pub fn frame_sums_into(
+    sums: &mut Tensor,
+    row: usize,
+    x: &Tensor,
+    first: usize,
+    grid: [usize; 3],
+) -> Result<()> {
+    let tokens: usize = grid.iter().product();
+    if x.rank() != 3 || first + tokens > x.dim(0) || tokens == 0 {
+        return Err(shape_err(
+            "vsa frame sums",
+            format!("{:?} from row {first} on {grid:?}", x.shape()),
+        ));
+    }
+    let n = sums_len(grid);
+    if sums.rank() != 3 || sums.shape()[1..] != x.shape()[1..] || row + n > sums.dim(0) {
+        return Err(shape_err(
+            "vsa frame sums into",
+            format!(
+                "{n} rows of {:?} at row {row} of {:?}",
+                x.shape(),
+                sums.shape()
+            ),
+        ));
+    }
+    if sums.dtype() != DType::F32 {
+        return Err(Error::DType {
+            op: "vsa frame sums into",
+            got: sums.dtype(),
+            msg: "the sums are f32",
+        });
+    }
+    if sums.device() != x.device() {
+        return Err(Error::DeviceMismatch {
+            op: "vsa frame sums into",
+            a: sums.device().to_string(),
+            b: x.device().to_string(),
+        });
+    }
+    match x.storage() {
+        Storage::Cpu(_) => crate::ops::write_rows(sums, row, &frame_sums(x, first, grid)?),
+        Storage::Cuda(_) => crate::cuda::ops::vsa_frame_sums_into(sums, row, x, first, grid),
+        Storage::Rocm(_) => crate::rocm::ops::vsa_frame_sums_into(sums, row, x, first, grid),
+    }
+}
+
 /// Rows of [`frame_sums`] over `grid`: its frames' slabs.
 pub(crate) fn sums_len(grid: [usize; 3]) -> usize {
     grid[0] * slabs_per_frame([grid[1], grid[2]])

@@ -1854,6 +1854,21 @@ fn vsa_case(
         &[&k],
         |x| kernels::vsa::frame_sums(&x[0], first, frames),
     );
+    // The same sums stored into rows of a cache's (random, so a row left unwritten or written
+    // past shows), one frame's slabs down.
+    let slabs = kernels::vsa::slabs_per_frame([k_grid[1], k_grid[2]]);
+    let held = rand(rng, &[(k_grid[0] + 1) * slabs, heads, d], DType::F32);
+    check(
+        &format!("vsa frame sums {dt:?} {frames:?} from row {first} into row {slabs}"),
+        dev,
+        1e-6,
+        &[&k, &held],
+        |x| {
+            let mut sums = x[1].clone();
+            kernels::vsa::frame_sums_into(&mut sums, slabs, &x[0], first, frames)?;
+            Ok(sums)
+        },
+    );
 }
 
 /// `t` with `n` more rows of NaN.

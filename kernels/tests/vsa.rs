@@ -340,6 +340,36 @@ fn frame_sums_add_each_frames_slabs() {
 }
 
 #[test]
+fn frame_sums_into_write_only_their_rows() {
+    let mut rng = Rng::new(36);
+    let (grid, heads, d, first) = ([2, 6, 9], 2, 8, 54);
+    let n = first + grid.iter().product::<usize>();
+    let x = Tensor::from_vec(rng.normals(n * heads * d, 1.0), &[n, heads, d]).expect("x");
+    let fresh = vsa::frame_sums(&x, first, grid).expect("sums").to_vec_f32();
+    let (row, rows) = (3, 5 * vsa::slabs_per_frame([grid[1], grid[2]]));
+    let before = rng.normals(rows * heads * d, 1.0);
+    let mut sums = Tensor::from_vec(before.clone(), &[rows, heads, d]).expect("sums");
+    vsa::frame_sums_into(&mut sums, row, &x, first, grid).expect("into");
+    let got = sums.to_vec_f32();
+    let (at, len) = (row * heads * d, fresh.len());
+    assert_eq!(&got[at..at + len], &fresh[..], "the written rows");
+    assert_eq!(&got[..at], &before[..at], "rows before");
+    assert_eq!(&got[at + len..], &before[at + len..], "rows after");
+    // Past the end of the sums, and sums not in f32: errors that say so, nothing written.
+    let past = rows - fresh.len() / (heads * d) + 1;
+    let msg = vsa::frame_sums_into(&mut sums, past, &x, first, grid)
+        .expect_err("past the end")
+        .to_string();
+    assert!(msg.contains("frame sums into"), "{msg}");
+    assert_eq!(sums.to_vec_f32(), got);
+    let mut bf = sums.to_dtype(kernels::DType::BF16).expect("bf16");
+    let msg = vsa::frame_sums_into(&mut bf, row, &x, first, grid)
+        .expect_err("bf16 sums")
+        .to_string();
+    assert!(msg.contains("f32"), "{msg}");
+}
+
+#[test]
 fn means_from_frame_sums_give_the_same_attention() {
     // A cache's sums (frames written in two parts, as chunks arrive) in place of the means of
     // its rows: the same result up to the order of the f32 additions.

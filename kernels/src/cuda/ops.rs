@@ -889,7 +889,7 @@ pub(crate) use cudnn::Convs;
 #[allow(clippy::duplicate_mod)]
 #[path = "../gpu_common/vsa.rs"]
 mod vsa;
-pub use vsa::{vsa_attention, vsa_frame_sums};
+pub use vsa::{vsa_attention, vsa_frame_sums, vsa_frame_sums_into};
 mod fp8_attention;
 pub use fp8_attention::attention_fp8;
 

@@ -8,8 +8,8 @@
 #[allow(unused_imports)] // the ROCm side has these as inherent methods
 use super::PushKernelArg;
 use super::{
-    cast, push, push_mut, storage, suffix, wrap, Backend as CudaBackend, DeviceBuf as CudaSlice,
-    GpuData as CudaData, GpuStorage as CudaStorage, LaunchConfig,
+    cast, push, push_mut, storage, storage_mut, suffix, wrap, Backend as CudaBackend,
+    DeviceBuf as CudaSlice, GpuData as CudaData, GpuStorage as CudaStorage, LaunchConfig,
 };
 use std::sync::{Arc, Mutex};
 
@@ -234,18 +234,40 @@ fn cached_means(
 
 /// [`crate::vsa::frame_sums`] on the device (vsa.cu's `vsa_frame_sums`).
 pub fn vsa_frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tensor> {
+    let dev = &storage(x)?.dev;
+    let (heads, d) = (x.dim(1), x.dim(2));
+    let slabs = sums_len(grid);
+    let mut out = CudaStorage::alloc(dev, DType::F32, slabs * heads * d)?;
+    let at = out.device_ptr_mut()?;
+    frame_sums_at(x, first, grid, at)?;
+    Ok(wrap(out, &[slabs, heads, d]))
+}
+
+/// [`crate::vsa::frame_sums_into`] on the device (shapes, dtype and device checked there).
+pub fn vsa_frame_sums_into(
+    sums: &mut Tensor,
+    row: usize,
+    x: &Tensor,
+    first: usize,
+    grid: [usize; 3],
+) -> Result<()> {
+    let offset = row * x.dim(1) * x.dim(2) * DType::F32.size_in_bytes();
+    let at = storage_mut(sums)?.device_ptr_mut()? + offset as u64;
+    frame_sums_at(x, first, grid, at)
+}
+
+/// The launch of `vsa_frame_sums`, its f32 rows stored from device address `out`.
+fn frame_sums_at(x: &Tensor, first: usize, grid: [usize; 3], out: u64) -> Result<()> {
     if !matches!(x.dtype(), DType::F32 | DType::BF16) {
-        return vsa_frame_sums(&cast(x, DType::F32)?, first, grid);
+        return frame_sums_at(&cast(x, DType::F32)?, first, grid, out);
     }
     let xs = storage(x)?;
     let dev = &xs.dev;
-    let (heads, d) = (x.dim(1), x.dim(2));
-    let row = heads * d;
+    let row = x.dim(1) * x.dim(2);
     let slabs = sums_len(grid);
     if i32::try_from(row).is_err() || i32::try_from(grid[1] * grid[2]).is_err() {
         return Err(dev.err(format!("vsa frame sums: {grid:?} × {row} exceed i32")));
     }
-    let mut out = CudaStorage::alloc(dev, DType::F32, slabs * row)?;
     let chunks = row.div_ceil(MEAN_THREADS * 16 / x.dtype().size_in_bytes());
     let blocks = slabs * chunks;
     let cfg = LaunchConfig {
@@ -261,11 +283,11 @@ pub fn vsa_frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tens
     let (first64, row64) = (first as u64, row as u64);
     let (gh, gw, chunks32) = (grid[1] as i32, grid[2] as i32, chunks as i32);
     launch!(kind = "vsa means"; dev, "vsa", name, cfg, |b| {
-        push_mut(b, &mut out.data);
+        b.arg(&out);
         push(b, &xs.data);
         b.arg(&first64).arg(&gh).arg(&gw).arg(&row64).arg(&chunks32);
     });
-    Ok(wrap(out, &[slabs, heads, d]))
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -489,4 +489,4 @@ pub(crate) fn vsa_fine_fast(
 #[allow(clippy::duplicate_mod)]
 #[path = "../gpu_common/vsa.rs"]
 mod vsa;
-pub use vsa::{vsa_attention, vsa_frame_sums};
+pub use vsa::{vsa_attention, vsa_frame_sums, vsa_frame_sums_into};

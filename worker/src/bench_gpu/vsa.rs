@@ -192,8 +192,7 @@ fn fair_rows(
     let chunk_at = (k_grid[0] - q_grid[0]) * k_grid[1] * k_grid[2];
     let slabs_at = (k_grid[0] - q_grid[0]) * kernels::vsa::slabs_per_frame([k_grid[1], k_grid[2]]);
     let resum = |sums: &mut Tensor, x: &Tensor| -> Result<()> {
-        let fresh = kernels::vsa::frame_sums(x, chunk_at, chunk)?;
-        ops::write_rows(sums, slabs_at, &fresh)?;
+        kernels::vsa::frame_sums_into(sums, slabs_at, x, chunk_at, chunk)?;
         Ok(())
     };
     let (mut ks, mut vs) = (
