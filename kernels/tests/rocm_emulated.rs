@@ -747,6 +747,20 @@ fn vsa_means_from_frame_sums_match_the_cpu_on_the_emulated_gpu() {
             kernels::vsa::frame_sums(&t[0], 54, kg)
         });
     }
+    // Stored into rows of a cache's sums (random, so a row written wrong or past shows).
+    let slabs = kernels::vsa::slabs_per_frame([kg[1], kg[2]]);
+    let held = input(68, &[(kg[0] + 2) * slabs, 2, 128], DType::F32);
+    check(
+        "vsa frame sums into a cache's rows",
+        dev,
+        0.0,
+        &[&k, &held],
+        |t| {
+            let mut sums = t[1].clone();
+            kernels::vsa::frame_sums_into(&mut sums, slabs, &t[0], 54, kg)?;
+            Ok(sums)
+        },
+    );
     let cached = |coarse: &str, t: &[Tensor]| {
         let ks = kernels::vsa::frame_sums(&t[1], 0, kg)?;
         let vs = kernels::vsa::frame_sums(&t[2], 0, kg)?;
