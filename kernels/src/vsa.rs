@@ -213,13 +213,7 @@ pub fn slabs_per_frame([h, w]: [usize; 2]) -> usize {
 /// `(f·nh + bh)·nw + bw`, its tokens added in row-major order from 0. Rows of whole frames, so a
 /// cache moves and writes them as it does its keys.
 pub fn frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tensor> {
-    let tokens: usize = grid.iter().product();
-    if x.rank() != 3 || first + tokens > x.dim(0) || tokens == 0 {
-        return Err(shape_err(
-            "vsa frame sums",
-            format!("{:?} from row {first} on {grid:?}", x.shape()),
-        ));
-    }
+    check_frames(x, first, grid)?;
     let (heads, d) = (x.dim(1), x.dim(2));
     match x.storage() {
         Storage::Cpu(_) => {
@@ -241,13 +235,7 @@ pub fn frame_sums_into(
     first: usize,
     grid: [usize; 3],
 ) -> Result<()> {
-    let tokens: usize = grid.iter().product();
-    if x.rank() != 3 || first + tokens > x.dim(0) || tokens == 0 {
-        return Err(shape_err(
-            "vsa frame sums",
-            format!("{:?} from row {first} on {grid:?}", x.shape()),
-        ));
-    }
+    check_frames(x, first, grid)?;
     let n = sums_len(grid);
     if sums.rank() != 3 || sums.shape()[1..] != x.shape()[1..] || row + n > sums.dim(0) {
         return Err(shape_err(
@@ -278,6 +266,18 @@ pub fn frame_sums_into(
         Storage::Cuda(_) => crate::cuda::ops::vsa_frame_sums_into(sums, row, x, first, grid),
         Storage::Rocm(_) => crate::rocm::ops::vsa_frame_sums_into(sums, row, x, first, grid),
     }
+}
+
+/// That `x` (`[tokens, heads, d]`) holds `grid`'s frames from row `first` on.
+fn check_frames(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<()> {
+    let tokens: usize = grid.iter().product();
+    if x.rank() != 3 || first + tokens > x.dim(0) || tokens == 0 {
+        return Err(shape_err(
+            "vsa frame sums",
+            format!("{:?} from row {first} on {grid:?}", x.shape()),
+        ));
+    }
+    Ok(())
 }
 
 /// Rows of [`frame_sums`] over `grid`: its frames' slabs.
