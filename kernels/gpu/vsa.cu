@@ -169,7 +169,9 @@ WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const
 // of gh × gw tokens: out[(f·nh + bh)·nw + bw, c], the slab's tokens added in row-major order
 // from 0, as vsa.rs's frame_sums (what a KV cache keeps so that key-tile means need not read
 // it). A thread per 16 bytes of the `row` = heads · d columns; block b is column slice
-// b % chunks of slab b / chunks.
+// b % chunks of slab b / chunks. Where rows are whole 16-byte vectors, a batch of tokens' loads
+// go out before the first add, as in vsa_mean_slice (element loads a token at a time left each
+// thread waiting on one token's 16 bytes; not yet timed against them).
 template <typename T>
 WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int gw, wl_u64 row, int chunks) {
     constexpr int V = 16 / sizeof(T);
@@ -178,14 +180,30 @@ WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int 
     if (c >= row) return;
     const int nh = (gh + 3) / 4, nw = (gw + 3) / 4;
     const int f = slab / (nh * nw), y0 = slab / nw % nh * 4, x0 = slab % nw * 4;
+    const int ny = min(y0 + 4, gh) - y0, nx = min(x0 + 4, gw) - x0, n = ny * nx;
+    // Token p of the slab (row-major) at row `first + (f·gh + y)·gw + xx` of x.
+    auto src = [&](int p) { return x + (first + ((wl_u64)f * gh + y0 + p / nx) * gw + x0 + p % nx) * row + c; };
     float acc[V];
     for (int u = 0; u < V; ++u) acc[u] = 0.0f;
-    for (int y = y0; y < min(y0 + 4, gh); ++y)
-        for (int xx = x0; xx < min(x0 + 4, gw); ++xx) {
-            const T* src = x + (first + ((wl_u64)f * gh + y) * gw + xx) * row + c;
-            for (int u = 0; u < V; ++u)
-                if (c + u < row) acc[u] += wl_ld(src, u);
+    const bool vec = row % V == 0 && ((wl_u64)x & 15) == 0;
+    if (vec) {
+        for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
+            uint4 raw[WL_VSA_MEAN_BATCH];
+            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
+                if (p + b < n) raw[b] = *(const uint4*)src(p + b);
+            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
+                if (p + b < n) {
+                    float v[V];
+                    vsa_unpack(v, raw[b], x);
+                    for (int u = 0; u < V; ++u) acc[u] += v[u];
+                }
+            }
         }
+    } else {
+        for (int p = 0; p < n; ++p)
+            for (int u = 0; u < V; ++u)
+                if (c + u < row) acc[u] += wl_ld(src(p), u);
+    }
     float* dst = out + (wl_u64)slab * row + c;
     for (int u = 0; u < V; ++u)
         if (c + u < row) dst[u] = acc[u];
