@@ -77,6 +77,36 @@ WL_DEVICE wl_u64 vsa_kt(int j, int h, int e, int nk, int d) {
     return (((wl_u64)h * ((d + 3) / 4) + e / 4) * nk + j) * 4 + e % 4;
 }
 
+// acc[0 .. V) += columns c .. c + V of the n rows at src(0), ..., src(n - 1) of x, added in that
+// order in f32. Where rows are whole 16-byte vectors, the loads of a batch of rows are all issued
+// before any is added, so a thread keeps 128 bytes in flight; else element loads, the columns
+// past `row` left out.
+template <typename T, typename Src>
+WL_DEVICE void vsa_add_rows(float* acc, const T* x, wl_u64 row, wl_u64 c, int n, Src src) {
+    constexpr int V = 16 / sizeof(T);
+    // Rows are 16-byte aligned when the base is and a row is whole vectors.
+    if (row % V == 0 && ((wl_u64)x & 15) == 0) {
+        for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
+            uint4 raw[WL_VSA_MEAN_BATCH];
+            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
+                if (p + b < n) raw[b] = *(const uint4*)src(p + b);
+            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
+                if (p + b < n) {
+                    float f[V];
+                    vsa_unpack(f, raw[b], x);
+                    for (int u = 0; u < V; ++u) acc[u] += f[u];
+                }
+            }
+        }
+        return;
+    }
+    for (int p = 0; p < n; ++p) {
+        const T* s = src(p);
+        for (int u = 0; u < V; ++u)
+            if (c + u < row) acc[u] += wl_ld(s, u);
+    }
+}
+
 // out[j, c] = mean over tile j's positions p of x[order[p], c], for this block's slice of the
 // `row` = heads · d columns. Every thread owns 16 bytes of columns and adds the tile's tokens in
 // order in f32, as the CPU does, so the means are the CPU's to the bit; a tile's tokens are whole
@@ -90,29 +120,10 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, i
     constexpr int V = 16 / sizeof(T);
     const wl_u64 c = c0 + (wl_u64)threadIdx.x * V;
     if (c >= row) return;
-    // Rows are 16-byte aligned when the base is and a row is whole vectors; else element loads.
     const bool vec = row % V == 0 && ((wl_u64)x & 15) == 0;
     float acc[V];
     for (int u = 0; u < V; ++u) acc[u] = 0.0f;
-    if (vec) {
-        for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
-            uint4 raw[WL_VSA_MEAN_BATCH];
-            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
-                if (p + b < n) raw[b] = *(const uint4*)(x + (wl_u64)order[first + p + b] * row + c);
-            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
-                if (p + b < n) {
-                    float f[V];
-                    vsa_unpack(f, raw[b], x);
-                    for (int u = 0; u < V; ++u) acc[u] += f[u];
-                }
-            }
-        }
-    } else {
-        for (int p = 0; p < n; ++p) {
-            const T* src = x + (wl_u64)order[first + p] * row + c;
-            for (int u = 0; u < V; ++u) acc[u] += c + u < row ? wl_ld(src, u) : 0.0f;
-        }
-    }
+    vsa_add_rows(acc, x, row, c, n, [&](int p) { return x + (wl_u64)order[first + p] * row + c; });
     const float fn = (float)n;
     if (td > 0) {
         // Key means in the coarse kernel's layout (vsa_kt), an element at a time.
@@ -169,9 +180,9 @@ WL_DEVICE void vsa_tile_means(float* qm, float* km, float* vm, const T* q, const
 // of gh × gw tokens: out[(f·nh + bh)·nw + bw, c], the slab's tokens added in row-major order
 // from 0, as vsa.rs's frame_sums (what a KV cache keeps so that key-tile means need not read
 // it). A thread per 16 bytes of the `row` = heads · d columns; block b is column slice
-// b % chunks of slab b / chunks. Where rows are whole 16-byte vectors, a batch of tokens' loads
-// go out before the first add, as in vsa_mean_slice (element loads a token at a time left each
-// thread waiting on one token's 16 bytes; not yet timed against them).
+// b % chunks of slab b / chunks. The adds go through vsa_add_rows as the tile means' do (until
+// 2026-12-07 element loads a token at a time, each thread waiting on one token's 16 bytes; the
+// batched loads are not yet timed against them).
 template <typename T>
 WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int gw, wl_u64 row, int chunks) {
     constexpr int V = 16 / sizeof(T);
@@ -185,25 +196,7 @@ WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int 
     auto src = [&](int p) { return x + (first + ((wl_u64)f * gh + y0 + p / nx) * gw + x0 + p % nx) * row + c; };
     float acc[V];
     for (int u = 0; u < V; ++u) acc[u] = 0.0f;
-    const bool vec = row % V == 0 && ((wl_u64)x & 15) == 0;
-    if (vec) {
-        for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
-            uint4 raw[WL_VSA_MEAN_BATCH];
-            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
-                if (p + b < n) raw[b] = *(const uint4*)src(p + b);
-            for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
-                if (p + b < n) {
-                    float v[V];
-                    vsa_unpack(v, raw[b], x);
-                    for (int u = 0; u < V; ++u) acc[u] += v[u];
-                }
-            }
-        }
-    } else {
-        for (int p = 0; p < n; ++p)
-            for (int u = 0; u < V; ++u)
-                if (c + u < row) acc[u] += wl_ld(src(p), u);
-    }
+    vsa_add_rows(acc, x, row, c, n, src);
     float* dst = out + (wl_u64)slab * row + c;
     for (int u = 0; u < V; ++u)
         if (c + u < row) dst[u] = acc[u];
