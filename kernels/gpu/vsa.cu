@@ -81,11 +81,15 @@ WL_DEVICE wl_u64 vsa_kt(int j, int h, int e, int nk, int d) {
 // order in f32. Where rows are whole 16-byte vectors, the loads of a batch of rows are all issued
 // before any is added, so a thread keeps 128 bytes in flight; else element loads, the columns
 // past `row` left out.
+// Rows of x are 16-byte aligned when its base is and a row is whole 16-byte vectors.
+template <typename T>
+WL_DEVICE bool vsa_vector_rows(const T* x, wl_u64 row) {
+    return row % (16 / sizeof(T)) == 0 && ((wl_u64)x & 15) == 0;
+}
 template <typename T, typename Src>
 WL_DEVICE void vsa_add_rows(float* acc, const T* x, wl_u64 row, wl_u64 c, int n, Src src) {
     constexpr int V = 16 / sizeof(T);
-    // Rows are 16-byte aligned when the base is and a row is whole vectors.
-    if (row % V == 0 && ((wl_u64)x & 15) == 0) {
+    if (vsa_vector_rows(x, row)) {
         for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
             uint4 raw[WL_VSA_MEAN_BATCH];
             for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
@@ -120,7 +124,7 @@ WL_DEVICE void vsa_mean_slice(float* out, const T* x, const int* order, int j, i
     constexpr int V = 16 / sizeof(T);
     const wl_u64 c = c0 + (wl_u64)threadIdx.x * V;
     if (c >= row) return;
-    const bool vec = row % V == 0 && ((wl_u64)x & 15) == 0;
+    const bool vec = vsa_vector_rows(x, row);
     float acc[V];
     for (int u = 0; u < V; ++u) acc[u] = 0.0f;
     vsa_add_rows(acc, x, row, c, n, [&](int p) { return x + (wl_u64)order[first + p] * row + c; });

@@ -45,7 +45,7 @@ fn no_fp8(op: &'static str, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+pub(crate) fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.device() != b.device() {
         return Err(Error::DeviceMismatch {
             op,

@@ -254,13 +254,7 @@ pub fn frame_sums_into(
             msg: "the sums are f32",
         });
     }
-    if sums.device() != x.device() {
-        return Err(Error::DeviceMismatch {
-            op: "vsa frame sums into",
-            a: sums.device().to_string(),
-            b: x.device().to_string(),
-        });
-    }
+    crate::ops::same_device("vsa frame sums into", sums, x)?;
     match x.storage() {
         Storage::Cpu(_) => crate::ops::write_rows(sums, row, &frame_sums(x, first, grid)?),
         Storage::Cuda(_) => crate::cuda::ops::vsa_frame_sums_into(sums, row, x, first, grid),
