@@ -21,9 +21,9 @@
 # lingbot-1.3b's width; deferred: that switch's GPU tests alone (its kernels
 # against the CPU, and the fp8 stream with it); serve: `worker serve`'s start-up chunk and /status;
 # rocm: on an AMD machine, the ops and DiT tests on rocm:0 and the kernels table with its
-# peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. The test
-# logs end up in one
-# archive, test-logs.tgz: the device tool brings back only a few files from $OUT.
+# peer). `sp` needs two GPUs; the PyTorch peers need the machine's python3 with torch. Beside
+# summary.txt, everything the run wrote ends up in one archive, suite.tgz: the device tool brings
+# back only a few files from $OUT.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
 # under 20 s left is skipped and said so, so the summary still comes out inside one device call.
 set -uo pipefail
@@ -295,10 +295,12 @@ PY
     kill "$trace" 2>/dev/null
     python3 worker/bench/power.py "$out/power.csv" "$out"/*.log >"$out/power.txt" 2>&1
   fi
-  if compgen -G "$out/test-*.log" >/dev/null; then
-    (cd "$out" && tar czf test-logs.tgz test-*.log && rm -f test-*.log)
-  fi
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+  # Everything else in one archive beside the summary: the device tool brings back only the
+  # first few files of $OUT in name order.
+  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt -printf '%P\n' | sort >/tmp/gpu-suite-files &&
+    [ -s /tmp/gpu-suite-files ] && tar czf /tmp/gpu-suite.tgz -T /tmp/gpu-suite-files &&
+    xargs -d '\n' rm -rf </tmp/gpu-suite-files && mv /tmp/gpu-suite.tgz suite.tgz)
 }
 
 case ${1:-} in
