@@ -12,7 +12,7 @@
 # tests; quick: the tests of the ops, the DiT and the codecs; ops: the ops, fp8 linears and the DiT; text: the umT5 prompt encode and
 # its peer; codecs-bf16: the bf16 video codecs and their peer, with the convolution choices;
 # chunks: whole chunks of lingbot-14b and -1.3b on one card, fp8 linears and bf16; vsa: the VSA
-# tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `persist`; source-vsa: its warp samples per instruction, default and `persist`; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
+# tests and `bench vsa`; vsa-bench: `bench vsa` alone; bytes-vsa: Nsight Compute's count of the fine kernel's bytes from L2, default and `persist`; source-vsa: its warp samples per instruction, default and `persist`; means-vsa: the means kernels' time and DRAM bytes under Nsight Compute; sparse: `--attention vsa` in the model, its GPU tests and 14B chunks with
 # and without it (sparse-tests / sparse-chunks: one half); sparse4: those chunks at `--chunk-frames 4` (LingBot v2's loop); profile-vsa: Nsight Compute over the VSA prefix kernels, where the machine
 # has ncu; gemm-algos: the kernels table's GEMMs with each of cuBLASLt's first eight heuristic
 # answers; gemm-configs: those GEMMs with other configurations of the heuristic's algorithm;
@@ -259,6 +259,19 @@ PY
         summary+=("bytes-vsa: skipped, no ncu here")
       fi
       ;;
+    means-vsa)
+      # The VSA means kernels at full clock, the first eight launches of `bench vsa` (the
+      # window's and then the chunk's frame sums, the query means with the key means from the
+      # sums; the grid size tells them apart): the time, DRAM bytes and throughput of each say
+      # how far these memory-bound kernels are from the copy ceiling.
+      if [ -n "$ncu" ]; then
+        part ncu-means 200 "$ncu" --kill yes --clock-control none -k 'regex:vsa_frame_sums|vsa_means_from_sums' \
+          -c 8 --metrics 'gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread' \
+          "$dir/worker" bench vsa --device cuda --repeat 1
+      else
+        summary+=("means-vsa: skipped, no ncu here")
+      fi
+      ;;
     sparse | sparse-tests)
       # `--attention vsa` in the model: its GPU tests against the CPU (sparse-tests: those
       # alone), then whole 14B chunks with it and without it, fp8 linears both (the sparse/dense
@@ -288,7 +301,7 @@ PY
         done
       done
       ;;
-    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm, vsa-bench, bytes-vsa, source-vsa, sparse-tests, sparse-chunks)" >&2 ;;
+    *) echo "unknown part $p (tests, tests1, tests2, quick, ops, kernels, gemm-algos, gemm-configs, vsa, sparse, sparse4, profile-vsa, codecs, codecs-bf16, text, sp, chunks, rocm, vsa-bench, bytes-vsa, source-vsa, means-vsa, sparse-tests, sparse-chunks)" >&2 ;;
     esac
   done
   if [ -n "$trace" ]; then
