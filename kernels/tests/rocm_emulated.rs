@@ -785,6 +785,82 @@ fn vsa_means_from_frame_sums_match_the_cpu_on_the_emulated_gpu() {
         );
     }
     assert_eq!(means_launches(), means + 2);
+    // A chunk's sums made in the means pass (`attention_cached_fresh`): the last 3 frames' rows
+    // random before the call, the earlier ones summed; the output, and the sums it leaves, in one
+    // means launch and no frame sums launch of their own.
+    let held_v = input(69, &[(kg[0] + 2) * slabs, 2, 128], DType::F32);
+    let old = [kg[0] - qg[0], kg[1], kg[2]];
+    let fresh = |coarse: &str, t: &[Tensor]| {
+        let (mut ks, mut vs) = (t[4].clone(), t[5].clone());
+        kernels::vsa::frame_sums_into(&mut ks, 0, &t[1], 0, old)?;
+        kernels::vsa::frame_sums_into(&mut vs, 0, &t[2], 0, old)?;
+        let mix = match coarse {
+            "gated" => kernels::vsa::Coarse::Gated(&t[3]),
+            _ => kernels::vsa::Coarse::SelectOnly,
+        };
+        let sums = kernels::vsa::FreshSums {
+            k: &mut ks,
+            v: Some(&mut vs),
+            frames: old[0]..kg[0],
+        };
+        let out = kernels::vsa::attention_cached_fresh(&t[0], &t[1], &t[2], sums, mix, qg, kg, 5)?;
+        Ok::<_, kernels::Error>([out, ks, vs])
+    };
+    let inputs = [&q, &k, &v, &gate, &held, &held_v];
+    for coarse in ["gated", "select-only"] {
+        let (fused, sums) = (fresh_launches(), frame_sums_launches());
+        check(
+            &format!("vsa d 128 top-5 {coarse}, a chunk's sums made in the call"),
+            dev,
+            1e-2,
+            &inputs,
+            |t| Ok(fresh(coarse, t)?[0].clone()),
+        );
+        // The emulated call alone: `check` also runs the CPU's, which launches nothing.
+        assert_eq!(
+            fresh_launches(),
+            fused + 1,
+            "{coarse}: one fused means launch"
+        );
+        // Two for the earlier frames' k and v sums made above; in the call, none for the keys,
+        // and one for the values where it reads none of their sums (select-only) but was given
+        // them to keep.
+        let apart = u64::from(coarse == "select-only");
+        assert_eq!(
+            frame_sums_launches(),
+            sums + 2 + apart,
+            "{coarse}: frame sums launches"
+        );
+        for (i, what) in [(1, "key"), (2, "value")] {
+            check(
+                &format!("vsa {coarse}: the {what} sums a chunk's call leaves"),
+                dev,
+                0.0,
+                &inputs,
+                |t| Ok(fresh(coarse, t)?[i].clone()),
+            );
+        }
+    }
+    // Keys in f32 under bf16 queries: the call's keys are a bf16 copy, so the chunk's sums come
+    // from the frame sums kernel over the f32 keys first, still the CPU's to the bit.
+    let k32 = k.to_dtype(DType::F32).expect("f32");
+    check(
+        "vsa select-only: the sums a chunk's call leaves from f32 keys",
+        dev,
+        0.0,
+        &[&q, &k32, &v, &gate, &held, &held_v],
+        |t| Ok(fresh("select-only", t)?[1].clone()),
+    );
+}
+
+/// Launches of the means kernel that also makes a chunk's sums (`vsa_means_fresh_*`).
+fn fresh_launches() -> u64 {
+    launches("vsa_means_fresh_bf16") + launches("vsa_means_fresh_f32")
+}
+
+/// Launches of the frame sums kernel (`vsa_frame_sums_*`).
+fn frame_sums_launches() -> u64 {
+    launches("vsa_frame_sums_bf16") + launches("vsa_frame_sums_f32")
 }
 
 /// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as

@@ -441,3 +441,74 @@ fn means_from_frame_sums_give_the_same_attention() {
         .to_string();
     assert!(msg.contains("sums"), "{msg}");
 }
+
+#[test]
+fn a_chunks_sums_made_in_the_call_are_the_cached_ones() {
+    // A cache whose last 3 frames were just written: their sums' rows hold stale values (random
+    // here), and `attention_cached_fresh` must sum them from the keys (and values) first, as
+    // `frame_sums_into` does, then attend as `attention_cached` over the whole sums.
+    let mut rng = Rng::new(37);
+    let c = Case {
+        q_grid: [3, 6, 9],
+        k_grid: [9, 6, 9],
+        heads: 2,
+        d: 16,
+    };
+    let [q, k, v, gate] = inputs(&mut rng, &c);
+    let spf = vsa::slabs_per_frame([c.k_grid[1], c.k_grid[2]]);
+    // Two rows past the grid's, which nothing may write.
+    let rows = (c.k_grid[0] + 2) * spf;
+    let stale = |rng: &mut Rng, x: &Tensor| {
+        let mut s = Tensor::from_vec(
+            rng.normals(rows * c.heads * c.d, 1.0),
+            &[rows, c.heads, c.d],
+        )
+        .expect("sums");
+        vsa::frame_sums_into(&mut s, 0, x, 0, [6, 6, 9]).expect("old frames");
+        s
+    };
+    let whole = |x: &Tensor| vsa::frame_sums(x, 0, c.k_grid).expect("sums").to_vec_f32();
+    let top_k = vsa::top_k(0.5, vsa::tiles(c.k_grid, TILE));
+    for coarse in [Coarse::Added, Coarse::Gated(&gate), Coarse::SelectOnly] {
+        let (mut ks, mut vs) = (stale(&mut rng, &k), stale(&mut rng, &v));
+        let (k_before, v_before) = (ks.to_vec_f32(), vs.to_vec_f32());
+        let sums = vsa::FreshSums {
+            k: &mut ks,
+            v: Some(&mut vs),
+            frames: 6..9,
+        };
+        let got = vsa::attention_cached_fresh(&q, &k, &v, sums, coarse, c.q_grid, c.k_grid, top_k)
+            .expect("fresh");
+        let n = c.k_grid[0] * spf * c.heads * c.d;
+        for (name, s, x, before) in [("key", &ks, &k, &k_before), ("value", &vs, &v, &v_before)] {
+            let s = s.to_vec_f32();
+            assert_eq!(&s[..n], &whole(x)[..], "{coarse:?}: the {name} sums");
+            assert_eq!(
+                &s[n..],
+                &before[n..],
+                "{coarse:?}: {name} rows past the grid"
+            );
+        }
+        let with = vsa::KeySums {
+            k: &ks,
+            v: Some(&vs),
+        };
+        let want = vsa::attention_cached(&q, &k, &v, with, coarse, c.q_grid, c.k_grid, top_k)
+            .expect("cached");
+        assert_eq!(got.to_vec_f32(), want.to_vec_f32(), "{coarse:?}");
+    }
+    // Frames past the grid are refused, nothing written.
+    let mut ks = stale(&mut rng, &k);
+    let before = ks.to_vec_f32();
+    let sums = vsa::FreshSums {
+        k: &mut ks,
+        v: None,
+        frames: 7..10,
+    };
+    let only = Coarse::SelectOnly;
+    let msg = vsa::attention_cached_fresh(&q, &k, &v, sums, only, c.q_grid, c.k_grid, top_k)
+        .expect_err("frames past the grid")
+        .to_string();
+    assert!(msg.contains("frames 7..10"), "{msg}");
+    assert_eq!(ks.to_vec_f32(), before);
+}

@@ -489,4 +489,5 @@ pub(crate) fn vsa_fine_fast(
 #[allow(clippy::duplicate_mod)]
 #[path = "../gpu_common/vsa.rs"]
 mod vsa;
-pub use vsa::{vsa_attention, vsa_frame_sums, vsa_frame_sums_into};
+pub(crate) use vsa::{device_address, vsa_attention};
+pub use vsa::{vsa_frame_sums, vsa_frame_sums_into};
