@@ -262,11 +262,10 @@ PY
     means-vsa)
       # The VSA means kernels at full clock, the first twelve launches of `bench vsa` (the
       # window's and then the chunk's frame sums, the query means with the key means from the
-      # sums, and those with the chunk's sums made in the pass; the grid size tells them apart):
-      # the time, DRAM bytes and throughput of each say
+      # sums; the grid size tells them apart): the time, DRAM bytes and throughput of each say
       # how far these memory-bound kernels are from the copy ceiling.
       if [ -n "$ncu" ]; then
-        part ncu-means 200 "$ncu" --kill yes --clock-control none -k 'regex:vsa_frame_sums|vsa_means_from_sums|vsa_means_fresh' \
+        part ncu-means 200 "$ncu" --kill yes --clock-control none -k 'regex:vsa_frame_sums|vsa_means_from_sums' \
           -c 12 --metrics 'gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread' \
           "$dir/worker" bench vsa --device cuda --repeat 1
       else

@@ -206,97 +206,35 @@ WL_DEVICE void vsa_frame_sums(float* out, const T* x, wl_u64 first, int gh, int 
         if (c + u < row) dst[u] = acc[u];
 }
 
-// Four columns from c of token rows of x as floats (c and the row a multiple of 4, so the load is
-// one aligned vector: 8 bytes of bf16, 16 of f32).
-WL_DEVICE void vsa_ld4(float* f, const float* p) {
-    const float4 v = *(const float4*)p;
-    f[0] = v.x;
-    f[1] = v.y;
-    f[2] = v.z;
-    f[3] = v.w;
-}
-WL_DEVICE void vsa_ld4(float* f, const wl_bf16* p) {
-    const uint2 u = *(const uint2*)p;
-    f[0] = __uint_as_float(u.x << 16);
-    f[1] = __uint_as_float(u.x & 0xffff0000u);
-    f[2] = __uint_as_float(u.y << 16);
-    f[3] = __uint_as_float(u.y & 0xffff0000u);
-}
-
-// The sum of a slab's n tokens of x over `per` columns from c (per 4: one vector a token; else
-// one column), token p at row token0 + (p / nx)·gw + p % nx: added in row-major order from 0, as
-// vsa_frame_sums adds them, a batch of tokens' loads issued before any add.
-template <typename T>
-WL_DEVICE void vsa_slab_sum(float* acc, const T* x, wl_u64 token0, int nx, int n, int gw, wl_u64 row, int c,
-                            int per) {
-    auto at = [&](int p) { return x + (token0 + (wl_u64)(p / nx) * gw + p % nx) * row + c; };
-    for (int u = 0; u < 4; ++u) acc[u] = 0.0f;
-    if (per != 4) {
-        for (int p = 0; p < n; ++p) acc[0] += wl_ld(at(p), 0);
-        return;
-    }
-    for (int p = 0; p < n; p += WL_VSA_MEAN_BATCH) {
-        float f[WL_VSA_MEAN_BATCH][4];
-        for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
-            if (p + b < n) vsa_ld4(f[b], at(p + b));
-        for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b)
-            if (p + b < n)
-                for (int u = 0; u < 4; ++u) acc[u] += f[b][u];
-    }
-}
-
 // Key-tile means from frame sums (vsa_frame_sums' rows): tile j's mean adds the slab sums of its
 // frames in frame order from 0, then divides by its token count, as vsa.rs's means_from_sums. A
 // thread per `per` columns (4, one float4, where a head's row is whole float4s; else 1): at one
 // column a thread, the tile's index arithmetic outweighed its four loads (Nsight Compute on an
 // H100, 2026-12-06: SM 75 % busy, DRAM 41 %). Block blk is column slice blk % chunks of job
-// blk / chunks: k's tiles, then v's. With Fresh, the sums of key-grid frames [fresh0, fresh1)
-// are not read but made here from the tokens (kx, vx: each frame's slab belongs to one tile, so
-// one block makes it) and stored into their rows, as vsa_frame_sums would have: a chunk's sums
-// and the means that read them in one pass, not two launches.
-template <typename T, bool Fresh>
-WL_DEVICE void vsa_sums_means(float* km, float* vm, float* ks, float* vs, const T* kx, const T* vx, int fresh0,
-                              int fresh1, int gt, int gh, int gw, int nk, int row, int chunks, int per, int d,
-                              int blk) {
+// blk / chunks: k's tiles, then v's.
+WL_DEVICE void vsa_sums_means(float* km, float* vm, const float* ks, const float* vs, int gt, int gh, int gw, int nk,
+                              int row, int chunks, int per, int d, int blk) {
     int job = blk / chunks;
     const int c = ((blk % chunks) * blockDim.x + threadIdx.x) * per;
     if (c >= row) return;
     const bool is_k = job < nk;
     if (!is_k) job -= nk;
-    float* src = is_k ? ks : vs;
+    const float* src = is_k ? ks : vs;
     // k's means in the coarse kernel's layout (vsa_kt; a float4 is one head's when per is 4, as d
     // is then a multiple of 4), v's as rows.
     float* dst = is_k ? km + vsa_kt(job, c / d, c % d, nk, d) : vm + (wl_u64)job * row + c;
     const vsa_tile b = vsa_tile_of(job, gt, gh, gw);
     const int nh = (gh + 3) / 4, nw = (gw + 3) / 4;
     const float n = (float)(b.lt * b.lh * b.lw);
-    float* slab = src + ((wl_u64)(b.t0 * nh + b.h0 / 4) * nw + b.w0 / 4) * row + c;
+    const float* slab = src + ((wl_u64)(b.t0 * nh + b.h0 / 4) * nw + b.w0 / 4) * row + c;
     const wl_u64 step = (wl_u64)nh * nw * row;  // one frame's slabs
-    // The tile's frames whose sums are made here: f in [f0, f1) of its own.
-    const int f0 = Fresh ? max(fresh0 - b.t0, 0) : 0, f1 = Fresh ? min(fresh1 - b.t0, b.lt) : 0;
-    auto fresh = [&](int f) { return Fresh && f >= f0 && f < f1; };
-    auto make = [&](float* acc, int f) {
-        const wl_u64 token0 = ((wl_u64)(b.t0 + f) * gh + b.h0) * gw + b.w0;
-        vsa_slab_sum(acc, is_k ? kx : vx, token0, b.lw, b.lh * b.lw, gw, (wl_u64)row, c, per);
-    };
     if (per == 4) {
         // The (at most four) frames' loads all issued before the first add, the adds in frame
         // order as before: with a load and its add a frame at a time, the kernel waited on each
         // load in turn (Nsight Compute, H100, 2026-12-06: 26 µs, its samples on those adds).
         float4 v[4];
         for (int f = 0; f < 4; ++f)
-            if (f < b.lt && !fresh(f)) v[f] = *(const float4*)(slab + f * step);
-        if constexpr (Fresh) {
-            // Over all four slots (not f0 .. f1), so v's index is a constant and v stays in
-            // registers.
-            for (int f = 0; f < 4; ++f) {
-                if (!fresh(f)) continue;
-                float a[4];
-                make(a, f);
-                v[f] = make_float4(a[0], a[1], a[2], a[3]);
-                *(float4*)(slab + f * step) = v[f];
-            }
-        }
+            if (f < b.lt) v[f] = *(const float4*)(slab + f * step);
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int f = 0; f < 4; ++f)
             if (f < b.lt) acc.x += v[f].x, acc.y += v[f].y, acc.z += v[f].z, acc.w += v[f].w;
@@ -304,38 +242,25 @@ WL_DEVICE void vsa_sums_means(float* km, float* vm, float* ks, float* vs, const 
         return;
     }
     float acc = 0.0f;
-    for (int f = 0; f < b.lt; ++f) {
-        float s;
-        if (fresh(f)) {
-            float a[4];
-            make(a, f);
-            s = a[0];
-            slab[f * step] = s;
-        } else {
-            s = slab[f * step];
-        }
-        acc += s;
-    }
+    for (int f = 0; f < b.lt; ++f) acc += slab[f * step];
     *dst = acc / n;
 }
 
 // The means a call over a cache with key sums needs, in one launch: blocks [0, nq · q_chunks)
 // the query tiles' (as vsa_tile_means' q jobs), the rest the key (and value) tile means from the
-// frame sums (vsa_sums_means, `s_chunks` blocks a tile; with Fresh, the sums of frames [fresh0,
-// fresh1) made first). The two are independent, and as two launches each left the GPU waiting on
-// its loads (22 and 26 µs under Nsight Compute on an H100, 2026-12-06).
-template <typename T, bool Fresh>
+// frame sums (vsa_sums_means, `s_chunks` blocks a tile). The two are independent, and as two
+// launches each left the GPU waiting on its loads (22 and 26 µs under Nsight Compute on an H100,
+// 2026-12-06).
+template <typename T>
 WL_DEVICE void vsa_means_cached(float* qm, const T* q, const int* q_order, const int* q_offsets, const int* q_sizes,
-                                int nq, int q_chunks, float* km, float* vm, float* ks, float* vs, const T* kx,
-                                const T* vx, int fresh0, int fresh1, int gt, int gh, int gw, int nk, int row,
-                                int s_chunks, int per, int d) {
+                                int nq, int q_chunks, float* km, float* vm, const float* ks, const float* vs, int gt,
+                                int gh, int gw, int nk, int row, int s_chunks, int per, int d) {
     const int qb = nq * q_chunks;
     if ((int)blockIdx.x < qb) {
         vsa_mean_job(qm, q, q_order, q_offsets, q_sizes, blockIdx.x / q_chunks, blockIdx.x % q_chunks, (wl_u64)row);
         return;
     }
-    vsa_sums_means<T, Fresh>(km, vm, ks, vs, kx, vx, fresh0, fresh1, gt, gh, gw, nk, row, s_chunks, per, d,
-                             blockIdx.x - qb);
+    vsa_sums_means(km, vm, ks, vs, gt, gh, gw, nk, row, s_chunks, per, d, blockIdx.x - qb);
 }
 
 // Scores as unsigned keys whose order is Rust's `f32::total_cmp` (the CPU's sort): flip every bit
@@ -668,16 +593,8 @@ WL_DEVICE void vsa_fine(T* out, const T* q, const T* k, const T* v, const T* gat
                                             const int* q_sizes, int nq, int q_chunks, float* km, float* vm,       \
                                             const float* ks, const float* vs, int gt, int gh, int gw, int nk,     \
                                             int row, int s_chunks, int per, int d) {                              \
-        vsa_means_cached<T, false>(qm, q, q_order, q_offsets, q_sizes, nq, q_chunks, km, vm, (float*)ks,       \
-                                   (float*)vs, (const T*)0, (const T*)0, 0, 0, gt, gh, gw, nk, row, s_chunks,  \
-                                   per, d);                                                                    \
-    }                                                                                                         \
-    WL_KERNEL void vsa_means_fresh_##tn(float* qm, const T* q, const int* q_order, const int* q_offsets,          \
-                                        const int* q_sizes, int nq, int q_chunks, float* km, float* vm, float* ks, \
-                                        float* vs, const T* kx, const T* vx, int fresh0, int fresh1, int gt,     \
-                                        int gh, int gw, int nk, int row, int s_chunks, int per, int d) {         \
-        vsa_means_cached<T, true>(qm, q, q_order, q_offsets, q_sizes, nq, q_chunks, km, vm, ks, vs, kx, vx,    \
-                                  fresh0, fresh1, gt, gh, gw, nk, row, s_chunks, per, d);                      \
+        vsa_means_cached(qm, q, q_order, q_offsets, q_sizes, nq, q_chunks, km, vm, ks, vs, gt, gh, gw, nk, row,  \
+                         s_chunks, per, d);                                                                    \
     }                                                                                                         \
     WL_KERNEL void vsa_frame_sums_##tn(float* out, const T* x, wl_u64 first, int gh, int gw, wl_u64 row,        \
                                        int chunks) {                                                           \

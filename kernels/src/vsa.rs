@@ -146,7 +146,7 @@ pub fn attention_with(
     k_grid: [usize; 3],
     top_k: usize,
 ) -> Result<Tensor> {
-    attention_inner(q, k, v, None, None, coarse, q_grid, k_grid, top_k)
+    attention_inner(q, k, v, None, coarse, q_grid, k_grid, top_k)
 }
 
 /// Per-frame sums of keys (and values) that a KV cache keeps beside them ([`frame_sums`]), from
@@ -175,13 +175,6 @@ pub fn attention_cached(
     k_grid: [usize; 3],
     top_k: usize,
 ) -> Result<Tensor> {
-    check_cached(k, sums, &coarse, k_grid)?;
-    attention_inner(q, k, v, Some(sums), None, coarse, q_grid, k_grid, top_k)
-}
-
-/// That `sums` fit `k` over `k_grid` (f32 rows of its heads and head dim, at least the grid's
-/// slabs, on its device; values' too unless the coarse branch only selects).
-fn check_cached(k: &Tensor, sums: KeySums, coarse: &Coarse, k_grid: [usize; 3]) -> Result<()> {
     let slabs = sums_len(k_grid);
     let fits = |t: &Tensor| {
         t.dtype() == DType::F32
@@ -207,104 +200,7 @@ fn check_cached(k: &Tensor, sums: KeySums, coarse: &Coarse, k_grid: [usize; 3]) 
             ),
         ));
     }
-    Ok(())
-}
-
-/// A cache's key (and value) sums, of which the frames `frames` of the key grid (a chunk just
-/// written) are not summed yet: [`attention_cached_fresh`] sums them into their rows first.
-#[derive(Debug)]
-pub struct FreshSums<'a> {
-    pub k: &'a mut Tensor,
-    pub v: Option<&'a mut Tensor>,
-    pub frames: std::ops::Range<usize>,
-}
-
-/// Where a GPU call stores the sums it makes: the key-grid frames, and the device addresses of
-/// the key and value sums' buffers.
-#[derive(Clone, Debug)]
-pub(crate) struct Fresh {
-    pub frames: std::ops::Range<usize>,
-    pub k_at: u64,
-    pub v_at: Option<u64>,
-}
-
-/// [`attention_cached`] over sums whose frames `sums.frames` are first summed from `k` (and
-/// `v`) into their rows, as [`frame_sums_into`] sums them (the same rows, to the bit): a cache
-/// that defers a chunk's sums to the call after it. On a GPU the sums are made in the pass that
-/// makes the means, so the chunk's keys are read there, not in a launch of their own.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_cached_fresh(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    sums: FreshSums,
-    coarse: Coarse,
-    q_grid: [usize; 3],
-    k_grid: [usize; 3],
-    top_k: usize,
-) -> Result<Tensor> {
-    let FreshSums {
-        k: ks,
-        v: mut vs,
-        frames,
-    } = sums;
-    crate::ops::same_device("vsa attention (fresh sums)", q, k)?;
-    if frames.start > frames.end || frames.end > k_grid[0] {
-        return Err(Error::Invalid {
-            op: "vsa attention (fresh sums)",
-            msg: format!("frames {frames:?} of a key grid of {} frames", k_grid[0]),
-        });
-    }
-    let spf = slabs_per_frame([k_grid[1], k_grid[2]]);
-    let chunk = [frames.len(), k_grid[1], k_grid[2]];
-    let first = frames.start * k_grid[1] * k_grid[2];
-    match k.storage() {
-        Storage::Cpu(_) => {
-            if !frames.is_empty() {
-                frame_sums_into(ks, frames.start * spf, k, first, chunk)?;
-                if let Some(vs) = vs.as_deref_mut() {
-                    frame_sums_into(vs, frames.start * spf, v, first, chunk)?;
-                }
-            }
-            let sums = KeySums {
-                k: ks,
-                v: vs.map(|v| &*v),
-            };
-            attention_cached(q, k, v, sums, coarse, q_grid, k_grid, top_k)
-        }
-        Storage::Cuda(_) | Storage::Rocm(_) => {
-            let gpu = matches!(k.storage(), Storage::Cuda(_));
-            let at = |t: &mut Tensor| {
-                crate::ops::same_device("vsa attention (fresh sums)", t, k)?;
-                if gpu {
-                    crate::cuda::ops::device_address(t)
-                } else {
-                    crate::rocm::ops::device_address(t)
-                }
-            };
-            let fresh = Fresh {
-                frames,
-                k_at: at(ks)?,
-                v_at: vs.as_deref_mut().map(at).transpose()?,
-            };
-            let sums = KeySums {
-                k: ks,
-                v: vs.map(|v| &*v),
-            };
-            check_cached(k, sums, &coarse, k_grid)?;
-            attention_inner(
-                q,
-                k,
-                v,
-                Some(sums),
-                Some(fresh),
-                coarse,
-                q_grid,
-                k_grid,
-                top_k,
-            )
-        }
-    }
+    attention_inner(q, k, v, Some(sums), coarse, q_grid, k_grid, top_k)
 }
 
 /// 1×4×4 slabs (edge slabs partial) of a frame of `h × w` tokens.
@@ -422,7 +318,6 @@ fn attention_inner(
     k: &Tensor,
     v: &Tensor,
     sums: Option<KeySums>,
-    fresh: Option<Fresh>,
     coarse: Coarse,
     q_grid: [usize; 3],
     k_grid: [usize; 3],
@@ -491,10 +386,10 @@ fn attention_inner(
             Tensor::from_f32(out, q.shape(), q.dtype())
         }
         Storage::Cuda(_) => {
-            crate::cuda::ops::vsa_attention(q, k, v, sums, fresh, coarse, q_grid, k_grid, top_k)
+            crate::cuda::ops::vsa_attention(q, k, v, sums, coarse, q_grid, k_grid, top_k)
         }
         Storage::Rocm(_) => {
-            crate::rocm::ops::vsa_attention(q, k, v, sums, fresh, coarse, q_grid, k_grid, top_k)
+            crate::rocm::ops::vsa_attention(q, k, v, sums, coarse, q_grid, k_grid, top_k)
         }
     }
 }

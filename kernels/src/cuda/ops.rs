@@ -889,8 +889,7 @@ pub(crate) use cudnn::Convs;
 #[allow(clippy::duplicate_mod)]
 #[path = "../gpu_common/vsa.rs"]
 mod vsa;
-pub(crate) use vsa::{device_address, vsa_attention};
-pub use vsa::{vsa_frame_sums, vsa_frame_sums_into};
+pub use vsa::{vsa_attention, vsa_frame_sums, vsa_frame_sums_into};
 mod fp8_attention;
 pub use fp8_attention::attention_fp8;
 

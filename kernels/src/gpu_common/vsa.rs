@@ -13,7 +13,7 @@ use super::{
 };
 use std::sync::{Arc, Mutex};
 
-use crate::vsa::{slabs_per_frame, sums_len, tiles, Coarse, Fresh, KeySums, Tiling, TILE};
+use crate::vsa::{sums_len, tiles, Coarse, KeySums, Tiling, TILE};
 use crate::{DType, Result, Tensor};
 
 /// Warps per block of the fine kernel (`WL_VSA_WARPS`).
@@ -182,7 +182,6 @@ fn cached_means(
     qi: &[CudaSlice<i32>; 3],
     nq: usize,
     sums: KeySums,
-    fresh: Option<(&Fresh, &Tensor, &Tensor)>,
     k_grid: [usize; 3],
     with_v: bool,
 ) -> Result<[CudaStorage; 3]> {
@@ -220,46 +219,14 @@ fn cached_means(
     let [gt, gh, gw] = k_grid.map(|x| x as i32);
     let (nq32, qc32, nk32, row32) = (nq as i32, q_chunks as i32, nk as i32, row as i32);
     let (sc32, per32, d32) = (s_chunks as i32, per as i32, d as i32);
-    let sfx = suffix(q.dtype())?;
-    let Some((fresh, k, v)) = fresh else {
-        let name = format!("vsa_means_from_sums_{sfx}");
-        launch!(kind = "vsa means"; dev, "vsa", name, cfg, |b| {
-            push_mut(b, &mut qm.data);
-            push(b, &qs.data);
-            b.arg(&qi[0]).arg(&qi[1]).arg(&qi[2]).arg(&nq32).arg(&qc32);
-            push_mut(b, &mut km.data);
-            push_mut(b, &mut vm.data);
-            b.arg(ksd).arg(vsd);
-            b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&sc32).arg(&per32).arg(&d32);
-        });
-        return Ok([qm, km, vm]);
-    };
-    // The sums of the fresh frames are stored through their buffers' addresses (the call holds
-    // them mutably, vsa::attention_cached_fresh). A call that reads no values' sums makes the
-    // keys' alone; values' sums it was given are made apart, so that the cache holds them.
-    let k_at = fresh.k_at;
-    let v_at = match (with_v, fresh.v_at) {
-        (true, Some(at)) => at,
-        (true, None) => return Err(dev.err("vsa: the coarse output needs the values' sums")),
-        (false, Some(at)) => {
-            sums_apart(v, fresh, at, k_grid)?;
-            k_at
-        }
-        (false, None) => k_at,
-    };
-    let (kx, vx) = (storage(k)?, storage(v)?);
-    let (f0, f1) = (fresh.frames.start as i32, fresh.frames.end as i32);
-    let name = format!("vsa_means_fresh_{sfx}");
+    let name = format!("vsa_means_from_sums_{}", suffix(q.dtype())?);
     launch!(kind = "vsa means"; dev, "vsa", name, cfg, |b| {
         push_mut(b, &mut qm.data);
         push(b, &qs.data);
         b.arg(&qi[0]).arg(&qi[1]).arg(&qi[2]).arg(&nq32).arg(&qc32);
         push_mut(b, &mut km.data);
         push_mut(b, &mut vm.data);
-        b.arg(&k_at).arg(&v_at);
-        push(b, &kx.data);
-        push(b, &vx.data);
-        b.arg(&f0).arg(&f1);
+        b.arg(ksd).arg(vsd);
         b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&sc32).arg(&per32).arg(&d32);
     });
     Ok([qm, km, vm])
@@ -276,12 +243,6 @@ pub fn vsa_frame_sums(x: &Tensor, first: usize, grid: [usize; 3]) -> Result<Tens
     Ok(wrap(out, &[slabs, heads, d]))
 }
 
-/// The device address of `t`'s buffer, for a kernel that stores into it while the call holds
-/// it mutably.
-pub(crate) fn device_address(t: &mut Tensor) -> Result<u64> {
-    storage_mut(t)?.device_ptr_mut()
-}
-
 /// [`crate::vsa::frame_sums_into`] on the device (shapes, dtype and device checked there).
 pub fn vsa_frame_sums_into(
     sums: &mut Tensor,
@@ -293,19 +254,6 @@ pub fn vsa_frame_sums_into(
     let offset = row * x.dim(1) * x.dim(2) * DType::F32.size_in_bytes();
     let at = storage_mut(sums)?.device_ptr_mut()? + offset as u64;
     frame_sums_at(x, first, grid, at)
-}
-
-/// The sums of `fresh`'s frames of `x` (on the key grid) by the frame sums kernel, into the
-/// sums' buffer at device address `at`.
-fn sums_apart(x: &Tensor, fresh: &Fresh, at: u64, k_grid: [usize; 3]) -> Result<()> {
-    if fresh.frames.is_empty() {
-        return Ok(());
-    }
-    let frame = k_grid[1] * k_grid[2];
-    let row = fresh.frames.start * slabs_per_frame([k_grid[1], k_grid[2]]);
-    let bytes = row * x.dim(1) * x.dim(2) * DType::F32.size_in_bytes();
-    let chunk = [fresh.frames.len(), k_grid[1], k_grid[2]];
-    frame_sums_at(x, fresh.frames.start * frame, chunk, at + bytes as u64)
 }
 
 /// The launch of `vsa_frame_sums`, its f32 rows stored from device address `out`.
@@ -343,12 +291,11 @@ fn frame_sums_at(x: &Tensor, first: usize, grid: [usize; 3], out: u64) -> Result
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn vsa_attention(
+pub fn vsa_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     sums: Option<KeySums>,
-    fresh: Option<Fresh>,
     coarse_mix: Coarse,
     q_grid: [usize; 3],
     k_grid: [usize; 3],
@@ -367,7 +314,7 @@ pub(crate) fn vsa_attention(
             _ => coarse_mix,
         };
         let q16 = cast(q, DType::BF16)?;
-        let out = vsa_attention(&q16, k, v, sums, fresh, mix, q_grid, k_grid, top_k)?;
+        let out = vsa_attention(&q16, k, v, sums, mix, q_grid, k_grid, top_k)?;
         return cast(&out, q.dtype());
     }
     let s = storage(q)?;
@@ -386,18 +333,6 @@ pub(crate) fn vsa_attention(
     if i32::try_from(heads * d).is_err() {
         return Err(dev.err(format!("vsa: {heads} heads × {d} exceed i32")));
     }
-    // Fresh sums are the tokens' own: keys (or values) of another dtype than the call's are
-    // summed by the frame sums kernel before their cast, and the means then read every sum.
-    let fresh = match fresh {
-        Some(f) if k.dtype() != dt || v.dtype() != dt => {
-            sums_apart(k, &f, f.k_at, k_grid)?;
-            if let Some(v_at) = f.v_at {
-                sums_apart(v, &f, v_at, k_grid)?;
-            }
-            None
-        }
-        f => f,
-    };
     let (k, v) = (cast(k, dt)?, cast(v, dt)?);
     let gate = coarse_mix.gate().map(|g| cast(g, dt)).transpose()?;
     let mix = coarse_mix.code();
@@ -407,10 +342,7 @@ pub(crate) fn vsa_attention(
     let [qc, kc, vc] = match sums {
         None => tile_means([q, &k, &v], (nq, nk), &qi, &ki, with_out)?,
         // Only the queries' means read the tokens; the keys' come from the cache's sums.
-        Some(sums) => {
-            let fresh = fresh.as_ref().map(|f| (f, &k, &v));
-            cached_means(q, &qi, nq, sums, fresh, k_grid, with_out)?
-        }
+        Some(sums) => cached_means(q, &qi, nq, sums, k_grid, with_out)?,
     };
     let coarse_len = if with_out { nq * heads * d } else { 1 };
     let mut coarse = CudaStorage::alloc(&dev, DType::F32, coarse_len)?;

@@ -489,5 +489,4 @@ pub(crate) fn vsa_fine_fast(
 #[allow(clippy::duplicate_mod)]
 #[path = "../gpu_common/vsa.rs"]
 mod vsa;
-pub(crate) use vsa::{device_address, vsa_attention};
-pub use vsa::{vsa_frame_sums, vsa_frame_sums_into};
+pub use vsa::{vsa_attention, vsa_frame_sums, vsa_frame_sums_into};

@@ -221,19 +221,6 @@ fn fair_rows(
         kernels::vsa::attention_cached(q, k, v, sums, select, q_grid, k_grid, top_k)?;
         Ok(())
     };
-    // The same with the chunk's sums made in the call's means pass
-    // (`vsa::attention_cached_fresh`), not by a launch of their own before it.
-    let mut ks_fresh = kernels::vsa::frame_sums(k, 0, k_grid)?;
-    let mut only_fresh = || -> Result<()> {
-        let sums = kernels::vsa::FreshSums {
-            k: &mut ks_fresh,
-            v: None,
-            frames: k_grid[0] - q_grid[0]..k_grid[0],
-        };
-        let select = kernels::vsa::Coarse::SelectOnly;
-        kernels::vsa::attention_cached_fresh(q, k, v, sums, select, q_grid, k_grid, top_k)?;
-        Ok(())
-    };
     let ms = |t: Duration| t.as_secs_f64() * 1e3;
     let shape = format!("{lq}q x {lk}k x {heads}h x {d}");
 
@@ -287,7 +274,7 @@ fn fair_rows(
     );
 
     // Round-robin, so that each op starts where the others leave the clock.
-    let mut ops: [(&str, &str, &mut Op); 6] = [
+    let mut ops: [(&str, &str, &mut Op); 5] = [
         ("dense", "attention bf16", &mut dense),
         ("vsa", "vsa bf16 sparsity 0.9", &mut sparse),
         (
@@ -304,11 +291,6 @@ fn fair_rows(
             "select-only from a cache's key sums (the engine's form)",
             "vsa bf16 sparsity 0.9 select-only from key sums",
             &mut only_summed,
-        ),
-        (
-            "select-only, the chunk's sums made in the means pass",
-            "vsa bf16 sparsity 0.9 select-only, fresh sums",
-            &mut only_fresh,
         ),
     ];
     for (_, _, f) in ops.iter_mut() {
@@ -363,15 +345,6 @@ fn fair_rows(
         ran?;
         println!(
             "vsa {label}engine's form profile (one call): {}",
-            profile_line(&b.take_profile()?)
-        );
-        b.synchronize()?;
-        b.profile(true);
-        let ran = only_fresh();
-        b.profile(false);
-        ran?;
-        println!(
-            "vsa {label}fresh sums profile (one call): {}",
             profile_line(&b.take_profile()?)
         );
     }
