@@ -311,9 +311,11 @@ PY
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
   # Everything else in one archive beside the summary: the device tool brings back only the
   # first few files of $OUT in name order.
-  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt -printf '%P\n' | sort >/tmp/gpu-suite-files &&
-    [ -s /tmp/gpu-suite-files ] && tar czf /tmp/gpu-suite.tgz -T /tmp/gpu-suite-files &&
-    xargs -d '\n' rm -rf </tmp/gpu-suite-files && mv /tmp/gpu-suite.tgz suite.tgz)
+  local list tgz
+  list=$(mktemp) tgz=$(mktemp)
+  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt -printf '%P\n' | sort >"$list" &&
+    [ -s "$list" ] && tar czf "$tgz" -T "$list" && xargs -d '\n' rm -rf <"$list" && mv "$tgz" suite.tgz)
+  rm -f "$list" "$tgz"
 }
 
 case ${1:-} in
