@@ -26,6 +26,8 @@
 # back only a few files from $OUT.
 # GPU_SUITE_SECONDS caps the whole run: each part's limit shrinks to what is left, and a part with
 # under 20 s left is skipped and said so, so the summary still comes out inside one device call.
+# GPU_SUITE_CARD (e.g. H200) runs nothing and exits 3 unless the first GPU's name contains it: a
+# call that may come up on another card then costs only its start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-suite
@@ -83,6 +85,14 @@ part() { # name, seconds, command...
 }
 
 run() {
+  if [ -n "${GPU_SUITE_CARD:-}" ]; then
+    local card
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    if [[ "$card" != *"$GPU_SUITE_CARD"* ]]; then
+      echo "GPU_SUITE_CARD=$GPU_SUITE_CARD: this machine's card is '${card:-none}'; nothing run" >&2
+      exit 3
+    fi
+  fi
   out=${OUT:-gpu-out}
   deadline=$((SECONDS + ${GPU_SUITE_SECONDS:-86400}))
   mkdir -p "$out"
