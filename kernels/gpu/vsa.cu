@@ -77,15 +77,16 @@ WL_DEVICE wl_u64 vsa_kt(int j, int h, int e, int nk, int d) {
     return (((wl_u64)h * ((d + 3) / 4) + e / 4) * nk + j) * 4 + e % 4;
 }
 
-// acc[0 .. V) += columns c .. c + V of the n rows at src(0), ..., src(n - 1) of x, added in that
-// order in f32. Where rows are whole 16-byte vectors, the loads of a batch of rows are all issued
-// before any is added, so a thread keeps 128 bytes in flight; else element loads, the columns
-// past `row` left out.
 // Rows of x are 16-byte aligned when its base is and a row is whole 16-byte vectors.
 template <typename T>
 WL_DEVICE bool vsa_vector_rows(const T* x, wl_u64 row) {
     return row % (16 / sizeof(T)) == 0 && ((wl_u64)x & 15) == 0;
 }
+
+// acc[0 .. V) += columns c .. c + V of the n rows at src(0), ..., src(n - 1) of x, added in that
+// order in f32. Where rows are whole 16-byte vectors, the loads of a batch of rows are all issued
+// before any is added, so a thread keeps 128 bytes in flight; else element loads, the columns
+// past `row` left out.
 template <typename T, typename Src>
 WL_DEVICE void vsa_add_rows(float* acc, const T* x, wl_u64 row, wl_u64 c, int n, Src src) {
     constexpr int V = 16 / sizeof(T);
