@@ -57,6 +57,13 @@ WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g
     wl_tma_load_5d(dst, map, 0, h, o[2], o[1], o[0], bar);
     wl_tma_load_5d(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar);
 }
+// The same two boxes fetched into L2 only (no shared memory, no barrier).
+WL_DEVICE void vt_prefetch(const wl_tmap* map, const vsa_grid& g, int j, int h) {
+    int o[3];
+    vt_origin(g, j, o);
+    wl_tma_prefetch_5d(map, 0, h, o[2], o[1], o[0]);
+    wl_tma_prefetch_5d(map, 64, h, o[2], o[1], o[0]);
+}
 
 // Half key tiles. A kept key tile whose slots in the grid are exactly half its 64 (the window's
 // last frames, lt = 2, or its last rows, lh = 2: with random inputs half the tiles kept) takes a
@@ -272,11 +279,16 @@ struct vt_extents {
 // the one-item grid (pairs along x, heads along y). TRIM: the query rows dealt as vt_deal says
 // and half key tiles in 32-key steps (vt_kind); without it (the kernel before 2026-12-06, kept
 // for A/B) the rows in slot order, every one live, and every tile a 64-key step.
-template <bool PERSIST, bool TRIM, bool EXACT>
+// APART: producer warp c refills consumer c's ring alone. Without it one thread refills both
+// rings in lock-step, so a consumer ahead of the other waits for loads held behind the other's
+// free stage: the two walk different kept lists, whose 32- and 64-key steps differ.
+// pf > 0: each K/V load also asks L2 for the tile pf steps further down the list, so that a
+// miss (~22 % of the kernel's loads, H100, 2026-12-06) is on its way before its stage frees.
+template <bool PERSIST, bool TRIM, bool EXACT, bool APART>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_tmap* tk_t, const wl_tmap* tv_t, const wl_tmap* tk_h, const wl_tmap* tv_h,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
-                            vsa_grid kg, int nq, int heads, int top_k, float scale) {
+                            vsa_grid kg, int nq, int heads, int top_k, float scale, int pf) {
     static_assert(TRIM || !EXACT, "exact boxes need the half-tile steps");
     constexpr int TB = VT_TB;
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
@@ -300,41 +312,63 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     __syncthreads();
     if (wg == 2) {
         WL_SETMAXNREG_DEC(40);
-        // Pair p of head h, the block's qi-th item: its key tiles are each ring's
-        // (qi · top_k)-th on.
-        auto load = [&](int p, int h, int qi) {
-            int tile[2];
-            for (int c = 0; c < 2; ++c) {
-                tile[c] = min(p * 2 + c, nq - 1);
+        // The consumers [c0, c1) this thread refills: both from thread 0, or (APART) consumer c
+        // from lane 0 of warp c.
+        const int w = t / 32;
+        if (lane != 0 || w >= (APART ? 2 : 1)) return;
+        // Key tile j's K and V boxes (EXACT: 32 tokens where it has two frames or two rows).
+        auto maps = [&](int j, const wl_tmap** mk, const wl_tmap** mv) {
+            const int box = EXACT ? vt_box(vt_extent(kg, j)) : 0;
+            *mk = box == 1 ? tk_t : box == 2 ? tk_h : tk;
+            *mv = box == 1 ? tv_t : box == 2 ? tv_h : tv;
+            return box;
+        };
+        // Pair p of head h, the block's qi-th item, for consumers [c0, c1): its key tiles are
+        // each ring's (qi · top_k)-th on. Each call below passes the range as constants, so
+        // that a producer warp's c is one once inlined: from w, the producer's 40 registers
+        // spilled (ptxas, sm_90a).
+        auto load = [&](int c0, int c1, int p, int h, int qi) {
+            auto tile = [&](int c) { return min(p * 2 + c, nq - 1); };
+            for (int c = c0; c < c1; ++c) {
                 unsigned long long* qbar = bars + c * NB + 2 * VT_STAGES;
                 if (qi > 0) wl_mbar_wait(qbar + 1, (qi - 1) & 1);
                 wl_mbar_expect_tx(qbar, TB);
-                vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
+                vt_load(vt_smem + c * CB, tq, qg, tile(c), h, qbar);
             }
             for (int u = 0; u < top_k; ++u) {
                 const int g = qi * top_k + u, s = g % VT_STAGES;
-                for (int c = 0; c < 2; ++c) {
+                for (int c = c0; c < c1; ++c) {
+                    const int* kl = kept + ((wl_u64)tile(c) * heads + h) * top_k;
+                    const wl_tmap *mk, *mv;
+                    // The first steps' tiles ask L2 together, the rest pf steps ahead.
+                    for (int a = u == 0 ? 1 : u + pf; pf > 0 && a <= u + pf && a < top_k; ++a) {
+                        maps(kl[a], &mk, &mv);
+                        vt_prefetch(mk, kg, kl[a], h);
+                        vt_prefetch(mv, kg, kl[a], h);
+                    }
                     unsigned long long* full = bars + c * NB;
                     unsigned long long* empty = full + VT_STAGES;
                     if (g >= VT_STAGES) wl_mbar_wait(empty + s, (g / VT_STAGES - 1) & 1);
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
-                    const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
-                    const int box = EXACT ? vt_box(vt_extent(kg, j)) : 0;
-                    const wl_tmap* mk = box == 1 ? tk_t : box == 2 ? tk_h : tk;
-                    const wl_tmap* mv = box == 1 ? tv_t : box == 2 ? tv_h : tv;
+                    const int j = kl[u];
+                    const int box = maps(j, &mk, &mv);
                     wl_mbar_expect_tx(full + s, box ? TB : 2 * TB);
                     vt_load(ks, mk, kg, j, h, full + s);
                     vt_load(ks + TB, mv, kg, j, h, full + s);
                 }
             }
         };
-        if (t == 0) {
+        auto walk = [&](int c0, int c1) {
             if constexpr (PERSIST) {
-                for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) load(it % pairs, it / pairs, qi);
+                for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi)
+                    load(c0, c1, it % pairs, it / pairs, qi);
             } else {
-                load(blockIdx.x, blockIdx.y, 0);
+                load(c0, c1, blockIdx.x, blockIdx.y, 0);
             }
-        }
+        };
+        if constexpr (!APART) walk(0, 2);
+        else if (w == 0) walk(0, 1);
+        else walk(1, 2);
         return;
     }
     WL_SETMAXNREG_INC(232);
@@ -420,19 +454,20 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 // q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; k and v
 // also in boxes of 4 × 4 × 2 (tk_t, tv_t) and 4 × 2 × 4 (tk_h, tv_h) tokens, which only the EXACT
 // kernel reads; two query tiles per block.
-#define WL_VSA_FINE_TMA(name, PERSIST, TRIM, EXACT)                                                                    \
+#define WL_VSA_FINE_TMA(name, PERSIST, TRIM, EXACT, APART)                                                                    \
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
         name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
              const __grid_constant__ wl_tmap tv, const __grid_constant__ wl_tmap tk_t,                                 \
              const __grid_constant__ wl_tmap tv_t, const __grid_constant__ wl_tmap tk_h,                               \
              const __grid_constant__ wl_tmap tv_h, const wl_bf16* gate, int mix, const float* coarse,                  \
-             const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                   \
-        vsa_fine_tma<PERSIST, TRIM, EXACT>(out, &tq, &tk, &tv, &tk_t, &tv_t, &tk_h, &tv_h, gate, mix, coarse, kept,   \
-                                           qg, kg, nq, heads, top_k, scale);                                           \
+             const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale, int pf) {           \
+        vsa_fine_tma<PERSIST, TRIM, EXACT, APART>(out, &tq, &tk, &tv, &tk_t, &tv_t, &tk_h, &tv_h, gate, mix, coarse,   \
+                                                  kept, qg, kg, nq, heads, top_k, scale, pf);                          \
     }
-WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_exact_bf16_d128, true, true, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_exact_bf16_d128, true, true, true, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_apart_bf16_d128, true, true, true, true)
 
 #endif

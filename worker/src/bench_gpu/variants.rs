@@ -172,37 +172,45 @@ pub(super) fn cross_ab(
     Ok(())
 }
 
+/// The fine kernel's variants `vsa_ab` times against the default unless
+/// `WORLDLINE_BENCH_VSA_AB` names others (a comma list of `WORLDLINE_VSA_FINE` values): a
+/// producer warp per consumer's ring, L2 prefetches two steps ahead, and both.
+const VSA_AB: &str = "apart,pf2,apart-pf2";
+
 /// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
 /// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
-/// kernel's default (the window's edge tiles loaded in boxes of 32 tokens) against `persist`
-/// (every tile in a whole box, its out-of-grid half included: the default until 2026-12-06).
+/// kernel's default (the window's edge tiles loaded in boxes of 32 tokens) against each variant
+/// of `VSA_AB`.
 pub(super) fn vsa_ab(
     dev: Device,
     heavy: usize,
     push: &mut impl FnMut(String, Duration, f64),
 ) -> Result<()> {
     let (heads, d) = (40, 128);
+    let list = std::env::var("WORLDLINE_BENCH_VSA_AB").unwrap_or_else(|_| VSA_AB.into());
     for (q_grid, k_grid) in [([3, 30, 52], [18, 30, 52]), ([4, 30, 52], [20, 30, 52])] {
         let (lq, lk): (usize, usize) = (q_grid.iter().product(), k_grid.iter().product());
         let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let ks = kernels::vsa::frame_sums(&k, 0, k_grid)?;
         let top_k = kernels::vsa::top_k(0.9, kernels::vsa::tiles(k_grid, kernels::vsa::TILE));
-        ab(
-            dev,
-            heavy,
-            &format!(
-                "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
-            ),
-            ("WORLDLINE_VSA_FINE", "persist"),
-            0.0,
-            push,
-            || {
-                let sums = kernels::vsa::KeySums { k: &ks, v: None };
-                let only = kernels::vsa::Coarse::SelectOnly;
-                kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
-                Ok(())
-            },
-        )?;
+        for tag in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            ab(
+                dev,
+                heavy,
+                &format!(
+                    "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
+                ),
+                ("WORLDLINE_VSA_FINE", tag),
+                0.0,
+                push,
+                || {
+                    let sums = kernels::vsa::KeySums { k: &ks, v: None };
+                    let only = kernels::vsa::Coarse::SelectOnly;
+                    kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
+                    Ok(())
+                },
+            )?;
+        }
     }
     Ok(())
 }
