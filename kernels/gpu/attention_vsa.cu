@@ -57,13 +57,6 @@ WL_DEVICE void vt_load(unsigned char* dst, const wl_tmap* map, const vsa_grid& g
     wl_tma_load_5d(dst, map, 0, h, o[2], o[1], o[0], bar);
     wl_tma_load_5d(dst + VT_TB / 2, map, 64, h, o[2], o[1], o[0], bar);
 }
-// The same two boxes fetched into L2 only (no shared memory, no barrier).
-WL_DEVICE void vt_prefetch(const wl_tmap* map, const vsa_grid& g, int j, int h) {
-    int o[3];
-    vt_origin(g, j, o);
-    wl_tma_prefetch_5d(map, 0, h, o[2], o[1], o[0]);
-    wl_tma_prefetch_5d(map, 64, h, o[2], o[1], o[0]);
-}
 
 // Half key tiles. A kept key tile whose slots in the grid are exactly half its 64 (the window's
 // last frames, lt = 2, or its last rows, lh = 2: with random inputs half the tiles kept) takes a
@@ -279,16 +272,19 @@ struct vt_extents {
 // the one-item grid (pairs along x, heads along y). TRIM: the query rows dealt as vt_deal says
 // and half key tiles in 32-key steps (vt_kind); without it (the kernel before 2026-12-06, kept
 // for A/B) the rows in slot order, every one live, and every tile a 64-key step.
-// APART: producer warp c refills consumer c's ring alone. Without it one thread refills both
-// rings in lock-step, so a consumer ahead of the other waits for loads held behind the other's
-// free stage: the two walk different kept lists, whose 32- and 64-key steps differ.
-// pf > 0: each K/V load also asks L2 for the tile pf steps further down the list, so that a
-// miss (~22 % of the kernel's loads, H100, 2026-12-06) is on its way before its stage frees.
+// APART (the default since 2026-12-07): producer warp c refills consumer c's ring alone.
+// Without it one thread refills both rings in lock-step, so a consumer ahead of the other waits
+// for loads held behind the other's free stage: the two walk different kept lists, whose 32- and
+// 64-key steps differ. In turn with lock-step on an H100 it was 1.033 / 1.015 / 1.003× faster
+// (best / median / sustained) at 3-frame chunks, 1.018 / 1.009 / 1.021× at 4-frame ones.
+// Asking L2 for the K/V tiles two steps ahead of their loads (TMA prefetches from the producer,
+// so that the ~22 % of loads that miss L2 would be on their way before their stage frees) made
+// the kernel 0.58-0.70× as fast in the same call (2026-12-07, BENCHMARKS.md).
 template <bool PERSIST, bool TRIM, bool EXACT, bool APART>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_tmap* tk_t, const wl_tmap* tv_t, const wl_tmap* tk_h, const wl_tmap* tv_h,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
-                            vsa_grid kg, int nq, int heads, int top_k, float scale, int pf) {
+                            vsa_grid kg, int nq, int heads, int top_k, float scale) {
     static_assert(TRIM || !EXACT, "exact boxes need the half-tile steps");
     constexpr int TB = VT_TB;
     constexpr int CB = TB + VT_STAGES * 2 * TB;  // one consumer's Q and stages
@@ -315,7 +311,6 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
         // The consumers [c0, c1) this thread refills: both from thread 0, or (APART) consumer c
         // from lane 0 of warp c.
         const int w = t / 32;
-        if (lane != 0 || w >= (APART ? 2 : 1)) return;
         // Key tile j's K and V boxes (EXACT: 32 tokens where it has two frames or two rows).
         auto maps = [&](int j, const wl_tmap** mk, const wl_tmap** mv) {
             const int box = EXACT ? vt_box(vt_extent(kg, j)) : 0;
@@ -340,12 +335,6 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                 for (int c = c0; c < c1; ++c) {
                     const int* kl = kept + ((wl_u64)tile(c) * heads + h) * top_k;
                     const wl_tmap *mk, *mv;
-                    // The first steps' tiles ask L2 together, the rest pf steps ahead.
-                    for (int a = u == 0 ? 1 : u + pf; pf > 0 && a <= u + pf && a < top_k; ++a) {
-                        maps(kl[a], &mk, &mv);
-                        vt_prefetch(mk, kg, kl[a], h);
-                        vt_prefetch(mv, kg, kl[a], h);
-                    }
                     unsigned long long* full = bars + c * NB;
                     unsigned long long* empty = full + VT_STAGES;
                     if (g >= VT_STAGES) wl_mbar_wait(empty + s, (g / VT_STAGES - 1) & 1);
@@ -366,9 +355,12 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
                 load(c0, c1, blockIdx.x, blockIdx.y, 0);
             }
         };
-        if constexpr (!APART) walk(0, 2);
-        else if (w == 0) walk(0, 1);
-        else walk(1, 2);
+        if constexpr (!APART) {
+            if (t == 0) walk(0, 2);
+        } else if (lane == 0 && w < 2) {
+            if (w == 0) walk(0, 1);
+            else walk(1, 2);
+        }
         return;
     }
     WL_SETMAXNREG_INC(232);
@@ -460,9 +452,9 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
              const __grid_constant__ wl_tmap tv, const __grid_constant__ wl_tmap tk_t,                                 \
              const __grid_constant__ wl_tmap tv_t, const __grid_constant__ wl_tmap tk_h,                               \
              const __grid_constant__ wl_tmap tv_h, const wl_bf16* gate, int mix, const float* coarse,                  \
-             const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale, int pf) {           \
+             const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                   \
         vsa_fine_tma<PERSIST, TRIM, EXACT, APART>(out, &tq, &tk, &tv, &tk_t, &tv_t, &tk_h, &tv_h, gate, mix, coarse,   \
-                                                  kept, qg, kg, nq, heads, top_k, scale, pf);                          \
+                                                  kept, qg, kg, nq, heads, top_k, scale);                              \
     }
 WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false, false)
 WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false, false)

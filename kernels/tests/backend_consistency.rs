@@ -1693,17 +1693,9 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
     // CUDA's fine kernel on a block per pair of query tiles and on persistent blocks (at any
     // size here), both with the query rows dealt out and half key tiles in 32-key steps; the
     // persistent kernel without either; and the persistent kernel that loads the edge tiles in
-    // boxes of their own size (the default where there is a wave of pairs), with and without a
-    // producer warp per consumer and L2 prefetches ahead of the loads.
-    for fine in [
-        "blocks",
-        "persist",
-        "rows",
-        "exact",
-        "apart",
-        "pf2",
-        "apart-pf3",
-    ] {
+    // boxes of their own size, with one producer for both consumers and with a producer warp per
+    // consumer (the default where there is a wave of pairs).
+    for fine in ["blocks", "persist", "rows", "exact", "apart"] {
         std::env::set_var("WORLDLINE_VSA_FINE", fine);
         vsa_cases(dev);
     }

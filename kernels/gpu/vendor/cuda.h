@@ -177,13 +177,6 @@ WL_DEVICE void wl_tma_load_5d(void* dst, const wl_tmap* map, int c0, int c1, int
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(wl_smem_addr(bar))
         : "memory");
 }
-// Asks L2 to fetch the box of `map` at (c0, ..., c4) from memory, with nothing written to shared
-// memory and no barrier: a later load of that box then finds it in L2.
-WL_DEVICE void wl_tma_prefetch_5d(const wl_tmap* map, int c0, int c1, int c2, int c3, int c4) {
-    asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n" ::"l"(map),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
-                 : "memory");
-}
 // Descriptor of a K-major operand as TMA writes it with 128-byte swizzling: rows of 128 bytes,
 // 8-row groups 1024 bytes apart (the tile 1024-byte aligned). A 16-element step along K inside a
 // row is +32 bytes on the start address; the hardware applies the swizzle to the final address.

@@ -745,9 +745,10 @@ const VSA_TILE_BYTES: u32 = 64 * 256;
 /// stages, then 8 barriers each.
 const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8;
 
-/// The persistent fine kernel that loads the window's edge tiles in boxes of 32 tokens.
+/// The persistent fine kernel that loads the window's edge tiles in boxes of 32 tokens, one
+/// producer thread refilling both consumers' rings in lock-step (the default until 2026-12-07).
 const EXACT_KERNEL: &str = "vsa_fine_tma_persist_exact_bf16_d128";
-/// The exact kernel with a producer warp per consumer.
+/// The exact kernel with a producer warp per consumer: the default.
 const APART_KERNEL: &str = "vsa_fine_tma_persist_apart_bf16_d128";
 
 /// The VSA fine kernel for `items` pairs of query tiles × heads, and whether it runs on
@@ -755,39 +756,30 @@ const APART_KERNEL: &str = "vsa_fine_tma_persist_apart_bf16_d128";
 /// end): where there is at least a wave of pairs, unless `WORLDLINE_VSA_FINE=blocks` asks for a
 /// block per pair. Every kernel but `rows` deals a query tile's rows so that the groups holding
 /// no query skip their softmax, and takes half key tiles in 32-key steps. The default persistent
-/// kernel (attention_vsa.cu's EXACT) loads key tiles of at most two frames, or of two rows, in
-/// boxes of 32 tokens: at LingBot's 3-frame chunks the SMs read ~24 % fewer bytes from L2 and
-/// the call is 5–8 % faster (H200, 2026-12-06 20:07 UTC). `persist` asks for the persistent
-/// kernel with whole boxes (the default before then), at any size; `rows` for it without the
-/// dealt rows and half steps either (the default before 2026-12-06, 10:00 UTC); `exact` for the
-/// default's kernel at any size; `apart` for it with each consumer's ring refilled by a producer
-/// warp of its own. A suffix `-pfN` (N in 1..=8; `pfN` alone for the default's kernel) has each
-/// K/V load ask L2 for the tile N steps further down the kept list. Returns the kernel, whether
-/// its blocks are persistent, and that prefetch distance (0: none).
-fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool, i32) {
+/// kernel (attention_vsa.cu's EXACT and APART) loads key tiles of at most two frames, or of two
+/// rows, in boxes of 32 tokens (at LingBot's 3-frame chunks the SMs read ~24 % fewer bytes from
+/// L2 and the call is 5–8 % faster; H200, 2026-12-06 20:07 UTC), and each of its consumers'
+/// rings has a producer warp of its own (1–3 % faster than one producer for both; H100,
+/// 2026-12-07). `persist` asks for the persistent kernel with whole boxes, at any size; `rows`
+/// for it without the dealt rows and half steps either (the default before 2026-12-06, 10:00
+/// UTC); `exact` for the exact boxes with one producer; `apart` for the default's kernel at any
+/// size.
+fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
     let var = std::env::var("WORLDLINE_VSA_FINE").unwrap_or_default();
     vsa_fine_choice(&var, items, sms)
 }
 
 /// `vsa_fine_kernel` for the switch's value `var`.
-fn vsa_fine_choice(var: &str, items: usize, sms: usize) -> (&'static str, bool, i32) {
-    let (kind, pf) = match var.rsplit_once("pf") {
-        Some((k, n)) => match n.parse::<i32>() {
-            Ok(n @ 1..=8) => (k.trim_end_matches('-'), n),
-            _ => (var, 0),
-        },
-        None => (var, 0),
-    };
-    let (name, persistent) = match kind {
+fn vsa_fine_choice(var: &str, items: usize, sms: usize) -> (&'static str, bool) {
+    match var {
         "blocks" => ("vsa_fine_tma_bf16_d128", false),
         "persist" => ("vsa_fine_tma_persist_bf16_d128", true),
         "rows" => ("vsa_fine_tma_persist_rows_bf16_d128", true),
-        "apart" => (APART_KERNEL, true),
         "exact" => (EXACT_KERNEL, true),
-        _ if items >= sms => (EXACT_KERNEL, true),
+        "apart" => (APART_KERNEL, true),
+        _ if items >= sms => (APART_KERNEL, true),
         _ => ("vsa_fine_tma_bf16_d128", false),
-    };
-    (name, persistent, pf)
+    }
 }
 
 /// VSA's fine branch (plus `gate ⊙ coarse`) on Hopper through TMA, where it applies: bf16, head
@@ -841,7 +833,7 @@ pub(crate) fn vsa_fine_fast(
     );
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let pairs = nq.div_ceil(2);
-    let (name, persistent, pf) = vsa_fine_kernel(pairs * heads, dev.sms);
+    let (name, persistent) = vsa_fine_kernel(pairs * heads, dev.sms);
     // Only the exact kernels read the smaller boxes; the others take the whole maps in their
     // places, so a call encodes no map it does not use.
     let ((tk_t, tv_t), (tk_h, tv_h)) = if name == EXACT_KERNEL || name == APART_KERNEL {
@@ -878,8 +870,7 @@ pub(crate) fn vsa_fine_fast(
         .arg(&nq32)
         .arg(&h32)
         .arg(&k32)
-        .arg(&scale)
-        .arg(&pf);
+        .arg(&scale);
     dev.timed("vsa fine", || {
         // SAFETY: the maps describe the live bf16 q, k, v ([tokens, heads, 128] in grid order),
         // held until the launch is enqueued; `coarse` holds nq × heads × 128 f32 and `kept`
@@ -920,29 +911,22 @@ mod tests {
     use super::{vsa_fine_choice, APART_KERNEL, EXACT_KERNEL};
 
     #[test]
-    fn vsa_fine_switch_reads_kernel_and_prefetch() {
-        // A wave of pairs (items ≥ SMs) takes the persistent exact kernel by default.
-        assert_eq!(vsa_fine_choice("", 200, 132), (EXACT_KERNEL, true, 0));
+    fn vsa_fine_switch_picks_the_kernel() {
+        // A wave of pairs (items ≥ SMs) takes the persistent kernel with a producer per
+        // consumer; fewer, a block per pair; a name, its kernel at any size.
+        assert_eq!(vsa_fine_choice("", 200, 132), (APART_KERNEL, true));
         assert_eq!(
             vsa_fine_choice("", 100, 132),
-            ("vsa_fine_tma_bf16_d128", false, 0)
+            ("vsa_fine_tma_bf16_d128", false)
         );
-        assert_eq!(vsa_fine_choice("apart", 10, 132), (APART_KERNEL, true, 0));
+        assert_eq!(vsa_fine_choice("exact", 10, 132), (EXACT_KERNEL, true));
+        assert_eq!(vsa_fine_choice("apart", 10, 132), (APART_KERNEL, true));
         assert_eq!(
-            vsa_fine_choice("apart-pf3", 10, 132),
-            (APART_KERNEL, true, 3)
+            vsa_fine_choice("blocks", 200, 132),
+            ("vsa_fine_tma_bf16_d128", false)
         );
-        assert_eq!(vsa_fine_choice("pf2", 200, 132), (EXACT_KERNEL, true, 2));
-        assert_eq!(
-            vsa_fine_choice("persist-pf8", 1, 132),
-            ("vsa_fine_tma_persist_bf16_d128", true, 8)
-        );
-        // Out of range or not a number: no prefetch, and the name as a whole (here unknown).
-        assert_eq!(
-            vsa_fine_choice("apart-pf9", 200, 132),
-            (EXACT_KERNEL, true, 0)
-        );
-        assert_eq!(vsa_fine_choice("pfx", 200, 132), (EXACT_KERNEL, true, 0));
+        // An unknown name is the default.
+        assert_eq!(vsa_fine_choice("pf2", 200, 132), (APART_KERNEL, true));
     }
 
     #[test]
