@@ -19,6 +19,12 @@
 // (2026-12-07, BENCHMARKS.md; branch vsa-packed).
 // Persistent blocks (PERSIST below) measured 1.8-2.6 % faster than a block per pair on an H100
 // (2026-12-06): the next pair's loads run under this pair's last steps and stores.
+// One producer thread refills both consumers' rings in lock-step. A producer warp per consumer,
+// so that a consumer ahead of the other need not wait for loads held behind the other's free
+// stage, measured 0.95-0.98x as fast as this kernel on an H100 (2026-12-07). TMA prefetches
+// into L2 two steps ahead of the loads, for the ~22 % of loads that miss L2, 0.58-0.70x. Both
+// are in BENCHMARKS.md; the same call showed that a change to the producer's code alone moved
+// ptxas's schedule of the consumers and the kernel's time by 2-6 %.
 // What bounds this kernel at full clock is its K/V traffic from L2. Query rows dealt so that
 // rows without a query skip their softmax (vt_deal) and half key tiles in 32-key steps
 // (vt_kind) took 22 % of its instructions away and made it 6 % faster at Nsight Compute's
@@ -272,15 +278,7 @@ struct vt_extents {
 // the one-item grid (pairs along x, heads along y). TRIM: the query rows dealt as vt_deal says
 // and half key tiles in 32-key steps (vt_kind); without it (the kernel before 2026-12-06, kept
 // for A/B) the rows in slot order, every one live, and every tile a 64-key step.
-// APART (the default since 2026-12-07): producer warp c refills consumer c's ring alone.
-// Without it one thread refills both rings in lock-step, so a consumer ahead of the other waits
-// for loads held behind the other's free stage: the two walk different kept lists, whose 32- and
-// 64-key steps differ. In turn with lock-step on an H100 it was 1.033 / 1.015 / 1.003× faster
-// (best / median / sustained) at 3-frame chunks, 1.018 / 1.009 / 1.021× at 4-frame ones.
-// Asking L2 for the K/V tiles two steps ahead of their loads (TMA prefetches from the producer,
-// so that the ~22 % of loads that miss L2 would be on their way before their stage frees) made
-// the kernel 0.58-0.70× as fast in the same call (2026-12-07, BENCHMARKS.md).
-template <bool PERSIST, bool TRIM, bool EXACT, bool APART>
+template <bool PERSIST, bool TRIM, bool EXACT>
 WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, const wl_tmap* tv,
                             const wl_tmap* tk_t, const wl_tmap* tv_t, const wl_tmap* tk_h, const wl_tmap* tv_h,
                             const wl_bf16* gate, int mix, const float* coarse, const int* kept, vsa_grid qg,
@@ -308,58 +306,40 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
     __syncthreads();
     if (wg == 2) {
         WL_SETMAXNREG_DEC(40);
-        // The consumers [c0, c1) this thread refills: both from thread 0, or (APART) consumer c
-        // from lane 0 of warp c.
-        const int w = t / 32;
-        // Key tile j's K and V boxes (EXACT: 32 tokens where it has two frames or two rows).
-        auto maps = [&](int j, const wl_tmap** mk, const wl_tmap** mv) {
-            const int box = EXACT ? vt_box(vt_extent(kg, j)) : 0;
-            *mk = box == 1 ? tk_t : box == 2 ? tk_h : tk;
-            *mv = box == 1 ? tv_t : box == 2 ? tv_h : tv;
-            return box;
-        };
-        // Pair p of head h, the block's qi-th item, for consumers [c0, c1): its key tiles are
-        // each ring's (qi · top_k)-th on. Each call below passes the range as constants, so
-        // that a producer warp's c is one once inlined: from w, the producer's 40 registers
-        // spilled (ptxas, sm_90a).
-        auto load = [&](int c0, int c1, int p, int h, int qi) {
-            auto tile = [&](int c) { return min(p * 2 + c, nq - 1); };
-            for (int c = c0; c < c1; ++c) {
+        // Pair p of head h, the block's qi-th item: its key tiles are each ring's
+        // (qi · top_k)-th on.
+        auto load = [&](int p, int h, int qi) {
+            int tile[2];
+            for (int c = 0; c < 2; ++c) {
+                tile[c] = min(p * 2 + c, nq - 1);
                 unsigned long long* qbar = bars + c * NB + 2 * VT_STAGES;
                 if (qi > 0) wl_mbar_wait(qbar + 1, (qi - 1) & 1);
                 wl_mbar_expect_tx(qbar, TB);
-                vt_load(vt_smem + c * CB, tq, qg, tile(c), h, qbar);
+                vt_load(vt_smem + c * CB, tq, qg, tile[c], h, qbar);
             }
             for (int u = 0; u < top_k; ++u) {
                 const int g = qi * top_k + u, s = g % VT_STAGES;
-                for (int c = c0; c < c1; ++c) {
-                    const int* kl = kept + ((wl_u64)tile(c) * heads + h) * top_k;
-                    const wl_tmap *mk, *mv;
+                for (int c = 0; c < 2; ++c) {
                     unsigned long long* full = bars + c * NB;
                     unsigned long long* empty = full + VT_STAGES;
                     if (g >= VT_STAGES) wl_mbar_wait(empty + s, (g / VT_STAGES - 1) & 1);
                     unsigned char* ks = vt_smem + c * CB + TB + s * 2 * TB;
-                    const int j = kl[u];
-                    const int box = maps(j, &mk, &mv);
+                    const int j = kept[((wl_u64)tile[c] * heads + h) * top_k + u];
+                    const int box = EXACT ? vt_box(vt_extent(kg, j)) : 0;
+                    const wl_tmap* mk = box == 1 ? tk_t : box == 2 ? tk_h : tk;
+                    const wl_tmap* mv = box == 1 ? tv_t : box == 2 ? tv_h : tv;
                     wl_mbar_expect_tx(full + s, box ? TB : 2 * TB);
                     vt_load(ks, mk, kg, j, h, full + s);
                     vt_load(ks + TB, mv, kg, j, h, full + s);
                 }
             }
         };
-        auto walk = [&](int c0, int c1) {
+        if (t == 0) {
             if constexpr (PERSIST) {
-                for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi)
-                    load(c0, c1, it % pairs, it / pairs, qi);
+                for (int it = blockIdx.x, qi = 0; it < items; it += gridDim.x, ++qi) load(it % pairs, it / pairs, qi);
             } else {
-                load(c0, c1, blockIdx.x, blockIdx.y, 0);
+                load(blockIdx.x, blockIdx.y, 0);
             }
-        };
-        if constexpr (!APART) {
-            if (t == 0) walk(0, 2);
-        } else if (lane == 0 && w < 2) {
-            if (w == 0) walk(0, 1);
-            else walk(1, 2);
         }
         return;
     }
@@ -446,20 +426,19 @@ WL_DEVICE void vsa_fine_tma(wl_bf16* out, const wl_tmap* tq, const wl_tmap* tk, 
 // q, k and v as [t, h, w, heads, 128] in boxes of 64 dims × 1 head × 4 × 4 × 4 tokens; k and v
 // also in boxes of 4 × 4 × 2 (tk_t, tv_t) and 4 × 2 × 4 (tk_h, tv_h) tokens, which only the EXACT
 // kernel reads; two query tiles per block.
-#define WL_VSA_FINE_TMA(name, PERSIST, TRIM, EXACT, APART)                                                                    \
+#define WL_VSA_FINE_TMA(name, PERSIST, TRIM, EXACT)                                                                    \
     WL_KERNEL void __launch_bounds__(FT_THREADS, 1)                                                                    \
         name(wl_bf16* out, const __grid_constant__ wl_tmap tq, const __grid_constant__ wl_tmap tk,                     \
              const __grid_constant__ wl_tmap tv, const __grid_constant__ wl_tmap tk_t,                                 \
              const __grid_constant__ wl_tmap tv_t, const __grid_constant__ wl_tmap tk_h,                               \
              const __grid_constant__ wl_tmap tv_h, const wl_bf16* gate, int mix, const float* coarse,                  \
              const int* kept, vsa_grid qg, vsa_grid kg, int nq, int heads, int top_k, float scale) {                   \
-        vsa_fine_tma<PERSIST, TRIM, EXACT, APART>(out, &tq, &tk, &tv, &tk_t, &tv_t, &tk_h, &tv_h, gate, mix, coarse,   \
-                                                  kept, qg, kg, nq, heads, top_k, scale);                              \
+        vsa_fine_tma<PERSIST, TRIM, EXACT>(out, &tq, &tk, &tv, &tk_t, &tv_t, &tk_h, &tv_h, gate, mix, coarse, kept,   \
+                                           qg, kg, nq, heads, top_k, scale);                                           \
     }
-WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_exact_bf16_d128, true, true, true, false)
-WL_VSA_FINE_TMA(vsa_fine_tma_persist_apart_bf16_d128, true, true, true, true)
+WL_VSA_FINE_TMA(vsa_fine_tma_bf16_d128, false, true, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_bf16_d128, true, true, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_rows_bf16_d128, true, false, false)
+WL_VSA_FINE_TMA(vsa_fine_tma_persist_exact_bf16_d128, true, true, true)
 
 #endif

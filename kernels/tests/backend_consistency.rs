@@ -1693,9 +1693,8 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
     // CUDA's fine kernel on a block per pair of query tiles and on persistent blocks (at any
     // size here), both with the query rows dealt out and half key tiles in 32-key steps; the
     // persistent kernel without either; and the persistent kernel that loads the edge tiles in
-    // boxes of their own size, with one producer for both consumers and with a producer warp per
-    // consumer (the default where there is a wave of pairs).
-    for fine in ["blocks", "persist", "rows", "exact", "apart"] {
+    // boxes of their own size (the default where there is a wave of pairs).
+    for fine in ["blocks", "persist", "rows", "exact"] {
         std::env::set_var("WORLDLINE_VSA_FINE", fine);
         vsa_cases(dev);
     }

@@ -745,25 +745,20 @@ const VSA_TILE_BYTES: u32 = 64 * 256;
 /// stages, then 8 barriers each.
 const VSA_FINE_SMEM: u32 = 2 * (VSA_TILE_BYTES + 3 * 2 * VSA_TILE_BYTES) + 2 * 8 * 8;
 
-/// The persistent fine kernel that loads the window's edge tiles in boxes of 32 tokens, one
-/// producer thread refilling both consumers' rings in lock-step (the default until 2026-12-07).
+/// The persistent fine kernel that loads the window's edge tiles in boxes of 32 tokens.
 const EXACT_KERNEL: &str = "vsa_fine_tma_persist_exact_bf16_d128";
-/// The exact kernel with a producer warp per consumer: the default.
-const APART_KERNEL: &str = "vsa_fine_tma_persist_apart_bf16_d128";
 
 /// The VSA fine kernel for `items` pairs of query tiles × heads, and whether it runs on
 /// persistent blocks (a block per SM walking the pairs, the next pair's loads under this one's
 /// end): where there is at least a wave of pairs, unless `WORLDLINE_VSA_FINE=blocks` asks for a
 /// block per pair. Every kernel but `rows` deals a query tile's rows so that the groups holding
 /// no query skip their softmax, and takes half key tiles in 32-key steps. The default persistent
-/// kernel (attention_vsa.cu's EXACT and APART) loads key tiles of at most two frames, or of two
-/// rows, in boxes of 32 tokens (at LingBot's 3-frame chunks the SMs read ~24 % fewer bytes from
-/// L2 and the call is 5–8 % faster; H200, 2026-12-06 20:07 UTC), and each of its consumers'
-/// rings has a producer warp of its own (1–3 % faster than one producer for both; H100,
-/// 2026-12-07). `persist` asks for the persistent kernel with whole boxes, at any size; `rows`
-/// for it without the dealt rows and half steps either (the default before 2026-12-06, 10:00
-/// UTC); `exact` for the exact boxes with one producer; `apart` for the default's kernel at any
-/// size.
+/// kernel (attention_vsa.cu's EXACT) loads key tiles of at most two frames, or of two rows, in
+/// boxes of 32 tokens: at LingBot's 3-frame chunks the SMs read ~24 % fewer bytes from L2 and
+/// the call is 5–8 % faster (H200, 2026-12-06 20:07 UTC). `persist` asks for the persistent
+/// kernel with whole boxes (the default before then), at any size; `rows` for it without the
+/// dealt rows and half steps either (the default before 2026-12-06, 10:00 UTC); `exact` for the
+/// default's kernel at any size.
 fn vsa_fine_kernel(items: usize, sms: usize) -> (&'static str, bool) {
     let var = std::env::var("WORLDLINE_VSA_FINE").unwrap_or_default();
     vsa_fine_choice(&var, items, sms)
@@ -776,8 +771,7 @@ fn vsa_fine_choice(var: &str, items: usize, sms: usize) -> (&'static str, bool) 
         "persist" => ("vsa_fine_tma_persist_bf16_d128", true),
         "rows" => ("vsa_fine_tma_persist_rows_bf16_d128", true),
         "exact" => (EXACT_KERNEL, true),
-        "apart" => (APART_KERNEL, true),
-        _ if items >= sms => (APART_KERNEL, true),
+        _ if items >= sms => (EXACT_KERNEL, true),
         _ => ("vsa_fine_tma_bf16_d128", false),
     }
 }
@@ -834,9 +828,9 @@ pub(crate) fn vsa_fine_fast(
     let mut out = CudaStorage::alloc(dev, DType::BF16, q.elem_count())?;
     let pairs = nq.div_ceil(2);
     let (name, persistent) = vsa_fine_kernel(pairs * heads, dev.sms);
-    // Only the exact kernels read the smaller boxes; the others take the whole maps in their
+    // Only the exact kernel reads the smaller boxes; the others take the whole maps in their
     // places, so a call encodes no map it does not use.
-    let ((tk_t, tv_t), (tk_h, tv_h)) = if name == EXACT_KERNEL || name == APART_KERNEL {
+    let ((tk_t, tv_t), (tk_h, tv_h)) = if name == EXACT_KERNEL {
         (
             (map(k_p, k_grid, half_t)?, map(v_p, k_grid, half_t)?),
             (map(k_p, k_grid, half_h)?, map(v_p, k_grid, half_h)?),
@@ -908,25 +902,27 @@ pub use fp8_attention::attention_fp8;
 #[cfg(test)]
 mod tests {
     use super::{plan, tail_split, Plan, Schedule, MAX_SPLIT_PARTS, MIN_SPLIT_TILES};
-    use super::{vsa_fine_choice, APART_KERNEL, EXACT_KERNEL};
+    use super::{vsa_fine_choice, EXACT_KERNEL};
 
     #[test]
     fn vsa_fine_switch_picks_the_kernel() {
-        // A wave of pairs (items ≥ SMs) takes the persistent kernel with a producer per
-        // consumer; fewer, a block per pair; a name, its kernel at any size.
-        assert_eq!(vsa_fine_choice("", 200, 132), (APART_KERNEL, true));
+        // A wave of pairs (items ≥ SMs) takes the persistent exact kernel; fewer, a block per
+        // pair; a name, its kernel at any size; an unknown name, the default.
+        assert_eq!(vsa_fine_choice("", 200, 132), (EXACT_KERNEL, true));
         assert_eq!(
             vsa_fine_choice("", 100, 132),
             ("vsa_fine_tma_bf16_d128", false)
         );
         assert_eq!(vsa_fine_choice("exact", 10, 132), (EXACT_KERNEL, true));
-        assert_eq!(vsa_fine_choice("apart", 10, 132), (APART_KERNEL, true));
+        assert_eq!(
+            vsa_fine_choice("persist", 10, 132),
+            ("vsa_fine_tma_persist_bf16_d128", true)
+        );
         assert_eq!(
             vsa_fine_choice("blocks", 200, 132),
             ("vsa_fine_tma_bf16_d128", false)
         );
-        // An unknown name is the default.
-        assert_eq!(vsa_fine_choice("pf2", 200, 132), (APART_KERNEL, true));
+        assert_eq!(vsa_fine_choice("apart", 200, 132), (EXACT_KERNEL, true));
     }
 
     #[test]
