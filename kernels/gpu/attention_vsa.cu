@@ -23,8 +23,9 @@
 // so that a consumer ahead of the other need not wait for loads held behind the other's free
 // stage, measured 0.95-0.98x as fast as this kernel on an H100 (2026-12-07). TMA prefetches
 // into L2 two steps ahead of the loads, for the ~22 % of loads that miss L2, 0.58-0.70x. Both
-// are in BENCHMARKS.md; the same call showed that a change to the producer's code alone moved
-// ptxas's schedule of the consumers and the kernel's time by 2-6 %.
+// are in BENCHMARKS.md. So is how touchy the kernel is: with that prefetch compiled in but off,
+// ptxas scheduled the consumers' code differently, and by the two calls' ratios the kernel was
+// ~5 % slower than this one, whose producer code is unchanged.
 // What bounds this kernel at full clock is its K/V traffic from L2. Query rows dealt so that
 // rows without a query skip their softmax (vt_deal) and half key tiles in 32-key steps
 // (vt_kind) took 22 % of its instructions away and made it 6 % faster at Nsight Compute's
