@@ -173,9 +173,9 @@ pub(super) fn cross_ab(
 }
 
 /// The fine kernel's variants `vsa_ab` times against the default unless
-/// `WORLDLINE_BENCH_VSA_AB` names others (a comma list of `WORLDLINE_VSA_FINE` values): every
-/// tile in a whole box (the default until 2026-12-06).
-const VSA_AB: &str = "persist";
+/// `WORLDLINE_BENCH_VSA_AB` names others (a comma list of `WORLDLINE_VSA_FINE` values, or of
+/// `VAR=value` for another switch): a block per SM (the persistent grid until 2026-12-07).
+const VSA_AB: &str = "WORLDLINE_VSA_GRID=full";
 
 /// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
 /// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
@@ -200,7 +200,7 @@ pub(super) fn vsa_ab(
                 &format!(
                     "vsa bf16 sparsity 0.9 select-only from key sums {lq}q x {lk}k x {heads}h x {d}"
                 ),
-                ("WORLDLINE_VSA_FINE", tag),
+                tag.split_once('=').unwrap_or(("WORLDLINE_VSA_FINE", tag)),
                 0.0,
                 push,
                 || {
