@@ -776,19 +776,6 @@ fn vsa_fine_choice(var: &str, items: usize, sms: usize) -> (&'static str, bool) 
     }
 }
 
-/// Blocks of a persistent kernel over `items` on `sms` SMs: as few as give no block more items
-/// than the SMs would (⌈items / sms⌉ each), so every block walks as many and none is left to
-/// run a last item alone while the others idle (LingBot's 2080 pairs × heads: 130 blocks of 16,
-/// where 132 gave 100 blocks a sixteenth). With `full`, a block per SM (the grid until
-/// 2026-12-07), kept for A/B (`WORLDLINE_VSA_GRID=full`).
-fn persistent_blocks(items: usize, sms: usize, full: bool) -> usize {
-    let sms = sms.max(1);
-    if full || items <= sms {
-        return items.min(sms);
-    }
-    items.div_ceil(items.div_ceil(sms))
-}
-
 /// VSA's fine branch (plus `gate ⊙ coarse`) on Hopper through TMA, where it applies: bf16, head
 /// dim 128, sm_90a, 4×4×4 tiles. `None` elsewhere (the caller takes the portable kernel).
 #[allow(clippy::too_many_arguments)]
@@ -853,9 +840,12 @@ pub(crate) fn vsa_fine_fast(
     };
     let func = dev.func("attention", name)?;
     dev.allow_dynamic_smem(&func, VSA_FINE_SMEM)?;
-    let full = std::env::var("WORLDLINE_VSA_GRID").as_deref() == Ok("full");
+    // A block per SM. As few blocks as give each the same number of items (130 of 16 for
+    // LingBot's 2080 on an H100, where 132 blocks leave 100 to run a sixteenth) measured
+    // 1.005 / 1.006 / 1.002× at 3-frame chunks and 1.001 / 0.998 / 0.982× at 4-frame ones (best /
+    // median / sustained, H100, 2026-12-07): no gain, so the grid stays.
     let grid_dim = match persistent {
-        true => (persistent_blocks(pairs * heads, dev.sms, full) as u32, 1, 1),
+        true => ((pairs * heads).min(dev.sms.max(1)) as u32, 1, 1),
         false => (pairs as u32, heads as u32, 1),
     };
     let cfg = LaunchConfig {
@@ -915,25 +905,8 @@ pub use fp8_attention::attention_fp8;
 
 #[cfg(test)]
 mod tests {
-    use super::{persistent_blocks, vsa_fine_choice, EXACT_KERNEL};
     use super::{plan, tail_split, Plan, Schedule, MAX_SPLIT_PARTS, MIN_SPLIT_TILES};
-
-    #[test]
-    fn persistent_blocks_share_items_evenly() {
-        // LingBot's 3-frame chunk at 40 heads: 52 pairs × 40 heads on an H100's 132 SMs.
-        assert_eq!(persistent_blocks(2080, 132, false), 130);
-        assert_eq!(persistent_blocks(2080, 132, true), 132);
-        // 12 heads: 624 items, 5 a block at most either way.
-        assert_eq!(persistent_blocks(624, 132, false), 125);
-        // Fewer items than SMs: a block each; an exact multiple: every SM.
-        assert_eq!(persistent_blocks(100, 132, false), 100);
-        assert_eq!(persistent_blocks(264, 132, false), 132);
-        for items in 1..2000 {
-            let b = persistent_blocks(items, 132, false);
-            // No block walks more items than with a block per SM, and no SM holds two.
-            assert!(b <= 132 && items.div_ceil(b) == items.div_ceil(132.min(items)));
-        }
-    }
+    use super::{vsa_fine_choice, EXACT_KERNEL};
 
     #[test]
     fn vsa_fine_switch_picks_the_kernel() {

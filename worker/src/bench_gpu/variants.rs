@@ -174,8 +174,8 @@ pub(super) fn cross_ab(
 
 /// The fine kernel's variants `vsa_ab` times against the default unless
 /// `WORLDLINE_BENCH_VSA_AB` names others (a comma list of `WORLDLINE_VSA_FINE` values, or of
-/// `VAR=value` for another switch): a block per SM (the persistent grid until 2026-12-07).
-const VSA_AB: &str = "WORLDLINE_VSA_GRID=full";
+/// `VAR=value` for another switch): every tile in a whole box (the default until 2026-12-06).
+const VSA_AB: &str = "persist";
 
 /// VSA at sparsity 0.9 in the model's form (select-only, key means from a cache's frame sums) at
 /// a 3-frame chunk over the 18-frame window and a 4-frame one over 20, 40 heads: the fine
