@@ -304,6 +304,53 @@ WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const 
     }
 }
 
+// The index of x's highest set bit (x ≠ 0).
+WL_DEVICE int vsa_top_bit(unsigned int x) {
+#if defined(WL_CUDA)
+    return 31 - __clz((int)x);
+#else
+    return 31 - __builtin_clz(x);
+#endif
+}
+// Warp-wide min and max of unsigned keys.
+WL_DEVICE unsigned int vsa_warp_min(unsigned int v) {
+#if defined(WL_CUDA)
+    return __reduce_min_sync(0xffffffffu, v);
+#else
+    const int lane = threadIdx.x % WL_WARP_SIZE;
+    for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) v = min(v, (unsigned int)wl_shfl((int)v, lane ^ o));
+    return v;
+#endif
+}
+WL_DEVICE unsigned int vsa_warp_max(unsigned int v) {
+#if defined(WL_CUDA)
+    return __reduce_max_sync(0xffffffffu, v);
+#else
+    const int lane = threadIdx.x % WL_WARP_SIZE;
+    for (int o = WL_WARP_SIZE / 2; o > 0; o >>= 1) v = max(v, (unsigned int)wl_shfl((int)v, lane ^ o));
+    return v;
+#endif
+}
+
+// a0[r] += q[r, e0 + e] · k0[e] and a1[r] += q[r, e0 + e] · k1[e] for the four elements of two key
+// tiles held in registers, in element order, one fused multiply-add each (one rounding; CUDA's
+// and HIP's fmaf, Rust's mul_add): the CPU's `coarse_dot`, whose sum starts at -0.0. Each query
+// float4 read from shared memory serves both tiles: half the shared-memory loads of one tile at
+// a time.
+template <int QG>
+WL_DEVICE void vsa_dot_pair(float* a0, float* a1, const float (*qs)[WL_VSA_MAX_D], float4 k0, float4 k1, int e0) {
+    const float kk0[4] = {k0.x, k0.y, k0.z, k0.w};
+    const float kk1[4] = {k1.x, k1.y, k1.z, k1.w};
+    for (int r = 0; r < QG; ++r) {
+        const float4 qv = *(const float4*)(&qs[r][e0]);
+        const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
+        for (int u = 0; u < 4; ++u) {
+            a0[r] = fmaf(qq[u], kk0[u], a0[r]);
+            a1[r] = fmaf(qq[u], kk1[u], a1[r]);
+        }
+    }
+}
+
 // The `top_k` largest of a row's nk keys, ties to the lower index, written in increasing index
 // order to dst by one warp: a bitwise search for the largest t with at least top_k keys ≥ t
 // (when exactly top_k keys reach a candidate, those are the selection: t just below it), then
@@ -311,7 +358,7 @@ WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const 
 // keys j ≡ lane (mod warp) in KR registers (KR = 0: read from shared memory at each bit; LingBot's
 // 520 key tiles take KR = 17): 32 loads a key fewer, and the counts of a bit no longer wait on
 // shared memory.
-template <int KR>
+template <int KR, bool LEAN>
 WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, int lane) {
     const int n = KR ? KR : (nk + WL_WARP_SIZE - 1) / WL_WARP_SIZE;
     unsigned int kv[KR ? KR : 1];
@@ -326,8 +373,31 @@ WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, i
     };
     if constexpr (KR > 0)
         for (int i = 0; i < KR; ++i) kv[i] = lane + i * WL_WARP_SIZE < nk ? kr[lane + i * WL_WARP_SIZE] : 0u;
+    // The search's answer lies in [lo, hi]: hi is the largest key; lo, the least over lanes of
+    // each lane's second largest, has at least 2 · warp keys at or above it, so where that is
+    // top_k or more the answer is at least lo. The bits above the highest one where lo and hi
+    // differ are then the answer's, and the search starts below them (with LingBot's scores
+    // the sign and exponent bits, at least 9 of the 32 rounds).
     unsigned int t = 0;
-    for (int bit = 31; bit >= 0; --bit) {
+    int top = 31;
+    if (LEAN && top_k <= 2 * WL_WARP_SIZE) {
+        unsigned int m1 = 0, m2 = 0;
+        for (int i = 0; i < n; ++i) {
+            const unsigned int k = key(i);
+            m2 = max(m2, min(m1, k));
+            m1 = max(m1, k);
+        }
+        const unsigned int lo = vsa_warp_min(m2), hi = vsa_warp_max(m1);
+        if (lo != hi) {
+            top = vsa_top_bit(lo ^ hi);
+            t = lo & ~((2u << top) - 1);
+        } else {
+            // Every lane's second largest is the largest key: the answer is that key.
+            t = lo;
+            top = -1;
+        }
+    }
+    for (int bit = top; bit >= 0; --bit) {
         const unsigned int cand = t | (1u << bit);
         // Two sums, so the compares of a bit are not one chain of adds.
         int c[2] = {0, 0};
@@ -373,7 +443,7 @@ WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, i
 // (vsa_attention sizes it). Phase 1 has no barrier: until 2026-12-06 it staged each slice of
 // rows of [nk, heads, d] through shared memory between two barriers (~100 µs a 40-head LingBot
 // call on an H100, ~90 µs with the barriers gone but each lane's loads on a line of their own).
-template <int QG>
+template <int QG, bool LEAN>
 WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, int nq,
                           int nk, int heads, int d, int top_k, float scale, int with_out) {
     extern __shared__ __align__(16) unsigned int vsa_smem[];
@@ -391,6 +461,27 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
         for (int e = tid; e < dp; e += nt)
             qs[r][e] = r < rows && e < d ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
     __syncthreads();
+    if (LEAN && vec) {
+        // Key tiles j0 and j0 + nt (where it is one) in one pass, each query float4 read from
+        // shared memory once for both. A tile's means (vsa_kt: whole float4s, 16-byte aligned)
+        // go from memory straight into registers four elements at a time, the next four nk
+        // float4s on; the 32 warps an SM holds hide the loads' latency (two float4s a tile at a
+        // time spilled at the 64 registers four blocks an SM leave a thread; ptxas, sm_90a).
+        for (int j0 = tid; j0 < nk; j0 += 2 * nt) {
+            const int j1 = j0 + nt;
+            const bool two = j1 < nk;
+            const float4* c0 = (const float4*)(kc + vsa_kt(j0, h, 0, nk, d));
+            const float4* c1 = (const float4*)(kc + vsa_kt(two ? j1 : j0, h, 0, nk, d));
+            float a0[QG], a1[QG];
+            for (int r = 0; r < QG; ++r) a0[r] = -0.0f, a1[r] = -0.0f;
+            for (int e0 = 0; e0 < d; e0 += 4)
+                vsa_dot_pair<QG>(a0, a1, qs, c0[(wl_u64)(e0 / 4) * nk], c1[(wl_u64)(e0 / 4) * nk], e0);
+            for (int r = 0; r < QG; ++r) {
+                keys[r * nks + j0] = vsa_key(__fmul_rn(a0[r], scale));
+                if (two) keys[r * nks + j1] = vsa_key(__fmul_rn(a1[r], scale));
+            }
+        }
+    } else
     for (int j = tid; j < nk; j += nt) {
         // Key tile j's four elements from e on (vsa_kt: whole float4s, 16-byte aligned); the
         // next four are nk float4s on.
@@ -427,11 +518,11 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
         unsigned int* kr = keys + r * nks;
         int* dst = kept + ((wl_u64)(i0 + r) * heads + h) * top_k;
         if (nk <= 8 * WL_WARP_SIZE)
-            vsa_select<8>(dst, kr, nk, top_k, lane);
+            vsa_select<8, LEAN>(dst, kr, nk, top_k, lane);
         else if (nk <= 17 * WL_WARP_SIZE)
-            vsa_select<17>(dst, kr, nk, top_k, lane);
+            vsa_select<17, LEAN>(dst, kr, nk, top_k, lane);
         else
-            vsa_select<0>(dst, kr, nk, top_k, lane);
+            vsa_select<0, LEAN>(dst, kr, nk, top_k, lane);
         if (!with_out) continue;
         float mx = -WL_INF;
         for (int j = lane; j < nk; j += WL_WARP_SIZE) mx = fmaxf(mx, vsa_score(kr[j]));
@@ -510,7 +601,11 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
 #define WL_VSA_COARSE(qg)                                                                                      \
     WL_KERNEL void WL_VSA_COARSE_BOUNDS vsa_coarse_##qg(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, \
                                    int nq, int nk, int heads, int d, int top_k, float scale, int with_out) {  \
-        vsa_coarse<qg>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale, with_out);                   \
+        vsa_coarse<qg, false>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale, with_out);            \
+    }                                                                                                          \
+    WL_KERNEL void WL_VSA_COARSE_BOUNDS vsa_coarse_lean_##qg(float* coarse, int* kept, const float* qc, const float* kc,      \
+                                   const float* vc, int nq, int nk, int heads, int d, int top_k, float scale, int with_out) { \
+        vsa_coarse<qg, true>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale, with_out);             \
     }
 WL_VSA_COARSE(8)
 WL_VSA_COARSE(4)
