@@ -17,8 +17,6 @@
 // Tokens whose loads a means thread issues before adding any of them.
 #define WL_VSA_MEAN_BATCH 8
 #define WL_VSA_COARSE_THREADS 256
-// Elements of d per slice of a key tile's means that a coarse thread holds in registers.
-#define WL_VSA_EC 16
 
 WL_DEVICE void vsa_unpack(float* f, uint4 u, const float*) {
     f[0] = __uint_as_float(u.x);
@@ -289,21 +287,6 @@ WL_DEVICE int vsa_warp_sum(int v) {
 #endif
 }
 
-// acc[r] += q[r, e0 + e] · k[e] for the 4·P elements held in registers, in element order, one
-// fused multiply-add each (one rounding; CUDA's and HIP's fmaf, Rust's mul_add): the CPU's
-// `coarse_dot`, whose sum starts at -0.0.
-template <int QG, int P>
-WL_DEVICE void vsa_dot_slice(float* acc, const float (*qs)[WL_VSA_MAX_D], const float4* k, int e0) {
-    for (int p = 0; p < P; ++p) {
-        const float kk[4] = {k[p].x, k[p].y, k[p].z, k[p].w};
-        for (int r = 0; r < QG; ++r) {
-            const float4 qv = *(const float4*)(&qs[r][e0 + 4 * p]);
-            const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
-            for (int u = 0; u < 4; ++u) acc[r] = fmaf(qq[u], kk[u], acc[r]);
-        }
-    }
-}
-
 // The index of x's highest set bit (x ≠ 0).
 WL_DEVICE int vsa_top_bit(unsigned int x) {
 #if defined(WL_CUDA)
@@ -358,7 +341,7 @@ WL_DEVICE void vsa_dot_pair(float* a0, float* a1, const float (*qs)[WL_VSA_MAX_D
 // keys j ≡ lane (mod warp) in KR registers (KR = 0: read from shared memory at each bit; LingBot's
 // 520 key tiles take KR = 17): 32 loads a key fewer, and the counts of a bit no longer wait on
 // shared memory.
-template <int KR, bool LEAN>
+template <int KR>
 WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, int lane) {
     const int n = KR ? KR : (nk + WL_WARP_SIZE - 1) / WL_WARP_SIZE;
     unsigned int kv[KR ? KR : 1];
@@ -380,7 +363,7 @@ WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, i
     // the sign and exponent bits, at least 9 of the 32 rounds).
     unsigned int t = 0;
     int top = 31;
-    if (LEAN && top_k <= 2 * WL_WARP_SIZE) {
+    if (top_k <= 2 * WL_WARP_SIZE) {
         unsigned int m1 = 0, m2 = 0;
         for (int i = 0; i < n; ++i) {
             const unsigned int k = key(i);
@@ -443,7 +426,7 @@ WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, i
 // (vsa_attention sizes it). Phase 1 has no barrier: until 2026-12-06 it staged each slice of
 // rows of [nk, heads, d] through shared memory between two barriers (~100 µs a 40-head LingBot
 // call on an H100, ~90 µs with the barriers gone but each lane's loads on a line of their own).
-template <int QG, bool LEAN>
+template <int QG>
 WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, int nq,
                           int nk, int heads, int d, int top_k, float scale, int with_out) {
     extern __shared__ __align__(16) unsigned int vsa_smem[];
@@ -461,12 +444,14 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
         for (int e = tid; e < dp; e += nt)
             qs[r][e] = r < rows && e < d ? qc[((wl_u64)(i0 + r) * heads + h) * d + e] : 0.0f;
     __syncthreads();
-    if (LEAN && vec) {
+    if (vec) {
         // Key tiles j0 and j0 + nt (where it is one) in one pass, each query float4 read from
         // shared memory once for both. A tile's means (vsa_kt: whole float4s, 16-byte aligned)
         // go from memory straight into registers four elements at a time, the next four nk
         // float4s on; the 32 warps an SM holds hide the loads' latency (two float4s a tile at a
         // time spilled at the 64 registers four blocks an SM leave a thread; ptxas, sm_90a).
+        // With top-k's search from its bounds' shared bits, a LingBot call 0.3-0.7 % faster
+        // than one tile a thread (H100, 2026-12-07, in turn in one call; BENCHMARKS.md).
         for (int j0 = tid; j0 < nk; j0 += 2 * nt) {
             const int j1 = j0 + nt;
             const bool two = j1 < nk;
@@ -481,35 +466,16 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
                 if (two) keys[r * nks + j1] = vsa_key(__fmul_rn(a1[r], scale));
             }
         }
-    } else
-    for (int j = tid; j < nk; j += nt) {
-        // Key tile j's four elements from e on (vsa_kt: whole float4s, 16-byte aligned); the
-        // next four are nk float4s on.
-        auto at = [&](int e) { return kc + vsa_kt(j, h, e, nk, d); };
-        const float4* col = (const float4*)at(0);
-        float acc[QG];
-        for (int r = 0; r < QG; ++r) acc[r] = -0.0f;
-        if (vec) {
-            // A slice's loads, then its products: the 32 warps an SM holds hide the loads'
-            // latency (loads held a slice ahead spilled at 64 registers, and ptxas sank them).
-            constexpr int P = WL_VSA_EC / 4;
-            int e0 = 0;
-            for (; e0 + WL_VSA_EC <= d; e0 += WL_VSA_EC) {
-                float4 k[P];
-                for (int p = 0; p < P; ++p) k[p] = col[(wl_u64)(e0 / 4 + p) * nk];
-                vsa_dot_slice<QG, P>(acc, qs, k, e0);
-            }
-            for (; e0 < d; e0 += 4) {
-                const float4 k = col[(wl_u64)(e0 / 4) * nk];
-                vsa_dot_slice<QG, 1>(acc, qs, &k, e0);
-            }
-        } else {
+    } else {
+        for (int j = tid; j < nk; j += nt) {
+            float acc[QG];
+            for (int r = 0; r < QG; ++r) acc[r] = -0.0f;
             for (int e = 0; e < d; ++e) {
-                const float k = *at(e);
+                const float k = kc[vsa_kt(j, h, e, nk, d)];
                 for (int r = 0; r < QG; ++r) acc[r] = fmaf(qs[r][e], k, acc[r]);
             }
+            for (int r = 0; r < QG; ++r) keys[r * nks + j] = vsa_key(__fmul_rn(acc[r], scale));
         }
-        for (int r = 0; r < QG; ++r) keys[r * nks + j] = vsa_key(__fmul_rn(acc[r], scale));
     }
     __syncthreads();
 
@@ -518,11 +484,11 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
         unsigned int* kr = keys + r * nks;
         int* dst = kept + ((wl_u64)(i0 + r) * heads + h) * top_k;
         if (nk <= 8 * WL_WARP_SIZE)
-            vsa_select<8, LEAN>(dst, kr, nk, top_k, lane);
+            vsa_select<8>(dst, kr, nk, top_k, lane);
         else if (nk <= 17 * WL_WARP_SIZE)
-            vsa_select<17, LEAN>(dst, kr, nk, top_k, lane);
+            vsa_select<17>(dst, kr, nk, top_k, lane);
         else
-            vsa_select<0, LEAN>(dst, kr, nk, top_k, lane);
+            vsa_select<0>(dst, kr, nk, top_k, lane);
         if (!with_out) continue;
         float mx = -WL_INF;
         for (int j = lane; j < nk; j += WL_WARP_SIZE) mx = fmaxf(mx, vsa_score(kr[j]));
@@ -601,11 +567,7 @@ WL_DEVICE void vsa_coarse(float* coarse, int* kept, const float* qc, const float
 #define WL_VSA_COARSE(qg)                                                                                      \
     WL_KERNEL void WL_VSA_COARSE_BOUNDS vsa_coarse_##qg(float* coarse, int* kept, const float* qc, const float* kc, const float* vc, \
                                    int nq, int nk, int heads, int d, int top_k, float scale, int with_out) {  \
-        vsa_coarse<qg, false>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale, with_out);            \
-    }                                                                                                          \
-    WL_KERNEL void WL_VSA_COARSE_BOUNDS vsa_coarse_lean_##qg(float* coarse, int* kept, const float* qc, const float* kc,      \
-                                   const float* vc, int nq, int nk, int heads, int d, int top_k, float scale, int with_out) { \
-        vsa_coarse<qg, true>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale, with_out);             \
+        vsa_coarse<qg>(coarse, kept, qc, kc, vc, nq, nk, heads, d, top_k, scale, with_out);                   \
     }
 WL_VSA_COARSE(8)
 WL_VSA_COARSE(4)

@@ -1685,8 +1685,7 @@ fn channels_last_convolutions_match_the_cpu(dev: Device) {
 }
 backend_test!(channels_last_convolutions_match_the_cpu);
 
-/// `WORLDLINE_VSA_FINE` and `WORLDLINE_VSA_COARSE`, read at each VSA call: the tests that set
-/// them hold this lock.
+/// `WORLDLINE_VSA_FINE`, read at each VSA call: the tests that set it hold this lock.
 static VSA_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn vsa_attention_matches_the_cpu(dev: Device) {
@@ -1694,22 +1693,12 @@ fn vsa_attention_matches_the_cpu(dev: Device) {
     // CUDA's fine kernel on a block per pair of query tiles and on persistent blocks (at any
     // size here), both with the query rows dealt out and half key tiles in 32-key steps; the
     // persistent kernel without either; and the persistent kernel that loads the edge tiles in
-    // boxes of their own size (the default where there is a wave of pairs). Then the default
-    // with the lean coarse kernel (two key tiles a scoring thread, top-k's search from the bits
-    // its bounds share), which must keep the same tiles.
-    for (fine, coarse) in [
-        ("blocks", ""),
-        ("persist", ""),
-        ("rows", ""),
-        ("exact", ""),
-        ("exact", "lean"),
-    ] {
+    // boxes of their own size (the default where there is a wave of pairs).
+    for fine in ["blocks", "persist", "rows", "exact"] {
         std::env::set_var("WORLDLINE_VSA_FINE", fine);
-        std::env::set_var("WORLDLINE_VSA_COARSE", coarse);
         vsa_cases(dev);
     }
     std::env::remove_var("WORLDLINE_VSA_FINE");
-    std::env::remove_var("WORLDLINE_VSA_COARSE");
 }
 backend_test!(vsa_attention_matches_the_cpu);
 

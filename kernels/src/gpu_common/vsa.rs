@@ -360,11 +360,7 @@ pub fn vsa_attention(
         shared_mem_bytes: smem as u32,
     };
     let (qcd, kcd, vcd) = (f32_data(&qc)?, f32_data(&kc)?, f32_data(&vc)?);
-    // `WORLDLINE_VSA_COARSE=lean`, read at each call so that `bench vsa` can time both in turn:
-    // two key tiles a scoring thread, and top-k's bit search from the bits its bounds share.
-    // The same products in the same order, so the same selection.
-    let lean = std::env::var("WORLDLINE_VSA_COARSE").is_ok_and(|v| v == "lean");
-    let coarse_fn = format!("vsa_coarse_{}{qg}", if lean { "lean_" } else { "" });
+    let coarse_fn = format!("vsa_coarse_{qg}");
     launch!(kind = "vsa coarse+top-k"; &dev, "vsa", &coarse_fn, cfg, |b| {
         push_mut(b, &mut coarse.data);
         b.arg(&mut kept).arg(qcd).arg(kcd).arg(vcd);
