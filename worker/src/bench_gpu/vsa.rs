@@ -334,6 +334,42 @@ fn fair_rows(
         );
         push(format!("{row} {shape} ({label}interleaved)"), b, fine);
     }
+    // Each op alone, as the table's other rows and their peers are timed (`bench kernels`,
+    // peer.py): after a second's rest (the clock back at its top, whatever ran before), one
+    // untimed call, then `repeat` rounds back to back. Interleaved, the engine's form runs at
+    // the clock dense leaves (an H100, 2026-12-07: 1.004 ms best there, 0.881 ms in rounds of
+    // VSA alone); here each op starts from the same rest and holds the clock its own power
+    // allows.
+    let alone = |f: &mut Op| -> Result<(Duration, Duration)> {
+        std::thread::sleep(Duration::from_secs(1));
+        f()?;
+        sync(dev)?;
+        let mut t = (0..repeat.max(1))
+            .map(|_| Ok(round(dev, 1, &mut *f)?.device))
+            .collect::<Result<Vec<_>>>()?;
+        t.sort();
+        Ok((t[0], t[t.len() / 2]))
+    };
+    let (dab, dam) = alone(&mut dense)?;
+    let (vab, vam) = alone(&mut only_summed)?;
+    println!(
+        "vsa {label}select-only from a cache's key sums (the engine's form), each op alone \
+         ({} rounds after a 1 s rest): dense best {:.3} ms, median {:.3}; vsa best {:.3} ms, \
+         median {:.3} = {:.2}x faster than dense (best), {:.2}x (median)",
+        repeat.max(1),
+        ms(dab),
+        ms(dam),
+        ms(vab),
+        ms(vam),
+        dab.as_secs_f64() / vab.as_secs_f64(),
+        dam.as_secs_f64() / vam.as_secs_f64()
+    );
+    push(format!("attention bf16 {shape} ({label}alone)"), dab, flop);
+    push(
+        format!("vsa bf16 sparsity 0.9 select-only from key sums {shape} ({label}alone)"),
+        vab,
+        fine,
+    );
     // Where the engine's form spends its time: one call as timed above (the chunk's frames
     // summed into the cache's sums, then the call), events around each launch.
     if let Device::Cuda(i) = dev {
