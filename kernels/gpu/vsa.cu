@@ -415,9 +415,9 @@ WL_DEVICE void vsa_select(int* dst, const unsigned int* kr, int nk, int top_k, i
 // One block per (group of QG query tiles, head h), which shares each key tile's means read from
 // memory across its QG query tiles:
 // 1. the coarse scores of its query tiles against every key tile, kept in shared memory as
-//    total-order keys (a thread per key tile, all QG rows; the tile's means, kc in vsa_kt's
-//    layout, go from memory straight into registers a slice of d at a time, a warp's loads
-//    512 contiguous bytes);
+//    total-order keys (a thread per two key tiles, all QG rows; the tiles' means, kc in
+//    vsa_kt's layout, go from memory straight into registers four elements at a time, a warp's
+//    loads 512 contiguous bytes);
 // 2. per query tile (a warp each), the `top_k` best key tiles to `kept[i, h, :]` (vsa_select);
 // 3. the same warp replaces the row's scores by their softmax weights;
 // 4. `coarse[i, h, :]` = the weights applied to the key-tile means, the key tiles split among
