@@ -335,11 +335,12 @@ fn fair_rows(
         push(format!("{row} {shape} ({label}interleaved)"), b, fine);
     }
     // Each op alone, as the table's other rows and their peers are timed (`bench kernels`,
-    // peer.py): after a second's rest (the clock back at its top, whatever ran before), one
+    // peer.py): after a second's rest (the power cap released, whatever ran before), one
     // untimed call, then `repeat` rounds back to back. Interleaved, the engine's form runs at
     // the clock dense leaves (an H100, 2026-12-07: 1.004 ms best there, 0.881 ms in rounds of
-    // VSA alone); here each op starts from the same rest and holds the clock its own power
-    // allows.
+    // VSA alone); here each op starts from the same rest. Not the same as rounds after other
+    // VSA calls: on that H100 the engine's form took 0.905 ms best here against 0.881 in the
+    // A/B's rounds, as if its ~18 ms of rounds began before the clock was back up (not traced).
     let alone = |f: &mut Op| -> Result<(Duration, Duration)> {
         std::thread::sleep(Duration::from_secs(1));
         f()?;
