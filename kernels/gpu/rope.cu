@@ -83,11 +83,62 @@ WL_KERNEL void rope_angles(float* cs, int gt, int gh, int gw, int t_offset, int 
 // each); the table is then stored with pair j at (j mod N/2)·(half/(N/2)) + j/(N/2), so that the
 // 32 lanes of a warp, N/2 pairs apart, read consecutive entries (in the natural order every
 // other lane would hit the same bank).
+// The 1×4×4 slab sums of rms_norm_rope's output (vsa.rs's frame_sums, what VSA's key-tile and
+// query-tile means are made from), in the same launch: each token's block takes a ticket of its
+// slab once its row is stored, and the block that takes the slab's last one adds the slab's rows,
+// as stored, in row-major order from 0 (frame_sums' order, so the sums are its bits), reading
+// them back from L2. A separate sums launch would read the whole chunk again from DRAM, and a
+// VSA call's query means would read q once more. `tickets` (a slab each) start at zero and are
+// left at zero.
+template <typename T>
+WL_DEVICE void rope_slab_sums(float* sums, unsigned int* tickets, const T* out, wl_u64 cols, unsigned int n, int gh,
+                              int gw) {
+    __shared__ unsigned int last;
+    const unsigned int f = n / ((unsigned int)gh * gw), y = n / gw % gh, xx = n % gw;
+    const unsigned int nh = (gh + 3) / 4, nw = (gw + 3) / 4, y0 = y / 4 * 4, x0 = xx / 4 * 4;
+    const unsigned int slab = (f * nh + y / 4) * nw + xx / 4;
+    const unsigned int ny = min(y0 + 4, (unsigned int)gh) - y0, nx = min(x0 + 4, (unsigned int)gw) - x0;
+    // Every thread's stores before the ticket, and the ticket before the last block's loads.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(&tickets[slab], 1u) == ny * nx - 1;
+        if (last) tickets[slab] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const T* first = out + ((wl_u64)f * gh + y0) * gw * cols + (wl_u64)x0 * cols;
+    auto row = [&](unsigned int p) { return first + ((wl_u64)(p / nx) * gw + p % nx) * cols; };
+    float* dst = sums + (wl_u64)slab * cols;
+    constexpr int N = WlVec<T>::N;
+    if (cols % N == 0) {
+        for (unsigned int j = threadIdx.x; j < (unsigned int)(cols / N); j += blockDim.x) {
+            float acc[N], v[N];
+#pragma unroll
+            for (int c = 0; c < N; ++c) acc[c] = 0.0f;
+            for (unsigned int p = 0; p < ny * nx; ++p) {
+                WlVec<T>::load(v, row(p), j);
+#pragma unroll
+                for (int c = 0; c < N; ++c) acc[c] += v[c];
+            }
+#pragma unroll
+            for (int c = 0; c < N; c += 4) WlVec<float>::store(dst + c, j * (N / 4), acc + c);
+        }
+    } else {
+        for (wl_u64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float acc = 0.0f;
+            for (unsigned int p = 0; p < ny * nx; ++p) acc += wl_ld(row(p), c);
+            dst[c] = acc;
+        }
+    }
+}
+
 #define WL_ROPE_MAX_HALF 256
 template <typename T>
 WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float* w, const float* angles, wl_u64 cols,
                              float eps, int d,
-                             int gt, int gh, int gw, int pairs_t, int pairs_h) {
+                             int gt, int gh, int gw, int pairs_t, int pairs_h, float* sums, unsigned int* tickets) {
     constexpr int N = WlVec<T>::N, K = N / 2;
     __shared__ double scratch[32];
     __shared__ float cc[WL_ROPE_MAX_HALF], ss[WL_ROPE_MAX_HALF];
@@ -143,13 +194,14 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
             wl_st(o, at + 1, r[1]);
         }
     }
+    if (sums) rope_slab_sums(sums, tickets, out, cols, n, gh, gw);
 }
 
 #define WL_RMS_ROPE(T, tn)                                                                                     \
     WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* bias, const float* w, const float* angles,  \
                                       wl_u64 cols, float eps, int d, int gt, int gh, int gw, int pairs_t,       \
-                                      int pairs_h) {                                                            \
-        rms_norm_rope(out, x, bias, w, angles, cols, eps, d, gt, gh, gw, pairs_t, pairs_h);                     \
+                                      int pairs_h, float* sums, unsigned int* tickets) {                       \
+        rms_norm_rope(out, x, bias, w, angles, cols, eps, d, gt, gh, gw, pairs_t, pairs_h, sums, tickets);      \
     }
 
 WL_RMS_ROPE(float, f32)

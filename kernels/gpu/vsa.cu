@@ -265,6 +265,22 @@ WL_DEVICE void vsa_means_cached(float* qm, const T* q, const int* q_order, const
     vsa_sums_means(km, vm, ks, vs, gt, gh, gw, nk, row, s_chunks, per, d, blockIdx.x - qb);
 }
 
+// vsa_means_cached where the queries' slab sums are given too (ops::rms_norm_rope_sums leaves
+// them as it writes q): blocks [0, nq · s_chunks) the query tiles' means from `qs` on the query
+// grid (qt, qh, qw), as rows, the rest the key (and value) means as there, so no block reads a
+// token.
+WL_KERNEL void vsa_means_all_sums(float* qm, const float* qs, int qt, int qh, int qw, int nq, float* km, float* vm,
+                                  const float* ks, const float* vs, int gt, int gh, int gw, int nk, int row,
+                                  int s_chunks, int per, int d) {
+    const int qb = nq * s_chunks;
+    if ((int)blockIdx.x < qb) {
+        // As a value job (rows, no key layout): nk = 0 makes every job one.
+        vsa_sums_means(nullptr, qm, nullptr, qs, qt, qh, qw, 0, row, s_chunks, per, d, blockIdx.x);
+        return;
+    }
+    vsa_sums_means(km, vm, ks, vs, gt, gh, gw, nk, row, s_chunks, per, d, blockIdx.x - qb);
+}
+
 // Scores as unsigned keys whose order is Rust's `f32::total_cmp` (the CPU's sort): flip every bit
 // of a negative, the sign bit of a positive.
 WL_DEVICE unsigned int vsa_key(float s) {

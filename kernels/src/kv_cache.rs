@@ -31,6 +31,15 @@ struct KeySums {
     sums: Tensor,
 }
 
+/// Where a chunk's key sums go in a cache that keeps them ([`KvCache::write_with_sums`]): rows
+/// `row ..` of `sums`, frames of `hw` tokens.
+#[derive(Debug)]
+pub struct SumRows<'a> {
+    pub sums: &'a mut Tensor,
+    pub row: usize,
+    pub hw: [usize; 2],
+}
+
 impl KvCache {
     /// An empty cache on the CPU.
     pub fn new(
@@ -239,6 +248,22 @@ impl KvCache {
         keys: impl FnOnce(&mut Tensor, usize) -> Result<()>,
         values: impl FnOnce(&mut Tensor, usize) -> Result<()>,
     ) -> Result<()> {
+        let keys = |k: &mut Tensor, row, _: Option<SumRows>| keys(k, row).map(|()| false);
+        self.write_with_sums(first_frame, tokens, keys, values)
+    }
+
+    /// [`write_with`](Self::write_with) where the keys' maker may also make the keys' slab sums,
+    /// where the cache keeps them ([`with_key_sums`](Self::with_key_sums)): `keys` is then
+    /// handed the rows the chunk's sums take ([`SumRows`]) and returns whether it filled them
+    /// (as `ops::rms_norm_rope_into_sums` does, in the launch that writes the keys); if not, the
+    /// cache sums the written keys itself.
+    pub fn write_with_sums(
+        &mut self,
+        first_frame: u64,
+        tokens: usize,
+        keys: impl FnOnce(&mut Tensor, usize, Option<SumRows>) -> Result<bool>,
+        values: impl FnOnce(&mut Tensor, usize) -> Result<()>,
+    ) -> Result<()> {
         let tpf = self.tokens_per_frame;
         if tokens == 0 || !tokens.is_multiple_of(tpf) {
             return Err(shape_err(
@@ -248,15 +273,28 @@ impl KvCache {
         }
         let n = tokens / tpf;
         let (at, new) = self.slot(first_frame, n)?;
-        if let Err(e) = keys(&mut self.k, at).and_then(|()| values(&mut self.v, at)) {
-            // Rewritten frames hold half-written rows now: drop them and what follows.
-            self.frames.truncate(at / tpf);
-            return Err(e);
-        }
+        let sums = self.key_sums.as_mut().map(|ks| SumRows {
+            row: at / tpf * crate::vsa::slabs_per_frame(ks.hw),
+            hw: ks.hw,
+            sums: &mut ks.sums,
+        });
+        let written =
+            keys(&mut self.k, at, sums).and_then(|summed| values(&mut self.v, at).map(|()| summed));
+        let summed = match written {
+            Ok(summed) => summed,
+            Err(e) => {
+                // Rewritten frames hold half-written rows now: drop them and what follows.
+                self.frames.truncate(at / tpf);
+                return Err(e);
+            }
+        };
         if new {
             self.frames.extend((0..n as u64).map(|i| first_frame + i));
         }
         self.requantize(at, tokens)?;
+        if summed {
+            return Ok(());
+        }
         self.resum(at, tokens)
     }
 

@@ -22,7 +22,7 @@ pub use device::Device;
 pub use dtype::{DType, Fp8Scale, ScaleKind};
 pub use error::{Error, Result};
 pub use fp8_attention::{attention_fp8, Fp8Kv};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, SumRows};
 pub use ops::{AttnMask, ConvEpilogue, NormOut, Padding3d};
 pub use rope::RopeTable;
 pub use self_check::{self_check, Agreement};

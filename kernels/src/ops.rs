@@ -679,15 +679,7 @@ pub fn rms_norm_rope(
     t_offset: usize,
     table: &RopeTable,
 ) -> Result<Tensor> {
-    rope_checks("rms_norm_rope", x, grid, t_offset, table)?;
-    if w.elem_count() != x.dim(1) * x.dim(2) {
-        return Err(shape_err(
-            "rms_norm_rope",
-            format!("weight {:?} for rows of {:?}", w.shape(), &x.shape()[1..]),
-        ));
-    }
-    let rows = x.reshape(&[x.dim(0), x.dim(1) * x.dim(2)])?;
-    check_bias("rms_norm_rope", &rows, bias)?;
+    let rows = norm_rope_checks("rms_norm_rope", x, bias, w, grid, t_offset, table)?;
     match x.storage() {
         Storage::Cpu(_) => rope_3d(
             &rms_norm(&rows, bias, w, eps)?.reshape(x.shape())?,
@@ -716,25 +708,8 @@ pub fn rms_norm_rope_into(
     dst: &mut Tensor,
     row: usize,
 ) -> Result<()> {
-    if dst.rank() != 3 || dst.shape()[1..] != x.shape()[1..] || row + x.dim(0) > dst.dim(0) {
-        return Err(shape_err(
-            "rms_norm_rope_into",
-            format!("{:?} at row {row} of {:?}", x.shape(), dst.shape()),
-        ));
-    }
-    same_device("rms_norm_rope_into", x, dst)?;
-    rope_checks("rms_norm_rope_into", x, grid, t_offset, table)?;
-    if w.elem_count() != x.dim(1) * x.dim(2) {
-        return Err(shape_err(
-            "rms_norm_rope_into",
-            format!("weight {:?} for rows of {:?}", w.shape(), &x.shape()[1..]),
-        ));
-    }
-    check_bias(
-        "rms_norm_rope_into",
-        &x.reshape(&[x.dim(0), x.dim(1) * x.dim(2)])?,
-        bias,
-    )?;
+    dst_checks("rms_norm_rope_into", x, dst, row)?;
+    norm_rope_checks("rms_norm_rope_into", x, bias, w, grid, t_offset, table)?;
     let same = dst.dtype() == x.dtype();
     match x.storage() {
         Storage::Cuda(_) if same => {
@@ -749,6 +724,101 @@ pub fn rms_norm_rope_into(
             write_rows(dst, row, &out)
         }
     }
+}
+
+/// [`rms_norm_rope`] and the 1×4×4 slab sums of its output ([`crate::vsa::frame_sums`] over
+/// `grid`, bit for bit): VSA's query-tile means for [`crate::vsa::KeySums`]' `q`. A GPU makes
+/// them in the same launch, from the rows it has just written, so the means need no pass over
+/// the output of their own.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_rope_sums(
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+    grid: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+) -> Result<(Tensor, Tensor)> {
+    norm_rope_checks("rms_norm_rope_sums", x, bias, w, grid, t_offset, table)?;
+    match x.storage() {
+        Storage::Cuda(_) => cuda::ops::rms_norm_rope_sums(x, bias, w, eps, grid, t_offset, table),
+        Storage::Rocm(_) => rocm::ops::rms_norm_rope_sums(x, bias, w, eps, grid, t_offset, table),
+        Storage::Cpu(_) => {
+            let out = rms_norm_rope(x, bias, w, eps, grid, t_offset, table)?;
+            let sums = crate::vsa::frame_sums(&out, 0, grid)?;
+            Ok((out, sums))
+        }
+    }
+}
+
+/// [`rms_norm_rope_into`] that also leaves the slab sums of the rows it stores (as stored, in
+/// `dst`'s dtype) in rows `sums_row ..` of `sums`: a KV cache's key sums for VSA
+/// ([`crate::KvCache::with_key_sums`]), made in the launch that writes the keys on a GPU.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_rope_into_sums(
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+    grid: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+    dst: &mut Tensor,
+    row: usize,
+    sums: &mut Tensor,
+    sums_row: usize,
+) -> Result<()> {
+    const OP: &str = "rms_norm_rope_into_sums";
+    dst_checks(OP, x, dst, row)?;
+    norm_rope_checks(OP, x, bias, w, grid, t_offset, table)?;
+    crate::vsa::check_sums_rows(OP, sums, sums_row, x, grid)?;
+    if dst.dtype() != x.dtype() || matches!(x.storage(), Storage::Cpu(_)) {
+        rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row)?;
+        return crate::vsa::frame_sums_into(sums, sums_row, dst, row, grid);
+    }
+    let sums = Some((sums, sums_row));
+    match x.storage() {
+        Storage::Cuda(_) => cuda::ops::rms_norm_rope_into_summed(
+            x, bias, w, eps, grid, t_offset, table, dst, row, sums,
+        ),
+        _ => rocm::ops::rms_norm_rope_into_summed(
+            x, bias, w, eps, grid, t_offset, table, dst, row, sums,
+        ),
+    }
+}
+
+/// `dst` (`[rows, heads, d]` on `x`'s device) has room for `x`'s rows from `row` on.
+fn dst_checks(op: &'static str, x: &Tensor, dst: &Tensor, row: usize) -> Result<()> {
+    if dst.rank() != 3 || dst.shape()[1..] != x.shape()[1..] || row + x.dim(0) > dst.dim(0) {
+        return Err(shape_err(
+            op,
+            format!("{:?} at row {row} of {:?}", x.shape(), dst.shape()),
+        ));
+    }
+    same_device(op, x, dst)
+}
+
+/// The norm + RoPE ops' checks of `x`, its grid, weight and bias; `x` as rows of heads · d.
+fn norm_rope_checks(
+    op: &'static str,
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    w: &Tensor,
+    grid: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+) -> Result<Tensor> {
+    rope_checks(op, x, grid, t_offset, table)?;
+    if w.elem_count() != x.dim(1) * x.dim(2) {
+        return Err(shape_err(
+            op,
+            format!("weight {:?} for rows of {:?}", w.shape(), &x.shape()[1..]),
+        ));
+    }
+    let rows = x.reshape(&[x.dim(0), x.dim(1) * x.dim(2)])?;
+    check_bias(op, &rows, bias)?;
+    Ok(rows)
 }
 
 fn rope_checks(

@@ -157,6 +157,10 @@ pub fn attention_with(
 pub struct KeySums<'a> {
     pub k: &'a Tensor,
     pub v: Option<&'a Tensor>,
+    /// The queries' slab sums over the query grid (`[frames · nh · nw, heads, d]` f32, as
+    /// [`crate::ops::rms_norm_rope_sums`] leaves them when it writes q): the query-tile means
+    /// then come from them, in frame order as the keys' do, not from a pass over q.
+    pub q: Option<&'a Tensor>,
 }
 
 /// [`attention_with`] with the key (and value) tile means made from `sums` rather than from `k`
@@ -184,6 +188,27 @@ pub fn attention_cached(
             && t.device() == k.device()
     };
     let v_needed = !matches!(coarse, Coarse::SelectOnly);
+    let q_fits = |t: &Tensor| {
+        t.dtype() == DType::F32
+            && t.rank() == 3
+            && t.dim(0) >= sums_len(q_grid)
+            && t.shape()[1..] == q.shape()[1..]
+            && t.device() == q.device()
+    };
+    if sums.q.is_some_and(|s| !q_fits(s)) {
+        return Err(shape_err(
+            "vsa attention (cached sums)",
+            format!(
+                "query sums {:?} {:?}: want f32 [≥ {}, {}, {}] on {} for {q_grid:?}",
+                sums.q.map(|s| s.shape().to_vec()),
+                sums.q.map(|s| s.dtype()),
+                sums_len(q_grid),
+                q.dim(1),
+                q.dim(2),
+                q.device()
+            ),
+        ));
+    }
     if !fits(sums.k) || sums.v.is_some_and(|v| !fits(v)) || (v_needed && sums.v.is_none()) {
         return Err(shape_err(
             "vsa attention (cached sums)",
@@ -236,12 +261,29 @@ pub fn frame_sums_into(
     grid: [usize; 3],
 ) -> Result<()> {
     check_frames(x, first, grid)?;
+    check_sums_rows("vsa frame sums into", sums, row, x, grid)?;
+    match x.storage() {
+        Storage::Cpu(_) => crate::ops::write_rows(sums, row, &frame_sums(x, first, grid)?),
+        Storage::Cuda(_) => crate::cuda::ops::vsa_frame_sums_into(sums, row, x, first, grid),
+        Storage::Rocm(_) => crate::rocm::ops::vsa_frame_sums_into(sums, row, x, first, grid),
+    }
+}
+
+/// That `sums` (f32 `[rows, heads, d]` on `x`'s device) has room from row `row` on for the slab
+/// sums of `x`'s frames on `grid`.
+pub(crate) fn check_sums_rows(
+    op: &'static str,
+    sums: &Tensor,
+    row: usize,
+    x: &Tensor,
+    grid: [usize; 3],
+) -> Result<()> {
     let n = sums_len(grid);
     if sums.rank() != 3 || sums.shape()[1..] != x.shape()[1..] || row + n > sums.dim(0) {
         return Err(shape_err(
-            "vsa frame sums into",
+            op,
             format!(
-                "{n} rows of {:?} at row {row} of {:?}",
+                "{n} rows of sums of {:?} at row {row} of {:?}",
                 x.shape(),
                 sums.shape()
             ),
@@ -249,17 +291,12 @@ pub fn frame_sums_into(
     }
     if sums.dtype() != DType::F32 {
         return Err(Error::DType {
-            op: "vsa frame sums into",
+            op,
             got: sums.dtype(),
             msg: "the sums are f32",
         });
     }
-    crate::ops::same_device("vsa frame sums into", sums, x)?;
-    match x.storage() {
-        Storage::Cpu(_) => crate::ops::write_rows(sums, row, &frame_sums(x, first, grid)?),
-        Storage::Cuda(_) => crate::cuda::ops::vsa_frame_sums_into(sums, row, x, first, grid),
-        Storage::Rocm(_) => crate::rocm::ops::vsa_frame_sums_into(sums, row, x, first, grid),
-    }
+    crate::ops::same_device(op, sums, x)
 }
 
 /// That `x` (`[tokens, heads, d]`) holds `grid`'s frames from row `first` on.
@@ -367,9 +404,10 @@ fn attention_inner(
                 d: q.dim(2),
                 top_k,
             };
-            let (ks, vs) = (
+            let (ks, vs, qs) = (
                 sums.map(|s| s.k.cpu_f32()),
                 sums.and_then(|s| s.v).map(|v| v.cpu_f32()),
+                sums.and_then(|s| s.q).map(|q| q.cpu_f32()),
             );
             let (k, v) = (k.cpu_f32(), v.cpu_f32());
             let (heads, d) = (dims.heads, dims.d);
@@ -382,7 +420,12 @@ fn attention_inner(
                 let vc = if with_v { means(&v, &vs) } else { Vec::new() };
                 (means(&k, &ks), vc)
             };
-            let out = cpu(&q.cpu_f32(), &k, &v, &mix, &qt, &kt, dims, &key_means);
+            let qf = q.cpu_f32();
+            let query_means = |h: usize| match &qs {
+                Some(s) => means_from_sums(s, &qt, heads, d, h),
+                None => tile_means(&qf, &qt, heads, d, h),
+            };
+            let out = cpu(&qf, &k, &v, &mix, &qt, &kt, dims, &query_means, &key_means);
             Tensor::from_f32(out, q.shape(), q.dtype())
         }
         Storage::Cuda(_) => {
@@ -487,6 +530,8 @@ fn keep(scores: &[f32], top_k: usize) -> Vec<usize> {
 
 /// Key and value tile means of a head (the values' only where asked for).
 type KeyMeans<'a> = dyn Fn(usize, bool) -> (Vec<f32>, Vec<f32>) + Sync + 'a;
+/// Query tile means of a head.
+type QueryMeans<'a> = dyn Fn(usize) -> Vec<f32> + Sync + 'a;
 
 #[allow(clippy::too_many_arguments)]
 fn cpu(
@@ -497,13 +542,14 @@ fn cpu(
     qt: &Tiling,
     kt: &Tiling,
     dims: Dims,
+    query_means: &QueryMeans,
     key_means: &KeyMeans,
 ) -> Vec<f32> {
     let Dims { heads, d, top_k } = dims;
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; q.len()];
     for h in 0..heads {
-        let qc = tile_means(q, qt, heads, d, h);
+        let qc = query_means(h);
         let (kc, vc) = key_means(h, !matches!(mix, Mix::None));
         // One row per query tile: its tokens' outputs (in tiled order), computed in parallel.
         let rows: Vec<Vec<(usize, Vec<f32>)>> = (0..qt.tiles())

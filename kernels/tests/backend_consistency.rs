@@ -1299,6 +1299,124 @@ fn rope_attention_and_layout_match_the_cpu(dev: Device) {
 }
 backend_test!(rope_attention_and_layout_match_the_cpu);
 
+/// The norm + RoPE launch that also leaves its output's 1×4×4 slab sums (VSA's query means and a
+/// cache's key sums): the output is the plain launch's bit for bit, the sums the device's frame
+/// sums of that output bit for bit (the same adds in the same order; the frame sums kernel is
+/// checked against the CPU in the VSA test), and both close to the CPU. Grids with partial slabs
+/// on both axes, and LingBot's 3-frame chunk at 14B's width.
+fn rope_slab_sums_match_the_cpu(dev: Device) {
+    let mut rng = Rng::new(11);
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+    for (heads, d, grid) in [
+        (4, 32, [2, 6, 7]),
+        (2, 128, [3, 5, 9]),
+        (40, 128, [3, 30, 52]),
+    ] {
+        let table = RopeTable::new(d, 1024, 1e4).expect("table");
+        let l: usize = grid.iter().product();
+        let slabs = kernels::vsa::slabs_per_frame([grid[1], grid[2]]) * grid[0];
+        for dt in [DType::F32, DType::BF16] {
+            if heads == 40 && dt == DType::F32 {
+                continue;
+            }
+            let what = format!("rms_norm_rope_sums {dt:?} {heads}×{d} on {grid:?}");
+            let x = rand(&mut rng, &[l, heads, d], dt);
+            let g = rand(&mut rng, &[heads * d], DType::F32);
+            let b = rand(&mut rng, &[heads * d], DType::F32);
+            for part in [0, 1] {
+                check(
+                    &format!("{what}, part {part}"),
+                    dev,
+                    tol(dt),
+                    &[&x, &g, &b],
+                    |v| {
+                        let both = ops::rms_norm_rope_sums(
+                            &v[0],
+                            Some(&v[2]),
+                            &v[1],
+                            1e-6,
+                            grid,
+                            4,
+                            &table,
+                        )?;
+                        [both.0, both.1][part].to_dtype(DType::F32)
+                    },
+                );
+            }
+            let [xd, gd, bd] = [&x, &g, &b].map(|t| t.to_device(dev).expect("up"));
+            let plain =
+                ops::rms_norm_rope(&xd, Some(&bd), &gd, 1e-6, grid, 4, &table).expect("plain");
+            // Twice, so that the slabs' tickets are seen to start at zero again.
+            for round in 0..2 {
+                let (out, sums) =
+                    ops::rms_norm_rope_sums(&xd, Some(&bd), &gd, 1e-6, grid, 4, &table)
+                        .expect("with sums");
+                assert_eq!(
+                    bits(&out),
+                    bits(&plain),
+                    "{what} on {dev}, round {round}: output"
+                );
+                let apart = kernels::vsa::frame_sums(&out, 0, grid).expect("frame sums");
+                assert_eq!(
+                    bits(&sums),
+                    bits(&apart),
+                    "{what} on {dev}, round {round}: sums"
+                );
+            }
+            // Into rows 3.. of a cache's keys and rows `slabs`.. of its sums (random, so a row
+            // written past shows): the keys as rms_norm_rope_into stores them, the sums those
+            // rows' frame sums, every other row as it was.
+            let mut dst = rand(&mut rng, &[l + 7, heads, d], dt)
+                .to_device(dev)
+                .expect("up");
+            let mut held = rand(&mut rng, &[3 * slabs, heads, d], DType::F32)
+                .to_device(dev)
+                .expect("up");
+            let (dst0, held0) = (bits(&dst), bits(&held));
+            ops::rms_norm_rope_into_sums(
+                &xd,
+                Some(&bd),
+                &gd,
+                1e-6,
+                grid,
+                4,
+                &table,
+                &mut dst,
+                3,
+                &mut held,
+                slabs,
+            )
+            .expect("into with sums");
+            let (dst1, held1, row) = (bits(&dst), bits(&held), heads * d);
+            let into = format!("rms_norm_rope_into_sums {dt:?} {heads}×{d} on {grid:?} on {dev}");
+            assert_eq!(dst1[..3 * row], dst0[..3 * row], "{into}: key rows before");
+            assert_eq!(
+                dst1[(3 + l) * row..],
+                dst0[(3 + l) * row..],
+                "{into}: key rows after"
+            );
+            assert_eq!(dst1[3 * row..(3 + l) * row], bits(&plain), "{into}: keys");
+            let apart = kernels::vsa::frame_sums(&dst, 3, grid).expect("frame sums");
+            assert_eq!(
+                held1[..slabs * row],
+                held0[..slabs * row],
+                "{into}: sums before"
+            );
+            assert_eq!(
+                held1[2 * slabs * row..],
+                held0[2 * slabs * row..],
+                "{into}: sums after"
+            );
+            assert_eq!(
+                held1[slabs * row..2 * slabs * row],
+                bits(&apart),
+                "{into}: sums"
+            );
+        }
+    }
+}
+backend_test!(rope_slab_sums_match_the_cpu);
+
 /// Threads sharing one device (ranks over the loopback on one GPU) interleave their launches on
 /// its stream; a GEMM whose library call enqueues several kernels around the shared cuBLASLt
 /// workspace (a split-K product and its reduction: narrow outputs over a long K, as the 14B head)
@@ -1835,6 +1953,7 @@ fn vsa_case(
                 let sums = kernels::vsa::KeySums {
                     k: &ks,
                     v: Some(&vs),
+                    q: None,
                 };
                 let gated = kernels::vsa::Coarse::Gated(&x[3]);
                 kernels::vsa::attention_cached(
@@ -1843,6 +1962,26 @@ fn vsa_case(
             },
         );
     }
+    // The engine's form: the queries' means from their slab sums too (as their norm + RoPE
+    // launch leaves them), the keys' from a cache's.
+    let top_k = kernels::vsa::top_k(0.9, tiles);
+    check(
+        &format!("vsa {dt:?} {k_grid:?} select-only, from the queries' and keys' sums"),
+        dev,
+        tol(dt),
+        &[&q, &k, &v],
+        |x| {
+            let ks = kernels::vsa::frame_sums(&x[1], 0, k_grid)?;
+            let qs = kernels::vsa::frame_sums(&x[0], 0, q_grid)?;
+            let sums = kernels::vsa::KeySums {
+                k: &ks,
+                v: None,
+                q: Some(&qs),
+            };
+            let only = kernels::vsa::Coarse::SelectOnly;
+            kernels::vsa::attention_cached(&x[0], &x[1], &x[2], sums, only, q_grid, k_grid, top_k)
+        },
+    );
     // The sums alone, f32 whatever the input (bit for bit: the same adds in the same order),
     // from a row past the first, as a cache writes a chunk's frames.
     let frames = [k_grid[0] - 1, k_grid[1], k_grid[2]];

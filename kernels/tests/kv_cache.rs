@@ -496,3 +496,70 @@ test_device!(
     kv_cache_key_sums_follow_every_write,
     kv_cache_key_sums_follow_every_write_cpu
 );
+
+/// `write_with_sums`: keys and their slab sums both made by the launch that writes the keys
+/// (`ops::rms_norm_rope_into_sums`) hold, after every write (appends, rewrites, evictions), the
+/// keys a cache written with the plain op holds and the sums of those keys made afresh; a maker
+/// that says it left the sums alone gets them made by the cache.
+fn kv_cache_key_sums_made_with_the_keys(dev: Device) -> Result<()> {
+    let hw = [5, 6];
+    let s = Setup {
+        window: 6,
+        sink: 2,
+        tpf: 30,
+        heads: 2,
+        hd: 8,
+    };
+    let mut rng = Rng::new(46);
+    let table = RopeTable::new(s.hd, 64, 1e4)?;
+    let w = randn(dev, &mut rng, &[s.heads * s.hd])?;
+    let plain = KvCache::new(s.window, s.sink, s.tpf, s.heads, s.hd, DType::F32)?.on_device(dev)?;
+    let mut cache = plain.clone().with_key_sums(hw)?;
+    let mut twin = plain.with_key_sums(hw)?;
+    let slabs = kernels::vsa::slabs_per_frame(hw);
+    for (step, (first, n)) in WRITES.into_iter().enumerate() {
+        let (x, v, _, _) = s.chunk(dev, &mut rng, n)?;
+        let (grid, t) = ([n, hw[0], hw[1]], first as usize);
+        let values = |vals: &mut Tensor, row| ops::write_rows(vals, row, &v);
+        // Even steps make the sums with the keys, odd ones leave them to the cache.
+        cache.write_with_sums(
+            first,
+            n * s.tpf,
+            |keys, row, sums| match sums {
+                Some(r) if step % 2 == 0 => {
+                    assert_eq!(r.hw, hw, "step {step}: the cache's frame shape");
+                    ops::rms_norm_rope_into_sums(
+                        &x, None, &w, 1e-6, grid, t, &table, keys, row, r.sums, r.row,
+                    )?;
+                    Ok(true)
+                }
+                _ => {
+                    ops::rms_norm_rope_into(&x, None, &w, 1e-6, grid, t, &table, keys, row)?;
+                    Ok(false)
+                }
+            },
+            values,
+        )?;
+        twin.write_with(
+            first,
+            n * s.tpf,
+            |keys, row| ops::rms_norm_rope_into(&x, None, &w, 1e-6, grid, t, &table, keys, row),
+            values,
+        )?;
+        assert_same_cache(&format!("step {step}"), &cache, &twin);
+        let frames = cache.frames().len();
+        let kept = cache.key_sums().expect("the cache keeps key sums");
+        let want = kernels::vsa::frame_sums(cache.keys(), 0, [frames, hw[0], hw[1]])?;
+        assert_bits_eq(
+            &format!("step {step}: key sums"),
+            &kept.narrow(0, 0, frames * slabs)?.to_vec_f32(),
+            &want.to_vec_f32(),
+        );
+    }
+    assert_eq!(cache.frames(), &[0, 1, 8, 9, 10, 11]);
+    Ok(())
+}
+test_device!(
+    kv_cache_key_sums_made_with_the_keys,
+    kv_cache_key_sums_made_with_the_keys_cpu
+);

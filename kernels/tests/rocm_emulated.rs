@@ -767,6 +767,7 @@ fn vsa_means_from_frame_sums_match_the_cpu_on_the_emulated_gpu() {
         let sums = kernels::vsa::KeySums {
             k: &ks,
             v: Some(&vs),
+            q: None,
         };
         let mix = match coarse {
             "gated" => kernels::vsa::Coarse::Gated(&t[3]),
@@ -785,6 +786,41 @@ fn vsa_means_from_frame_sums_match_the_cpu_on_the_emulated_gpu() {
         );
     }
     assert_eq!(means_launches(), means + 2);
+    // The queries' means from their slab sums too (`vsa_means_all_sums`).
+    let all = launches("vsa_means_all_sums");
+    check(
+        "vsa d 128 top-5 select-only, query and key means from sums",
+        dev,
+        1e-2,
+        &[&q, &k, &v],
+        |t| {
+            let ks = kernels::vsa::frame_sums(&t[1], 0, kg)?;
+            let qs = kernels::vsa::frame_sums(&t[0], 0, qg)?;
+            let sums = kernels::vsa::KeySums {
+                k: &ks,
+                v: None,
+                q: Some(&qs),
+            };
+            let only = kernels::vsa::Coarse::SelectOnly;
+            kernels::vsa::attention_cached(&t[0], &t[1], &t[2], sums, only, qg, kg, 5)
+        },
+    );
+    assert_eq!(launches("vsa_means_all_sums"), all + 1);
+    // The norm + RoPE launch that sums its output's slabs as it goes (each slab's last block
+    // adds its rows): the device's plain launch and frame sums of it, bit for bit.
+    let table = kernels::RopeTable::new(128, 64, 1e4).expect("table");
+    let g = input(69, &[256], DType::F32);
+    let (xd, gd) = (q.to_device(dev).expect("up"), g.to_device(dev).expect("up"));
+    let (out, sums) =
+        ops::rms_norm_rope_sums(&xd, None, &gd, 1e-6, qg, 3, &table).expect("with sums");
+    let plain = ops::rms_norm_rope(&xd, None, &gd, 1e-6, qg, 3, &table).expect("plain");
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+    assert_eq!(bits(&out), bits(&plain), "rms_norm_rope_sums: output");
+    let apart = kernels::vsa::frame_sums(&out, 0, qg).expect("frame sums");
+    assert_eq!(bits(&sums), bits(&apart), "rms_norm_rope_sums: sums");
+    check("rms_norm_rope_sums: sums", dev, 1e-2, &[&q, &g], |t| {
+        Ok(ops::rms_norm_rope_sums(&t[0], None, &t[1], 1e-6, qg, 3, &table)?.1)
+    });
 }
 
 /// The fp8 attention's K/V store (portable kernels; 300 keys written in two unaligned pieces) as

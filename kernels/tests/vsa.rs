@@ -407,16 +407,55 @@ fn means_from_frame_sums_give_the_same_attention() {
             let with = vsa::KeySums {
                 k: &ks,
                 v: Some(&vs),
+                q: None,
             };
             let got = vsa::attention_cached(&q, &k, &v, with, coarse, c.q_grid, c.k_grid, top_k)
                 .expect("cached");
             let e = rel_l2(&got.to_vec_f32(), &common::widen(&want.to_vec_f32()));
             assert!(e < 1e-5, "{coarse:?} sparsity {sparsity}: rel L2 {e:e}");
+            // The queries' means from their slab sums too (as their norm + RoPE leaves them).
+            let qs = vsa::frame_sums(&q, 0, c.q_grid).expect("query sums");
+            let with_q = vsa::KeySums {
+                q: Some(&qs),
+                ..with
+            };
+            let got = vsa::attention_cached(&q, &k, &v, with_q, coarse, c.q_grid, c.k_grid, top_k)
+                .expect("cached, query sums");
+            let e = rel_l2(&got.to_vec_f32(), &common::widen(&want.to_vec_f32()));
+            assert!(
+                e < 1e-5,
+                "{coarse:?} sparsity {sparsity}, query sums: rel L2 {e:e}"
+            );
         }
     }
+    // Query sums of the wrong grid are refused, not read past.
+    let top_k = vsa::top_k(0.5, nk);
+    let qs_short = vsa::frame_sums(&q, 0, [2, 6, 9]).expect("2 frames");
+    let bad = vsa::KeySums {
+        k: &ks,
+        v: None,
+        q: Some(&qs_short),
+    };
+    let msg = vsa::attention_cached(
+        &q,
+        &k,
+        &v,
+        bad,
+        Coarse::SelectOnly,
+        c.q_grid,
+        c.k_grid,
+        top_k,
+    )
+    .expect_err("query sums of 2 frames")
+    .to_string();
+    assert!(msg.contains("query sums"), "{msg}");
     // Select-only reads no value sums; the coarse output needs them.
     let top_k = vsa::top_k(0.5, nk);
-    let keys_only = vsa::KeySums { k: &ks, v: None };
+    let keys_only = vsa::KeySums {
+        k: &ks,
+        v: None,
+        q: None,
+    };
     let only = Coarse::SelectOnly;
     vsa::attention_cached(&q, &k, &v, keys_only, only, c.q_grid, c.k_grid, top_k)
         .expect("select-only without value sums");
@@ -435,7 +474,11 @@ fn means_from_frame_sums_give_the_same_attention() {
     assert!(msg.contains("values' too"), "{msg}");
     // Sums of fewer frames than the key grid are refused.
     let short = vsa::frame_sums(&k, 0, [8, 6, 9]).expect("8 frames");
-    let few = vsa::KeySums { k: &short, v: None };
+    let few = vsa::KeySums {
+        k: &short,
+        v: None,
+        q: None,
+    };
     let msg = vsa::attention_cached(&q, &k, &v, few, only, c.q_grid, c.k_grid, top_k)
         .expect_err("too few frames")
         .to_string();

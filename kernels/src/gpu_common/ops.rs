@@ -814,8 +814,39 @@ pub fn rms_norm_rope(
     let s = storage(x)?;
     let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
     let at = out.device_ptr_mut()?;
-    rms_norm_rope_at(x, bias, w, eps, grid3, t_offset, table, at)?;
+    rms_norm_rope_at(x, bias, w, eps, grid3, t_offset, table, at, None)?;
     Ok(wrap(out, x.shape()))
+}
+
+/// [`crate::ops::rms_norm_rope_sums`]: [`rms_norm_rope`] with the output's slab sums made in the
+/// same launch.
+pub fn rms_norm_rope_sums(
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+    grid3: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+) -> Result<(Tensor, Tensor)> {
+    let s = storage(x)?;
+    let mut out = GpuStorage::alloc(&s.dev, x.dtype(), x.elem_count())?;
+    let at = out.device_ptr_mut()?;
+    let shape = [crate::vsa::sums_len(grid3), x.dim(1), x.dim(2)];
+    let n = shape.iter().product();
+    let mut sums = wrap(GpuStorage::alloc(&s.dev, DType::F32, n)?, &shape);
+    rms_norm_rope_at(
+        x,
+        bias,
+        w,
+        eps,
+        grid3,
+        t_offset,
+        table,
+        at,
+        Some((&mut sums, 0)),
+    )?;
+    Ok((wrap(out, x.shape()), sums))
 }
 
 /// [`crate::ops::rms_norm_rope_into`]: the same launch, its rows stored from row `row` of `dst`
@@ -832,12 +863,31 @@ pub fn rms_norm_rope_into(
     dst: &mut Tensor,
     row: usize,
 ) -> Result<()> {
-    let offset = row * x.dim(1) * x.dim(2) * x.dtype().size_in_bytes();
-    let at = storage_mut(dst)?.device_ptr_mut()? + offset as u64;
-    rms_norm_rope_at(x, bias, w, eps, grid3, t_offset, table, at)
+    rms_norm_rope_into_summed(x, bias, w, eps, grid3, t_offset, table, dst, row, None)
 }
 
-/// The launches of [`rms_norm_rope`], the output at device address `out` (room for `x`).
+/// [`crate::ops::rms_norm_rope_into_sums`]: [`rms_norm_rope_into`] with the slab sums of what it
+/// stores into rows `sums.1 ..` of `sums.0` in the same launch.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_rope_into_summed(
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+    grid3: [usize; 3],
+    t_offset: usize,
+    table: &RopeTable,
+    dst: &mut Tensor,
+    row: usize,
+    sums: Option<(&mut Tensor, usize)>,
+) -> Result<()> {
+    let offset = row * x.dim(1) * x.dim(2) * x.dtype().size_in_bytes();
+    let at = storage_mut(dst)?.device_ptr_mut()? + offset as u64;
+    rms_norm_rope_at(x, bias, w, eps, grid3, t_offset, table, at, sums)
+}
+
+/// The launches of [`rms_norm_rope`], the output at device address `out` (room for `x`), and
+/// where `sums` is given, the output's slab sums into its rows from the given one.
 #[allow(clippy::too_many_arguments)]
 fn rms_norm_rope_at(
     x: &Tensor,
@@ -848,6 +898,7 @@ fn rms_norm_rope_at(
     t_offset: usize,
     table: &RopeTable,
     out: u64,
+    sums: Option<(&mut Tensor, usize)>,
 ) -> Result<()> {
     let s = storage(x)?;
     let dev = &s.dev;
@@ -889,6 +940,17 @@ fn rms_norm_rope_at(
     let bias = bias.map(|b| cast(b, DType::F32)).transpose()?;
     let bias_at = bias_address(bias.as_ref())?;
     let cols64 = (heads * d) as u64;
+    // The slabs' tickets (rope.cu's rope_slab_sums): zeroed here, left at zero by the kernel.
+    let (sums_at, tickets) = match sums {
+        Some((sums, row)) => {
+            let slabs = crate::vsa::sums_len(grid3);
+            let tickets = GpuStorage::zeros(dev, DType::F32, slabs.max(1))?;
+            let at = storage_mut(sums)?.device_ptr_mut()? + (row * heads * d * 4) as u64;
+            (at, Some(tickets))
+        }
+        None => (0, None),
+    };
+    let tickets_at = tickets.as_ref().map_or(Ok(0), |t| t.device_ptr())?;
     launch!(
         dev,
         "rope",
@@ -907,7 +969,9 @@ fn rms_norm_rope_at(
                 .arg(&gh)
                 .arg(&gw)
                 .arg(&pt)
-                .arg(&ph);
+                .arg(&ph)
+                .arg(&sums_at)
+                .arg(&tickets_at);
         }
     );
     Ok(())

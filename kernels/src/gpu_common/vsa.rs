@@ -175,14 +175,14 @@ fn tile_means(
 
 /// The query tiles' means (`[tiles, heads, d]`), and the key tile means (in the coarse kernel's
 /// layout, `vsa_kt`) and value tile means (`[tiles, heads, d]`) from a cache's frame sums, in one
-/// launch (vsa.cu's `vsa_means_from_sums_*`); without `with_v`, a one-element buffer stands in
-/// for v's.
+/// launch (vsa.cu's `vsa_means_from_sums_*`, or with the queries' sums given,
+/// `vsa_means_all_sums`); without `with_v`, a one-element buffer stands in for v's.
 fn cached_means(
     q: &Tensor,
     qi: &[CudaSlice<i32>; 3],
     nq: usize,
     sums: KeySums,
-    k_grid: [usize; 3],
+    (q_grid, k_grid): ([usize; 3], [usize; 3]),
     with_v: bool,
 ) -> Result<[CudaStorage; 3]> {
     let (heads, d) = (q.dim(1), q.dim(2));
@@ -206,7 +206,8 @@ fn cached_means(
     let q_chunks = row.div_ceil(MEAN_THREADS * 16 / q.dtype().size_in_bytes());
     let per = if d.is_multiple_of(4) { 4 } else { 1 };
     let s_chunks = row.div_ceil(MEAN_THREADS * per);
-    let blocks = nq * q_chunks + nk * if with_v { 2 } else { 1 } * s_chunks;
+    let q_blocks = nq * if sums.q.is_some() { s_chunks } else { q_chunks };
+    let blocks = q_blocks + nk * if with_v { 2 } else { 1 } * s_chunks;
     let cfg = LaunchConfig {
         grid_dim: (
             u32::try_from(blocks).map_err(|_| dev.err(format!("vsa: {blocks} means blocks")))?,
@@ -219,6 +220,20 @@ fn cached_means(
     let [gt, gh, gw] = k_grid.map(|x| x as i32);
     let (nq32, qc32, nk32, row32) = (nq as i32, q_chunks as i32, nk as i32, row as i32);
     let (sc32, per32, d32) = (s_chunks as i32, per as i32, d as i32);
+    if let Some(q_sums) = sums.q {
+        // The queries' means from their slab sums too: no block reads a token.
+        let qsd = f32_data(storage(q_sums)?)?;
+        let [qt, qh, qw] = q_grid.map(|x| x as i32);
+        launch!(kind = "vsa means"; dev, "vsa", "vsa_means_all_sums", cfg, |b| {
+            push_mut(b, &mut qm.data);
+            b.arg(qsd).arg(&qt).arg(&qh).arg(&qw).arg(&nq32);
+            push_mut(b, &mut km.data);
+            push_mut(b, &mut vm.data);
+            b.arg(ksd).arg(vsd);
+            b.arg(&gt).arg(&gh).arg(&gw).arg(&nk32).arg(&row32).arg(&sc32).arg(&per32).arg(&d32);
+        });
+        return Ok([qm, km, vm]);
+    }
     let name = format!("vsa_means_from_sums_{}", suffix(q.dtype())?);
     launch!(kind = "vsa means"; dev, "vsa", name, cfg, |b| {
         push_mut(b, &mut qm.data);
@@ -342,7 +357,7 @@ pub fn vsa_attention(
     let [qc, kc, vc] = match sums {
         None => tile_means([q, &k, &v], (nq, nk), &qi, &ki, with_out)?,
         // Only the queries' means read the tokens; the keys' come from the cache's sums.
-        Some(sums) => cached_means(q, &qi, nq, sums, k_grid, with_out)?,
+        Some(sums) => cached_means(q, &qi, nq, sums, (q_grid, k_grid), with_out)?,
     };
     let coarse_len = if with_out { nq * heads * d } else { 1 };
     let mut coarse = CudaStorage::alloc(&dev, DType::F32, coarse_len)?;

@@ -84,6 +84,11 @@ inline unsigned __float_as_uint(float f) {
     std::memcpy(&u, &f, 4);
     return u;
 }
+// Blocks run one at a time, but a block's threads are OS threads: device atomics and fences as
+// the host's.
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 

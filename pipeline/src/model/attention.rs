@@ -71,6 +71,25 @@ impl SelfAttention {
         grid: [usize; 3],
         key_sums: Option<&Tensor>,
     ) -> Result<Tensor> {
+        let sums = key_sums.map(|k| vsa::KeySums {
+            k,
+            v: None,
+            q: None,
+        });
+        self.attend_sparse(q, keys, values, len, grid, sums)
+    }
+
+    /// [`attend`](Self::attend) with the sums VSA's means come from (the keys', and where given
+    /// the queries').
+    fn attend_sparse(
+        &self,
+        q: &Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        len: usize,
+        grid: [usize; 3],
+        sums: Option<vsa::KeySums>,
+    ) -> Result<Tensor> {
         let Some(sparsity) = self.sparsity else {
             return Ok(ops::attention(q, keys, values, len, AttnMask::None)?);
         };
@@ -84,11 +103,8 @@ impl SelfAttention {
         let k_grid = [len / frame, grid[1], grid[2]];
         let top_k = vsa::top_k(sparsity, vsa::tiles(k_grid, vsa::TILE));
         let only = Coarse::SelectOnly;
-        Ok(match key_sums {
-            Some(k) => {
-                let sums = vsa::KeySums { k, v: None };
-                vsa::attention_cached(q, keys, values, sums, only, grid, k_grid, top_k)?
-            }
+        Ok(match sums {
+            Some(sums) => vsa::attention_cached(q, keys, values, sums, only, grid, k_grid, top_k)?,
             None => vsa::attention_with(q, keys, values, only, grid, k_grid, top_k)?,
         })
     }
@@ -308,25 +324,53 @@ impl SelfAttention {
         let k = self.heads_view(&k)?;
         let (norm, v) = (&self.norm_k, &self.v);
         // The cache keeps its own dtype (bf16 on GPUs, f32 on the CPU reference); both ops
-        // round to it.
-        cache.write_with(
+        // round to it. Where it keeps key sums for VSA, the launch that writes the keys makes
+        // the chunk's sums too.
+        cache.write_with_sums(
             first_frame,
             x.dim(0),
-            |keys, row| {
+            |keys, row, sums| {
                 let (w, eps) = (&norm.weight, norm.eps);
-                ops::rms_norm_rope_into(&k, bias, w, eps, grid, t_offset, rope, keys, row)
+                match sums {
+                    Some(s) if s.hw == [grid[1], grid[2]] => {
+                        ops::rms_norm_rope_into_sums(
+                            &k, bias, w, eps, grid, t_offset, rope, keys, row, s.sums, s.row,
+                        )?;
+                        Ok(true)
+                    }
+                    _ => {
+                        ops::rms_norm_rope_into(&k, bias, w, eps, grid, t_offset, rope, keys, row)?;
+                        Ok(false)
+                    }
+                }
             },
             |values, row| v.forward_into(x, values, row),
         )?;
         if kv_only {
             return Ok(None);
         }
-        let q = self.normed_rotated(&self.norm_q, &self.q, x, grid, t_offset, rope)?;
         let len = cache.len_tokens();
-        let out = match cache.fp8() {
-            Some(kv) => kernels::attention_fp8(&q, kv, len)?,
-            None => {
-                let sums = cache.key_sums();
+        let out = match (cache.fp8(), cache.key_sums()) {
+            (Some(kv), _) => {
+                let q = self.normed_rotated(&self.norm_q, &self.q, x, grid, t_offset, rope)?;
+                kernels::attention_fp8(&q, kv, len)?
+            }
+            // VSA over the cache's key sums: q's slab sums come out of its norm + RoPE launch,
+            // so the query-tile means read no token either.
+            (None, Some(k_sums)) if self.sparsity.is_some() => {
+                let (y, bias) = self.q.forward_deferred(x)?;
+                let (w, eps) = (&self.norm_q.weight, self.norm_q.eps);
+                let y = self.heads_view(&y)?;
+                let (q, q_sums) = ops::rms_norm_rope_sums(&y, bias, w, eps, grid, t_offset, rope)?;
+                let sums = vsa::KeySums {
+                    k: k_sums,
+                    v: None,
+                    q: Some(&q_sums),
+                };
+                self.attend_sparse(&q, cache.keys(), cache.values(), len, grid, Some(sums))?
+            }
+            (None, sums) => {
+                let q = self.normed_rotated(&self.norm_q, &self.q, x, grid, t_offset, rope)?;
                 self.attend(&q, cache.keys(), cache.values(), len, grid, sums)?
             }
         };

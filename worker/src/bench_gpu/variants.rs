@@ -204,7 +204,11 @@ pub(super) fn vsa_ab(
                 0.0,
                 push,
                 || {
-                    let sums = kernels::vsa::KeySums { k: &ks, v: None };
+                    let sums = kernels::vsa::KeySums {
+                        k: &ks,
+                        v: None,
+                        q: None,
+                    };
                     let only = kernels::vsa::Coarse::SelectOnly;
                     kernels::vsa::attention_cached(&q, &k, &v, sums, only, q_grid, k_grid, top_k)?;
                     Ok(())

@@ -205,6 +205,7 @@ fn fair_rows(
         let sums = kernels::vsa::KeySums {
             k: &ks,
             v: Some(&vs),
+            q: None,
         };
         let added = kernels::vsa::Coarse::Added;
         kernels::vsa::attention_cached(q, k, v, sums, added, q_grid, k_grid, top_k)?;
@@ -216,6 +217,7 @@ fn fair_rows(
         let sums = kernels::vsa::KeySums {
             k: &ks_only,
             v: None,
+            q: None,
         };
         let select = kernels::vsa::Coarse::SelectOnly;
         kernels::vsa::attention_cached(q, k, v, sums, select, q_grid, k_grid, top_k)?;
