@@ -274,8 +274,9 @@ WL_KERNEL void vsa_means_all_sums(float* qm, const float* qs, int qt, int qh, in
                                   int s_chunks, int per, int d) {
     const int qb = nq * s_chunks;
     if ((int)blockIdx.x < qb) {
-        // As a value job (rows, no key layout): nk = 0 makes every job one.
-        vsa_sums_means(nullptr, qm, nullptr, qs, qt, qh, qw, 0, row, s_chunks, per, d, blockIdx.x);
+        // As a value job (rows, no key layout): nk = 0 makes every job one, and the key
+        // pointers unread (real ones all the same: clang 22 crashed inlining null ones).
+        vsa_sums_means(qm, qm, qs, qs, qt, qh, qw, 0, row, s_chunks, per, d, blockIdx.x);
         return;
     }
     vsa_sums_means(km, vm, ks, vs, gt, gh, gw, nk, row, s_chunks, per, d, blockIdx.x - qb);
