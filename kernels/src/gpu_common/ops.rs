@@ -954,7 +954,12 @@ fn rms_norm_rope_at(
     launch!(
         dev,
         "rope",
-        &format!("rms_norm_rope_{}", suffix(x.dtype())?),
+        // Its own kernel with the sums: the plain one keeps its registers (and blocks an SM).
+        &format!(
+            "rms_norm_rope_{}{}",
+            if tickets.is_some() { "sums_" } else { "" },
+            suffix(x.dtype())?
+        ),
         norm_rows_cfg(tokens, heads * d, x.dtype()),
         |b| {
             b.arg(&out);
