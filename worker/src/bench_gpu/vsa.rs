@@ -85,7 +85,8 @@ pub(super) fn vsa_rows(
     // streams chunks of 4). Every query tile then spans four frames, where the 3-frame chunk
     // above fills at most three of its four, so these rows show what the tile fill costs the 4×
     // target.
-    for window in [20, 18] {
+    for window in if quick() { &[][..] } else { &[20, 18][..] } {
+        let window = *window;
         let (q_grid, k_grid) = ([4, 30, 52], [window, 30, 52]);
         let (lq4, lk4) = (4 * 30 * 52, window * 30 * 52);
         let [q4, k4, v4] = rand_qkv(dev, 6, lq4, lk4, heads, d)?;
@@ -563,6 +564,10 @@ fn fed_rows(
     Ok(())
 }
 
+fn quick() -> bool {
+    std::env::var("WORLDLINE_BENCH_VSA_QUICK").is_ok_and(|v| v == "1")
+}
+
 /// `bench vsa`: our dense attention and the VSA rows of [`vsa_rows`] at 40 and 12 heads, alone
 /// (the VSA part of `bench kernels`, for quick turns on the sparse path).
 pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
@@ -572,7 +577,11 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     let heavy = repeat.max(PEER_REPEAT);
     let mut rows = Vec::new();
     let mut push = |what, t, flop| rows.push(Row::printed(what, t, flop));
-    for heads in [40, 12] {
+    // `WORLDLINE_BENCH_VSA_QUICK=1`: the shape alone (40 heads, 3-frame chunk), for a
+    // device call with little time left.
+    let quick = quick();
+    for heads in if quick { &[40][..] } else { &[40, 12][..] } {
+        let heads = *heads;
         let (lq, lk, d) = (4680, 28080, 128);
         let [q, k, v] = rand_qkv(dev, 3, lq, lk, heads, d)?;
         let t = time(dev, heavy, || {
@@ -588,7 +597,7 @@ pub fn run_vsa(device: &str, json: Option<&Path>, repeat: usize) -> Result<()> {
     }
     // The fine kernel's A/B comes last and its failure costs only its rows: its variant may not
     // have run on a GPU before, and a fault on the device ends every launch after it.
-    if matches!(dev, Device::Cuda(_)) {
+    if matches!(dev, Device::Cuda(_)) && !quick {
         if let Err(e) = super::variants::vsa_ab(dev, heavy, &mut push) {
             println!("vsa fine kernel A/B failed, its rows left out: {e:#}");
         }
