@@ -76,6 +76,28 @@ fn a_cache_with_key_sums_gives_the_same_block() {
     }
 }
 
+/// The cache's key sums and the queries' sums made by the q and k norm + RoPE launches
+/// (`WORLDLINE_VSA_ROPE_SUMS`) in place of launches of their own: the same block output, up to
+/// the order of the query means' f32 additions. The switch is left as it was found (the other
+/// tests here pass either way).
+#[test]
+fn key_and_query_sums_from_the_norm_and_rope_give_the_same_block() {
+    let grid = [1, 8, 12];
+    let was = pipeline::model::rope_sums();
+    for sparsity in [0.5, 0.9] {
+        pipeline::model::set_rope_sums(false);
+        let apart = block_1_3b_sparse_summed(Device::Cpu, grid, sparsity);
+        pipeline::model::set_rope_sums(true);
+        let fused = block_1_3b_sparse_summed(Device::Cpu, grid, sparsity);
+        let e = rel_l2(&fused, &apart);
+        println!(
+            "lingbot-1.3b block, sparsity {sparsity}, sums from the norm + RoPE: rel L2 {e:.2e}"
+        );
+        assert!(e < 1e-5, "sparsity {sparsity}: rel L2 {e:e}");
+    }
+    pipeline::model::set_rope_sums(was);
+}
+
 #[test]
 fn bad_settings_are_refused() {
     let store = WeightStore::random(5, DType::F32);

@@ -1,6 +1,32 @@
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use kernels::vsa::{self, Coarse};
 use kernels::{ops, AttnMask, DType, KvCache, RopeTable, Tensor};
 use sp::Ulysses;
+
+/// 0 until read from `WORLDLINE_VSA_ROPE_SUMS`, then 1 (off) or 2 (on).
+static ROPE_SUMS: AtomicU8 = AtomicU8::new(0);
+
+/// Whether VSA over a cache's key sums takes its means from sums the q and k norm + RoPE launches
+/// leave (`ops::rms_norm_rope_sums`, `ops::rms_norm_rope_into_sums`; `WORLDLINE_VSA_ROPE_SUMS=1`)
+/// instead of summing the chunk's keys and reading q in launches of their own. Off until
+/// measured faster: on an H100 (2026-12-07) the first form of those launches added 54–64 µs to
+/// the q and k pair at 14B, more than the 47 µs they took off the VSA call (BENCHMARKS.md).
+pub fn rope_sums() -> bool {
+    match ROPE_SUMS.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("WORLDLINE_VSA_ROPE_SUMS").is_ok_and(|v| v == "1");
+            ROPE_SUMS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        v => v == 2,
+    }
+}
+
+/// Turns [`rope_sums`] on or off for the forwards from now on.
+pub fn set_rope_sums(on: bool) {
+    ROPE_SUMS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
 
 use super::layers::{add_deferred, Deferred, Linear, RmsNorm};
 use crate::weights::Vb;
@@ -324,15 +350,16 @@ impl SelfAttention {
         let k = self.heads_view(&k)?;
         let (norm, v) = (&self.norm_k, &self.v);
         // The cache keeps its own dtype (bf16 on GPUs, f32 on the CPU reference); both ops
-        // round to it. Where it keeps key sums for VSA, the launch that writes the keys makes
-        // the chunk's sums too.
+        // round to it. Where it keeps key sums for VSA (and `rope_sums` is on), the launch that
+        // writes the keys makes the chunk's sums too.
+        let fused = rope_sums();
         cache.write_with_sums(
             first_frame,
             x.dim(0),
             |keys, row, sums| {
                 let (w, eps) = (&norm.weight, norm.eps);
                 match sums {
-                    Some(s) if s.hw == [grid[1], grid[2]] => {
+                    Some(s) if fused && s.hw == [grid[1], grid[2]] => {
                         ops::rms_norm_rope_into_sums(
                             &k, bias, w, eps, grid, t_offset, rope, keys, row, s.sums, s.row,
                         )?;
@@ -357,7 +384,7 @@ impl SelfAttention {
             }
             // VSA over the cache's key sums: q's slab sums come out of its norm + RoPE launch,
             // so the query-tile means read no token either.
-            (None, Some(k_sums)) if self.sparsity.is_some() => {
+            (None, Some(k_sums)) if fused && self.sparsity.is_some() => {
                 let (y, bias) = self.q.forward_deferred(x)?;
                 let (w, eps) = (&self.norm_q.weight, self.norm_q.eps);
                 let y = self.heads_view(&y)?;

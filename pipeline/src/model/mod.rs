@@ -7,7 +7,7 @@ mod fp8;
 mod layers;
 mod sparse;
 
-pub use attention::{CrossAttention, KvMode, SelfAttention, TextKv};
+pub use attention::{rope_sums, set_rope_sums, CrossAttention, KvMode, SelfAttention, TextKv};
 pub use block::{BlockInputs, CamInjector, CameraMod, WanBlock};
 pub use layers::{defer_bias, set_defer_bias, Activation, LayerNorm, Linear, Mlp, RmsNorm};
 
