@@ -180,6 +180,10 @@ fn a_block_with_sparse_attention_matches_the_cpu_on_the_emulated_gpu() {
 
 /// Launches of the means kernel over a cache's sums (`vsa_means_from_sums_*`, one per query
 /// dtype).
+/// Launches of the means kernels over a cache's sums (with the queries' means from q, or from
+/// their sums too).
 fn means_launches() -> u64 {
-    harness::launches("vsa_means_from_sums_bf16") + harness::launches("vsa_means_from_sums_f32")
+    harness::launches("vsa_means_from_sums_bf16")
+        + harness::launches("vsa_means_from_sums_f32")
+        + harness::launches("vsa_means_all_sums")
 }
