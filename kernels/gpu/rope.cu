@@ -74,15 +74,6 @@ WL_KERNEL void rope_angles(float* cs, int gt, int gh, int gw, int t_offset, int 
     }
 }
 
-// rope_3d(rms_norm(x + bias, w)) for one token a block (`bias` f32 or null: a q or k linear's, left
-// out of its GEMM, added in f32 as rms_norm adds it): the sum of squares as norm.cu's rms_norm
-// (wl_row_sumsq, same block size), the token's cos/sin per pair of a head from rope_angles' table
-// into shared memory, then each pair normalised as rms_norm does it, rounded to T as rms_norm
-// stores it, and rotated as rope_3d rotates it, so the output is the two kernels' bit for bit
-// with one read and one write of x. Rows of whole 16-byte vectors go by vectors (N/2 pairs
-// each); the table is then stored with pair j at (j mod N/2)·(half/(N/2)) + j/(N/2), so that the
-// 32 lanes of a warp, N/2 pairs apart, read consecutive entries (in the natural order every
-// other lane would hit the same bank).
 #define WL_ROPE_SUM_BATCH 8
 // A 16-byte vector as WlVec<T>::load reads it from memory, from a register.
 WL_DEVICE void rope_unpack(float* v, uint4 r, const float*) {
@@ -134,8 +125,9 @@ WL_DEVICE void rope_slab_sums(float* sums, unsigned int* tickets, const T* out, 
             float acc[N];
 #pragma unroll
             for (int c = 0; c < N; ++c) acc[c] = 0.0f;
-            // A batch of rows' loads issued before any add: one at a time, each waited on L2
-            // in turn, and the slab's last block took ~45 µs (H100, 2026-12-07).
+            // A batch of rows' loads issued before any add. One at a time, each waiting on L2
+            // in turn, the sums added 54-64 µs to the q and k pair at 14B on an H100
+            // (2026-12-07), most of it, by the count of round trips, these last blocks' tails.
             for (unsigned int p0 = 0; p0 < n_rows; p0 += WL_ROPE_SUM_BATCH) {
                 uint4 raw[WL_ROPE_SUM_BATCH];
 #pragma unroll
@@ -162,6 +154,15 @@ WL_DEVICE void rope_slab_sums(float* sums, unsigned int* tickets, const T* out, 
     }
 }
 
+// rope_3d(rms_norm(x + bias, w)) for one token a block (`bias` f32 or null: a q or k linear's, left
+// out of its GEMM, added in f32 as rms_norm adds it): the sum of squares as norm.cu's rms_norm
+// (wl_row_sumsq, same block size), the token's cos/sin per pair of a head from rope_angles' table
+// into shared memory, then each pair normalised as rms_norm does it, rounded to T as rms_norm
+// stores it, and rotated as rope_3d rotates it, so the output is the two kernels' bit for bit
+// with one read and one write of x. Rows of whole 16-byte vectors go by vectors (N/2 pairs
+// each); the table is then stored with pair j at (j mod N/2)·(half/(N/2)) + j/(N/2), so that the
+// 32 lanes of a warp, N/2 pairs apart, read consecutive entries (in the natural order every
+// other lane would hit the same bank).
 #define WL_ROPE_MAX_HALF 256
 template <typename T, bool SUMS>
 WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float* w, const float* angles, wl_u64 cols,
@@ -225,6 +226,8 @@ WL_DEVICE void rms_norm_rope(T* out, const T* x, const float* bias, const float*
     if constexpr (SUMS) rope_slab_sums(sums, tickets, out, cols, n, gh, gw);
 }
 
+// The sums (rope_slab_sums) in a kernel of their own: in the plain one they would cost it
+// registers (54 against 32 on sm_90a), so blocks an SM, on every call that needs no sums.
 #define WL_RMS_ROPE(T, tn)                                                                                     \
     WL_KERNEL void rms_norm_rope_##tn(T* out, const T* x, const float* bias, const float* w, const float* angles,  \
                                       wl_u64 cols, float eps, int d, int gt, int gh, int gw, int pairs_t,       \
