@@ -713,10 +713,10 @@ pub fn rms_norm_rope_into(
     let same = dst.dtype() == x.dtype();
     match x.storage() {
         Storage::Cuda(_) if same => {
-            cuda::ops::rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row)
+            cuda::ops::rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row, None)
         }
         Storage::Rocm(_) if same => {
-            rocm::ops::rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row)
+            rocm::ops::rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row, None)
         }
         _ => {
             let out =
@@ -779,12 +779,10 @@ pub fn rms_norm_rope_into_sums(
     }
     let sums = Some((sums, sums_row));
     match x.storage() {
-        Storage::Cuda(_) => cuda::ops::rms_norm_rope_into_summed(
-            x, bias, w, eps, grid, t_offset, table, dst, row, sums,
-        ),
-        _ => rocm::ops::rms_norm_rope_into_summed(
-            x, bias, w, eps, grid, t_offset, table, dst, row, sums,
-        ),
+        Storage::Cuda(_) => {
+            cuda::ops::rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row, sums)
+        }
+        _ => rocm::ops::rms_norm_rope_into(x, bias, w, eps, grid, t_offset, table, dst, row, sums),
     }
 }
 

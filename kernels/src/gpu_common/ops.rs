@@ -849,27 +849,12 @@ pub fn rms_norm_rope_sums(
     Ok((wrap(out, x.shape()), sums))
 }
 
-/// [`crate::ops::rms_norm_rope_into`]: the same launch, its rows stored from row `row` of `dst`
-/// (same dtype, rows as long as `x`'s; checked by the caller).
+/// [`crate::ops::rms_norm_rope_into`]: the same launch as [`rms_norm_rope`], its rows stored from
+/// row `row` of `dst` (same dtype, rows as long as `x`'s; checked by the caller), and with `sums`
+/// given ([`crate::ops::rms_norm_rope_into_sums`]) the slab sums of what it stores into rows
+/// `sums.1 ..` of `sums.0`.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_rope_into(
-    x: &Tensor,
-    bias: Option<&Tensor>,
-    w: &Tensor,
-    eps: f32,
-    grid3: [usize; 3],
-    t_offset: usize,
-    table: &RopeTable,
-    dst: &mut Tensor,
-    row: usize,
-) -> Result<()> {
-    rms_norm_rope_into_summed(x, bias, w, eps, grid3, t_offset, table, dst, row, None)
-}
-
-/// [`crate::ops::rms_norm_rope_into_sums`]: [`rms_norm_rope_into`] with the slab sums of what it
-/// stores into rows `sums.1 ..` of `sums.0` in the same launch.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_rope_into_summed(
     x: &Tensor,
     bias: Option<&Tensor>,
     w: &Tensor,

@@ -344,18 +344,8 @@ fn fair_rows(
     // VSA alone); here each op starts from the same rest. Not the same as rounds after other
     // VSA calls: on that H100 the engine's form took 0.905 ms best here against 0.881 in the
     // A/B's rounds, as if its ~18 ms of rounds began before the clock was back up (not traced).
-    let alone = |f: &mut Op| -> Result<(Duration, Duration)> {
-        std::thread::sleep(Duration::from_secs(1));
-        f()?;
-        sync(dev)?;
-        let mut t = (0..repeat.max(1))
-            .map(|_| Ok(round(dev, 1, &mut *f)?.device))
-            .collect::<Result<Vec<_>>>()?;
-        t.sort();
-        Ok((t[0], t[t.len() / 2]))
-    };
-    let (dab, dam) = alone(&mut dense)?;
-    let (vab, vam) = alone(&mut only_summed)?;
+    let (dab, dam) = alone(dev, repeat, &mut dense)?;
+    let (vab, vam) = alone(dev, repeat, &mut only_summed)?;
     println!(
         "vsa {label}select-only from a cache's key sums (the engine's form), each op alone \
          ({} rounds after a 1 s rest): dense best {:.3} ms, median {:.3}; vsa best {:.3} ms, \
@@ -528,18 +518,8 @@ fn fed_rows(
         fine,
     );
     // Each alone after a second's rest, as above.
-    let alone = |f: &mut Op| -> Result<Duration> {
-        std::thread::sleep(Duration::from_secs(1));
-        f()?;
-        sync(dev)?;
-        let mut t = (0..repeat.max(1))
-            .map(|_| Ok(round(dev, 1, &mut *f)?.device))
-            .collect::<Result<Vec<_>>>()?;
-        t.sort();
-        Ok(t[0])
-    };
-    let [da, va, pa, sa] = [0, 1, 2, 3].map(|i| alone(&mut *ops4[i]));
-    let (da, va, pa, sa) = (da?, va?, pa?, sa?);
+    let [da, va, pa, sa] = [0, 1, 2, 3].map(|i| alone(dev, repeat, &mut *ops4[i]));
+    let (da, va, pa, sa) = (da?.0, va?.0, pa?.0, sa?.0);
     println!(
         "vsa {label}fed by the norm + RoPE launches' sums, each op alone (best): dense {:.3} ms,          vsa {:.3} ms, norm + RoPE plain {:.3}, with the sums {:.3} (+{:.3} ms charged to vsa) =          {:.2}x faster than dense",
         ms(da),
@@ -562,6 +542,19 @@ fn fed_rows(
         );
     }
     Ok(())
+}
+
+/// One op alone, best and median: a second's rest (the power cap released, whatever ran
+/// before), one untimed call, then `repeat` rounds back to back.
+fn alone(dev: Device, repeat: usize, f: &mut Op) -> Result<(Duration, Duration)> {
+    std::thread::sleep(Duration::from_secs(1));
+    f()?;
+    sync(dev)?;
+    let mut t = (0..repeat.max(1))
+        .map(|_| Ok(round(dev, 1, &mut *f)?.device))
+        .collect::<Result<Vec<_>>>()?;
+    t.sort();
+    Ok((t[0], t[t.len() / 2]))
 }
 
 fn quick() -> bool {
