@@ -114,6 +114,20 @@ WL_DEVICE void wl_st4(wl_bf16* p, wl_u64 i, const float* v) {
     *(uint2*)(p + i) = make_uint2(wl_pack_bf16(v[0], v[1]), wl_pack_bf16(v[2], v[3]));
 }
 
+// A loaded 16-byte vector's values as f32 (WlVec's load, from a register).
+WL_DEVICE void wl_unpack16(float* v, const uint4& r, const wl_bf16*) {
+    const unsigned int w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+WL_DEVICE void wl_unpack16(float* v, const uint4& r, const float*) {
+    v[0] = __uint_as_float(r.x), v[1] = __uint_as_float(r.y);
+    v[2] = __uint_as_float(r.z), v[3] = __uint_as_float(r.w);
+}
+
 // A row's vector j (16 bytes: 8 bf16 or 4 f32 values) as f32 values.
 template <typename T>
 struct WlVec;

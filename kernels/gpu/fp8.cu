@@ -61,19 +61,6 @@ WL_DEVICE void quant_rows_vec(unsigned char* codes, float* scales, const T* x, w
 // activations at ~78 % of the copy bandwidth on an H100. Same codes as quant_rows. Launched with
 // 256 threads (the bound lets HIP's compiler keep the row: it assumes 1024 threads otherwise).
 #define WL_QUANT_HELD 8
-// A loaded 16-byte vector's values as f32 (WlVec's load, from a register).
-WL_DEVICE void wl_unpack16(float* v, const uint4& r, const wl_bf16*) {
-    const unsigned int w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        v[2 * k] = __uint_as_float(w[k] << 16);
-        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
-}
-WL_DEVICE void wl_unpack16(float* v, const uint4& r, const float*) {
-    v[0] = __uint_as_float(r.x), v[1] = __uint_as_float(r.y);
-    v[2] = __uint_as_float(r.z), v[3] = __uint_as_float(r.w);
-}
 // BIAS_GELU (bf16 rows only): the row is first gelu_tanh(x + bias), bias f32 `[cols]`, rounded
 // to bf16 in the registers that held x, as a GEMM's bias + GELU epilogue would have stored it;
 // the quantization is then quant_rows'. The FFN's first linear then runs as a plain GEMM (its

@@ -75,21 +75,6 @@ WL_KERNEL void rope_angles(float* cs, int gt, int gh, int gw, int t_offset, int 
 }
 
 #define WL_ROPE_SUM_BATCH 8
-// A 16-byte vector as WlVec<T>::load reads it from memory, from a register.
-WL_DEVICE void rope_unpack(float* v, uint4 r, const float*) {
-    v[0] = __uint_as_float(r.x);
-    v[1] = __uint_as_float(r.y);
-    v[2] = __uint_as_float(r.z);
-    v[3] = __uint_as_float(r.w);
-}
-WL_DEVICE void rope_unpack(float* v, uint4 r, const wl_bf16*) {
-    const unsigned int w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        v[2 * k] = __uint_as_float(w[k] << 16);
-        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
-}
 // The 1×4×4 slab sums of rms_norm_rope's output (vsa.rs's frame_sums, what VSA's key-tile and
 // query-tile means are made from), in the same launch: each token's block takes a ticket of its
 // slab once its row is stored, and the block that takes the slab's last one adds the slab's rows,
@@ -137,7 +122,7 @@ WL_DEVICE void rope_slab_sums(float* sums, unsigned int* tickets, const T* out, 
                 for (int b = 0; b < WL_ROPE_SUM_BATCH; ++b) {
                     if (p0 + b >= n_rows) break;
                     float v[N];
-                    rope_unpack(v, raw[b], (const T*)nullptr);
+                    wl_unpack16(v, raw[b], (const T*)nullptr);
 #pragma unroll
                     for (int c = 0; c < N; ++c) acc[c] += v[c];
                 }

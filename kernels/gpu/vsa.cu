@@ -18,20 +18,6 @@
 #define WL_VSA_MEAN_BATCH 8
 #define WL_VSA_COARSE_THREADS 256
 
-WL_DEVICE void vsa_unpack(float* f, uint4 u, const float*) {
-    f[0] = __uint_as_float(u.x);
-    f[1] = __uint_as_float(u.y);
-    f[2] = __uint_as_float(u.z);
-    f[3] = __uint_as_float(u.w);
-}
-WL_DEVICE void vsa_unpack(float* f, uint4 u, const wl_bf16*) {
-    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
-    for (int i = 0; i < 4; ++i) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 // A token grid of gt × gh × gw in 4×4×4 tiles (vsa.rs's Tiling): tiles walk t → h → w, and so
 // do the tokens inside a tile. Tile j's origin (t0, h0, w0) and extent (lt, lh, lw).
 struct vsa_tile {
@@ -96,7 +82,7 @@ WL_DEVICE void vsa_add_rows(float* acc, const T* x, wl_u64 row, wl_u64 c, int n,
             for (int b = 0; b < WL_VSA_MEAN_BATCH; ++b) {
                 if (p + b < n) {
                     float f[V];
-                    vsa_unpack(f, raw[b], x);
+                    wl_unpack16(f, raw[b], x);
                     for (int u = 0; u < V; ++u) acc[u] += f[u];
                 }
             }
